@@ -1,0 +1,129 @@
+"""Snapshots and decisions shared inside the controller.
+
+A value of ``None`` always means "no data" (unsupported, blank, missing, invalid) and is
+never replaced by 0. Memory is in bytes, ratios in 0..1, temperatures in °C, power in W,
+times in seconds since the epoch (``time.time()``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class XidEvent:
+    """One Xid report: ``xid`` code, GPU ``pci_bus_id`` (e.g. ``0000:44:00.0``) and message."""
+
+    xid: int | None
+    pci_bus_id: str | None
+    message: str
+    time: float = 0.0
+
+
+@dataclass
+class GpuProcess:
+    pid: int
+    name: str | None = None
+    used_memory_bytes: int | None = None
+
+
+@dataclass
+class GpuSnapshot:
+    """One GPU at one instant, keyed by ``uuid``. Every numeric field may be ``None`` (no data)."""
+
+    uuid: str
+    index: int | None = None
+    name: str | None = None
+    pci_bus_id: str | None = None
+    time: float = 0.0
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None      # NVML v2 "used": allocations, excluding reserved
+    memory_free_bytes: int | None = None
+    memory_reserved_bytes: int | None = None  # NVML v2 "reserved": driver/firmware
+    utilization_ratio: float | None = None
+    memory_bandwidth_utilization_ratio: float | None = None
+    temperature_celsius: float | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    fan_ratio: float | None = None
+    pstate: str | None = None
+    clocks_sm_mhz: float | None = None
+    clocks_mem_mhz: float | None = None
+    ecc_corrected: int | None = None
+    ecc_uncorrected: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    recovery_action: int | None = None        # NVML field 230: 0 none, 1 reset, 2 reboot, 3 drain P2P, 4 drain and reset
+    persistence_mode: bool | None = None
+    processes: list[GpuProcess] = field(default_factory=list)
+    xid_events: list[XidEvent] = field(default_factory=list)
+    lost: bool = False
+    mig_enabled: bool | None = None
+
+
+@dataclass
+class GpuReading:
+    """What a GPU source returns for one poll: the snapshots, and whether telemetry worked."""
+
+    source: str
+    ok: bool
+    gpus: dict[str, GpuSnapshot] = field(default_factory=dict)   # by uuid
+    error: str | None = None
+    time: float = 0.0
+
+
+@dataclass
+class EngineSnapshot:
+    """One engine at one instant, whatever its kind (bundled, vLLM, TGI, llama.cpp).
+
+    ``missing`` names the fields the engine did not report (e.g. an old vLLM without
+    ``num_requests_running``): they stay ``None`` and are listed there, never read as 0.
+    """
+
+    name: str
+    kind: str
+    ok: bool
+    time: float = 0.0
+    error: str | None = None
+    precision: str | None = None
+    draining: bool | None = None
+    running: int | None = None
+    waiting: int | None = None
+    kv_usage_ratio: float | None = None
+    kv_waste_ratio: float | None = None
+    memory_budget_bytes: int | None = None
+    memory_allocated_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    full_weights_bytes: int | None = None
+    weights_bytes: int | None = None
+    steps_total: float | None = None
+    step_sequences_total: float | None = None
+    real_tokens_total: float | None = None
+    padded_tokens_total: float | None = None
+    preemptions_total: float | None = None
+    oom_total: float | None = None
+    faults: list[dict] = field(default_factory=list)      # the engine's recent OOM faults, newest last
+    recent_requests: list[dict] = field(default_factory=list)
+    ttft_histogram: dict[str, Any] | None = None          # {"buckets": [(le, cumulative count)...], "sum": s, "count": c}
+    e2e_histogram: dict[str, Any] | None = None
+    finished_total: float | None = None
+    missing: list[str] = field(default_factory=list)
+    invalid: list[str] = field(default_factory=list)
+    raw: dict[str, Any] | None = None
+
+
+@dataclass
+class Decision:
+    """What a policy decided in one tick: an ``action`` (or ``None`` for a pure transition),
+    the state transition it made, the ``reason`` in words and the ``inputs`` it used."""
+
+    policy: str
+    target: str                 # engine name or GPU uuid
+    action: str | None          # degrade, rollback, drain_restart, reset_gpu, isolate_gpu, reboot_node, open_breaker, ...
+    from_state: str | None
+    to_state: str | None
+    reason: str
+    inputs: dict[str, Any] = field(default_factory=dict)
+    severity: str = "info"      # info, warning, critical

@@ -1,0 +1,1 @@
+"""Dashboards and alert rules generated from the engine's and the controller's metric catalogs."""

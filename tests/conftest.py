@@ -1,0 +1,35 @@
+"""Shared test fixtures: paths to the real model, data and captures in ../shared."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("INFERCTL_SHARED", ROOT.parent / "shared"))
+STORIES_DIR = Path(os.environ.get("INFERCTL_STORIES260K", SHARED / "models" / "stories260K"))
+FIXTURES = SHARED / "fixtures"
+GUTENBERG = SHARED / "data" / "gutenberg"
+
+
+@pytest.fixture(scope="session")
+def stories_dir() -> Path:
+    if not (STORIES_DIR / "stories260K.bin").exists():
+        pytest.fail(f"stories260K not found at {STORIES_DIR} (set INFERCTL_STORIES260K)")
+    return STORIES_DIR
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    if not FIXTURES.exists():
+        pytest.fail(f"fixtures not found at {FIXTURES} (set INFERCTL_SHARED)")
+    return FIXTURES
+
+
+@pytest.fixture(scope="session")
+def gutenberg_dir() -> Path:
+    if not GUTENBERG.exists():
+        pytest.fail(f"Gutenberg texts not found at {GUTENBERG} (set INFERCTL_SHARED)")
+    return GUTENBERG
