@@ -19,6 +19,9 @@ class XidEvent:
     pci_bus_id: str | None
     message: str
     time: float = 0.0
+    source: str | None = None      # nvml, kernel, dcgm, replay
+    gpu_uuid: str | None = None    # when the source names the GPU by UUID
+    lost: bool = False             # the report says the GPU fell off the bus / is lost
 
 
 @dataclass
@@ -26,6 +29,25 @@ class GpuProcess:
     pid: int
     name: str | None = None
     used_memory_bytes: int | None = None
+    gpu_instance_id: int | None = None     # MIG GPU instance the process runs on, if any
+
+
+@dataclass
+class MigInstance:
+    """One MIG GPU instance of a physical GPU (memory is the instance's own share).
+
+    Keyed by ``gpu_instance_id``; ``uuid`` is the MIG device UUID where the source gives one.
+    """
+
+    gpu_instance_id: int | None
+    compute_instance_id: int | None = None
+    profile: str | None = None             # e.g. "1g.10gb"
+    uuid: str | None = None
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    utilization_ratio: float | None = None
 
 
 @dataclass
@@ -60,6 +82,8 @@ class GpuSnapshot:
     xid_events: list[XidEvent] = field(default_factory=list)
     lost: bool = False
     mig_enabled: bool | None = None
+    mig_instances: list[MigInstance] = field(default_factory=list)
+    health: str | None = None      # the source's own verdict where it gives one ("ok", "lost"); None = no verdict
 
 
 @dataclass
@@ -109,6 +133,14 @@ class EngineSnapshot:
     ttft_histogram: dict[str, Any] | None = None          # {"buckets": [(le, cumulative count)...], "sum": s, "count": c}
     e2e_histogram: dict[str, Any] | None = None
     finished_total: float | None = None
+    by_finish_reason: dict[str, float] | None = None
+    itl_histogram: dict[str, Any] | None = None
+    prompt_tokens_total: float | None = None
+    generation_tokens_total: float | None = None
+    prefix_cache_queries_total: float | None = None
+    prefix_cache_hits_total: float | None = None
+    model: str | None = None
+    per_engine: dict[str, dict[str, Any]] = field(default_factory=dict)  # vLLM data-parallel: by `engine` label
     missing: list[str] = field(default_factory=list)
     invalid: list[str] = field(default_factory=list)
     raw: dict[str, Any] | None = None
