@@ -1,0 +1,356 @@
+"""Paged attention: the per-step metadata, the KV cache pool, and attention over block tables.
+
+Vocabulary follows vLLM (``block_table``, ``slot_mapping``, ``query_start_loc``, ``seq_lens``):
+every sequence's keys/values live in fixed-size blocks of one pool; a block table lists the
+physical blocks of a sequence in order, and the flat slot of context position ``p`` is
+``block_table[p // block_size] * block_size + p % block_size``.
+
+Two implementations of the same contract:
+
+* ``impl="matmul"`` (the CPU default): decode sequences (one new token each) are attended in
+  one batched matmul/softmax/matmul over their gathered context (GQA without repeating K/V);
+  prefill chunks use ``scaled_dot_product_attention`` one chunk at a time (a loop over
+  sequences, never over tokens).
+* ``impl="sdpa"`` (the CUDA default): everything through
+  ``torch.nn.functional.scaled_dot_product_attention`` with a boolean mask. Runs on CPU too,
+  so it is tested here.
+
+Both write the step's new K/V into the pool at ``slot_mapping`` first and then read every
+sequence's context (cached + new) back through its block table, so the result is causal
+within the chunk and full over the cached context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from engine.quant import dequantize_kv, quantize_kv
+
+Chunk = tuple[Sequence[int], int, int, bool]
+"""(block_table, num_cached_tokens, num_new_tokens, all_logits) of one sequence in a step."""
+
+
+@dataclass
+class PrefillChunk:
+    """A sequence with more than one new token in this step (precomputed once per step).
+
+    ``token_start``/``token_end`` index the packed token batch; ``slots`` [L] are the flat KV
+    slots of the whole context (cached + new, ``L = seq_len``); ``mask`` [q_len, L] bool,
+    True = may attend (``None`` when the chunk is the whole, plain-causal context).
+    """
+
+    token_start: int
+    token_end: int
+    slots: torch.Tensor
+    mask: torch.Tensor | None
+
+
+@dataclass
+class AttentionMetadata:
+    """Everything attention needs about one step's packed batch of ``B`` sequences, ``T`` tokens.
+
+    Contract fields (docs/architecture.md):
+      slot_mapping    LongTensor[T]   flat KV slot of each input token
+      query_start_loc LongTensor[B+1] cumulative new-token counts
+      seq_lens        LongTensor[B]   context length after this step (cached + new)
+      block_tables    LongTensor[B, max_blocks] physical block ids, padded with 0
+      logits_indices  LongTensor[N]   rows of the packed batch whose logits are returned
+
+    Derived fields (filled by :meth:`build`, or lazily by :meth:`prepare` from the contract
+    fields when the metadata was constructed by hand) drive the fast paths:
+      decode_token_idx LongTensor[Bd]  packed index of each single-token (decode) sequence
+      decode_slots     LongTensor[Bd, Ld] context slots of those sequences (padded with 0)
+      decode_bias      FloatTensor[Bd, Ld] 0 where valid, -inf on padding
+      decode_valid     BoolTensor[Bd, Ld]
+      prefills         list[PrefillChunk] the multi-token chunks
+      all_decode       bool: every sequence is a decode, in packed order
+    """
+
+    slot_mapping: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_tables: torch.Tensor
+    logits_indices: torch.Tensor
+    block_size: int = 0
+    decode_token_idx: torch.Tensor | None = None
+    decode_slots: torch.Tensor | None = None
+    decode_bias: torch.Tensor | None = None
+    decode_valid: torch.Tensor | None = None
+    prefills: list[PrefillChunk] = field(default_factory=list)
+    all_decode: bool = False
+    _prepared: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        """T: tokens in the packed batch."""
+        return int(self.slot_mapping.shape[0])
+
+    @property
+    def num_seqs(self) -> int:
+        """B: sequences in the step."""
+        return int(self.seq_lens.shape[0])
+
+    @classmethod
+    def build(cls, chunks: Sequence[Chunk], block_size: int,
+              device: torch.device | str = "cpu") -> "AttentionMetadata":
+        """Build the metadata of one step from each sequence's chunk.
+
+        ``chunks``: ``(block_table, num_cached_tokens, num_new_tokens, all_logits)`` per
+        sequence, in packed order. ``logits_indices`` is the last new token of each chunk, or
+        every new token of chunks with ``all_logits``.
+
+        Raises ValueError when ``block_size`` < 1, a chunk has no new tokens or a negative
+        cached count, or a block table is too short for ``cached + new`` tokens.
+        """
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if len(chunks) == 0:
+            raise ValueError("chunks must hold at least one sequence")
+        slot_mapping: list[int] = []
+        qsl = [0]
+        seq_lens: list[int] = []
+        logits_idx: list[int] = []
+        max_blocks = 1
+        for i, (table, cached, new, all_logits) in enumerate(chunks):
+            if new < 1 or cached < 0:
+                raise ValueError(f"chunk {i}: num_new_tokens must be >= 1 and num_cached_tokens >= 0, "
+                                 f"got new={new} cached={cached}")
+            total = cached + new
+            need = (total + block_size - 1) // block_size
+            if len(table) < need:
+                raise ValueError(f"chunk {i}: block_table has {len(table)} blocks, "
+                                 f"{total} tokens need {need} (block_size {block_size})")
+            slot_mapping.extend(table[p // block_size] * block_size + p % block_size
+                                for p in range(cached, total))
+            start = qsl[-1]
+            qsl.append(start + new)
+            seq_lens.append(total)
+            if all_logits:
+                logits_idx.extend(range(start, start + new))
+            else:
+                logits_idx.append(start + new - 1)
+            max_blocks = max(max_blocks, need)
+        tables = [list(t[: (sl + block_size - 1) // block_size]) for (t, _, _, _), sl in zip(chunks, seq_lens)]
+        padded = [t + [0] * (max_blocks - len(t)) for t in tables]
+        dev = torch.device(device)
+        meta = cls(
+            slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=dev),
+            query_start_loc=torch.tensor(qsl, dtype=torch.long, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.long, device=dev),
+            block_tables=torch.tensor(padded, dtype=torch.long, device=dev),
+            logits_indices=torch.tensor(logits_idx, dtype=torch.long, device=dev),
+            block_size=block_size,
+        )
+        meta._derive(qsl, seq_lens, tables, block_size, dev)
+        return meta
+
+    def prepare(self, block_size: int) -> None:
+        """Compute the derived fields from the contract fields (one host sync). Idempotent."""
+        if self._prepared:
+            return
+        if self.block_size and self.block_size != block_size:
+            raise ValueError(f"metadata built for block_size {self.block_size}, cache has {block_size}")
+        qsl = self.query_start_loc.tolist()
+        seq_lens = self.seq_lens.tolist()
+        bt = self.block_tables.tolist()
+        tables = [row[: (sl + block_size - 1) // block_size] for row, sl in zip(bt, seq_lens)]
+        self.block_size = block_size
+        self._derive(qsl, seq_lens, tables, block_size, self.slot_mapping.device)
+
+    def _derive(self, qsl: list[int], seq_lens: list[int], tables: list[list[int]],
+                block_size: int, dev: torch.device) -> None:
+        dec_tok: list[int] = []
+        dec_rows: list[list[int]] = []
+        prefills: list[PrefillChunk] = []
+        for b, sl in enumerate(seq_lens):
+            q_len = qsl[b + 1] - qsl[b]
+            table = tables[b]
+            if q_len == 1:
+                dec_tok.append(qsl[b])
+                dec_rows.append(table)
+            else:
+                slots = _context_slots([table], [sl], block_size, dev)[0]
+                cached = sl - q_len
+                if cached == 0:
+                    mask = None
+                else:
+                    qpos = torch.arange(cached, sl, device=dev)[:, None]
+                    mask = torch.arange(sl, device=dev)[None, :] <= qpos
+                prefills.append(PrefillChunk(qsl[b], qsl[b + 1], slots, mask))
+        if dec_tok:
+            dec_lens = [seq_lens[b] for b in range(len(seq_lens)) if qsl[b + 1] - qsl[b] == 1]
+            self.decode_token_idx = torch.tensor(dec_tok, dtype=torch.long, device=dev)
+            self.decode_slots = _context_slots(dec_rows, dec_lens, block_size, dev)
+            lens = torch.tensor(dec_lens, dtype=torch.long, device=dev)
+            self.decode_valid = torch.arange(self.decode_slots.shape[1], device=dev)[None, :] < lens[:, None]
+            self.decode_bias = torch.zeros(self.decode_valid.shape, dtype=torch.float32, device=dev)
+            self.decode_bias.masked_fill_(~self.decode_valid, float("-inf"))
+        self.prefills = prefills
+        self.all_decode = not prefills
+        self._prepared = True
+
+
+def _context_slots(tables: list[list[int]], lens: list[int], block_size: int,
+                   dev: torch.device) -> torch.Tensor:
+    """Flat slots [B, max(lens)] of every context position of each sequence (padding → slot 0)."""
+    max_len = max(lens)
+    nb = (max_len + block_size - 1) // block_size
+    bt = torch.tensor([t + [0] * (nb - len(t)) for t in tables], dtype=torch.long, device=dev)
+    offs = torch.arange(block_size, device=dev)
+    slots = (bt[:, :, None] * block_size + offs).reshape(len(tables), nb * block_size)
+    return slots[:, :max_len].contiguous()
+
+
+@dataclass
+class KVCache:
+    """The paged KV pool for all layers, allocated once.
+
+    k, v: [n_layers, num_blocks, block_size, n_kv_heads, head_dim] in the model dtype, or int8
+    with ``k_scale``/``v_scale`` float32 [n_layers, num_blocks, block_size, n_kv_heads]
+    (per-token-per-head absmax scales, see ``engine.quant.quantize_kv``).
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
+
+    @property
+    def kv_int8(self) -> bool:
+        return self.k_scale is not None
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.k.shape[0])
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self.k.shape[1])
+
+    @property
+    def block_size(self) -> int:
+        return int(self.k.shape[2])
+
+    @property
+    def dtype_name(self) -> str:
+        """"int8", "fp32", "bf16" or "fp16" — for /stats ``kv_cache_dtype``."""
+        if self.kv_int8:
+            return "int8"
+        return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.k.dtype, str(self.k.dtype))
+
+    @staticmethod
+    def bytes_per_block(n_layers: int, block_size: int, n_kv_heads: int, head_dim: int,
+                        dtype: torch.dtype, kv_int8: bool = False) -> int:
+        """Bytes of one block across all layers, K and V: 2·L·bs·Hkv·D·elem (+ 2·L·bs·Hkv·4 for int8 scales)."""
+        elems = n_layers * block_size * n_kv_heads * head_dim
+        if kv_int8:
+            return 2 * elems + 2 * n_layers * block_size * n_kv_heads * 4
+        return 2 * elems * torch.empty((), dtype=dtype).element_size()
+
+    @classmethod
+    def allocate(cls, n_layers: int, num_blocks: int, block_size: int, n_kv_heads: int,
+                 head_dim: int, dtype: torch.dtype, device: torch.device | str,
+                 kv_int8: bool = False) -> "KVCache":
+        """Allocate a zeroed pool. Raises ValueError on non-positive sizes (naming the field);
+        torch.OutOfMemoryError propagates from the allocator."""
+        for name, val in (("n_layers", n_layers), ("num_blocks", num_blocks), ("block_size", block_size),
+                          ("n_kv_heads", n_kv_heads), ("head_dim", head_dim)):
+            if int(val) < 1:
+                raise ValueError(f"KVCache.allocate: {name} must be >= 1, got {val}")
+        shape = (n_layers, num_blocks, block_size, n_kv_heads, head_dim)
+        if kv_int8:
+            sshape = shape[:-1]
+            return cls(k=torch.zeros(shape, dtype=torch.int8, device=device),
+                       v=torch.zeros(shape, dtype=torch.int8, device=device),
+                       k_scale=torch.zeros(sshape, dtype=torch.float32, device=device),
+                       v_scale=torch.zeros(sshape, dtype=torch.float32, device=device))
+        return cls(k=torch.zeros(shape, dtype=dtype, device=device),
+                   v=torch.zeros(shape, dtype=dtype, device=device))
+
+    def nbytes(self) -> int:
+        """Bytes held by the pool (K, V and scales)."""
+        n = self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+        if self.k_scale is not None and self.v_scale is not None:
+            n += (self.k_scale.numel() + self.v_scale.numel()) * 4
+        return n
+
+    # ---- per-layer access -------------------------------------------------------------
+    def write(self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v [T, n_kv_heads, head_dim] at the flat slots ``slot_mapping`` [T]."""
+        kl = self.k[layer].view(-1, *self.k.shape[3:])
+        vl = self.v[layer].view(-1, *self.v.shape[3:])
+        if self.kv_int8:
+            kq, ks = quantize_kv(k)
+            vq, vs = quantize_kv(v)
+            kl.index_copy_(0, slot_mapping, kq)
+            vl.index_copy_(0, slot_mapping, vq)
+            self.k_scale[layer].view(-1, self.k.shape[3]).index_copy_(0, slot_mapping, ks)
+            self.v_scale[layer].view(-1, self.v.shape[3]).index_copy_(0, slot_mapping, vs)
+        else:
+            kl.index_copy_(0, slot_mapping, k.to(kl.dtype))
+            vl.index_copy_(0, slot_mapping, v.to(vl.dtype))
+
+    def gather(self, layer: int, slots: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V at ``slots`` (any shape S) → [*S, n_kv_heads, head_dim] in ``dtype``."""
+        kl = self.k[layer].view(-1, *self.k.shape[3:])
+        vl = self.v[layer].view(-1, *self.v.shape[3:])
+        k = kl[slots]
+        v = vl[slots]
+        if self.kv_int8:
+            k = dequantize_kv(k, self.k_scale[layer].view(-1, self.k.shape[3])[slots], dtype)
+            v = dequantize_kv(v, self.v_scale[layer].view(-1, self.v.shape[3])[slots], dtype)
+        return k, v
+
+
+def paged_attention(q: torch.Tensor, kv_cache: KVCache, layer: int, meta: AttentionMetadata,
+                    scale: float, impl: str = "matmul") -> torch.Tensor:
+    """Attention of the step's queries over each sequence's paged context.
+
+    q: [T, n_heads, head_dim] (RoPE applied). The step's new K/V must already be written to
+    ``kv_cache`` (see :meth:`KVCache.write`). Returns [T, n_heads, head_dim] in q's dtype.
+    ``impl``: "matmul" (batched decode via matmul; CPU default) or "sdpa". Raises ValueError
+    on an unknown impl.
+    """
+    if impl not in ("matmul", "sdpa"):
+        raise ValueError(f"attention impl must be 'matmul' or 'sdpa', got {impl!r}")
+    meta.prepare(kv_cache.block_size)
+    T, H, D = q.shape
+    Hkv = kv_cache.k.shape[3]
+    g = H // Hkv
+    out: torch.Tensor | None = None
+    dec_out = None
+    if meta.decode_token_idx is not None:
+        qd = q if meta.all_decode else q.index_select(0, meta.decode_token_idx)
+        k, v = kv_cache.gather(layer, meta.decode_slots, q.dtype)  # [Bd, L, Hkv, D]
+        Bd = qd.shape[0]
+        if impl == "matmul":
+            qg = qd.view(Bd, Hkv, g, D)
+            scores = torch.matmul(qg, k.permute(0, 2, 3, 1))  # [Bd, Hkv, g, L]
+            scores = scores.float() * scale + meta.decode_bias[:, None, None, :]
+            p = torch.softmax(scores, dim=-1).to(v.dtype)
+            dec_out = torch.matmul(p, v.permute(0, 2, 1, 3)).reshape(Bd, H, D)
+        else:
+            o = F.scaled_dot_product_attention(
+                qd.view(Bd, H, 1, D), k.transpose(1, 2), v.transpose(1, 2),
+                attn_mask=meta.decode_valid[:, None, None, :], scale=scale, enable_gqa=g > 1)
+            dec_out = o.reshape(Bd, H, D)
+        if meta.all_decode:
+            return dec_out
+    out = torch.empty_like(q)
+    if dec_out is not None:
+        out.index_copy_(0, meta.decode_token_idx, dec_out)
+    for pc in meta.prefills:
+        qc = q[pc.token_start:pc.token_end].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
+        k, v = kv_cache.gather(layer, pc.slots, q.dtype)  # [L, Hkv, D]
+        kc = k.transpose(0, 1).unsqueeze(0)
+        vc = v.transpose(0, 1).unsqueeze(0)
+        if pc.mask is None:
+            o = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, scale=scale, enable_gqa=g > 1)
+        else:
+            o = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=pc.mask, scale=scale, enable_gqa=g > 1)
+        out[pc.token_start:pc.token_end] = o[0].transpose(0, 1)
+    return out

@@ -1,0 +1,362 @@
+"""Model loading and conversion: llama2.c checkpoints, Hugging Face Llama directories, the demo model.
+
+``load_model(spec)`` dispatches: ``None`` → :func:`build_demo_model`; a ``.bin`` file →
+:func:`load_llama2c`; a directory → :func:`load_hf_dir`. Every loader returns a
+:class:`ModelBundle`. Bad inputs raise FileNotFoundError / ValueError naming the path and
+what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.model import LlamaModel, ModelArgs, canonical_weight_names
+from engine.tokenizer import (BaseTokenizer, ByteTokenizer, HFTokenizer, Llama2cTokenizer,
+                              build_hf_tokenizer_json)
+
+LLAMA2C_MAGIC = 0x616B3432  # "ak42": llama2.c export.py version >= 1 header
+
+
+@dataclass
+class ModelBundle:
+    """A loaded model with its tokenizer. ``source_path`` is None for the demo model."""
+
+    name: str
+    model: LlamaModel
+    tokenizer: BaseTokenizer
+    args: ModelArgs
+    source_path: str | None = None
+
+
+def _tensor(buf: bytes, offset: int, shape: tuple[int, ...], path: Path, what: str) -> tuple[torch.Tensor, int]:
+    n = int(np.prod(shape))
+    end = offset + 4 * n
+    if end > len(buf):
+        raise ValueError(f"{path}: truncated while reading {what} {shape}: needs bytes {offset}..{end}, file has {len(buf)}")
+    arr = np.frombuffer(buf, dtype="<f4", count=n, offset=offset).reshape(shape)
+    return torch.from_numpy(arr.copy()), end
+
+
+def _find_llama2c_tokenizer(path: Path) -> Path:
+    for name in ("tokenizer.bin", "tok512.bin"):
+        cand = path.parent / name
+        if cand.is_file():
+            return cand
+    others = sorted(path.parent.glob("tok*.bin"))
+    if len(others) == 1:
+        return others[0]
+    raise FileNotFoundError(f"no llama2.c tokenizer beside {path}: looked for tokenizer.bin, tok512.bin "
+                            f"(found {[o.name for o in others]}); pass tokenizer_path")
+
+
+def load_llama2c(path: str | Path, tokenizer_path: str | Path | None = None, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32, name: str | None = None) -> ModelBundle:
+    """Load a llama2.c checkpoint (``run.c`` layout).
+
+    Legacy format: 7 int32 (dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size,
+    seq_len; a negative vocab_size means an unshared classifier), then float32 weights in
+    the order token_embedding, rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3, rms_final,
+    freq_cis_real, freq_cis_imag (skipped), [wcls]. Also reads export.py "version 1" (magic
+    "ak42", float32, 256-byte header). The tokenizer defaults to ``tokenizer.bin`` or
+    ``tok512.bin`` beside the checkpoint. RoPE layout: "interleaved".
+
+    Raises FileNotFoundError (checkpoint or tokenizer missing) and ValueError (bad header,
+    wrong size, unsupported version) naming the path.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"llama2.c checkpoint not found: {p}")
+    buf = p.read_bytes()
+    if len(buf) < 28:
+        raise ValueError(f"{p}: {len(buf)} bytes is too short for a llama2.c header (28 bytes)")
+    (magic,) = struct.unpack_from("<I", buf, 0)
+    version = 0
+    if magic == LLAMA2C_MAGIC:
+        (version,) = struct.unpack_from("<i", buf, 4)
+        if version != 1:
+            raise ValueError(f"{p}: llama2.c export version {version} is not supported (only legacy and version 1 float32)")
+        if len(buf) < 256:
+            raise ValueError(f"{p}: truncated version-1 header")
+        dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len = struct.unpack_from("<7i", buf, 8)
+        shared = bool(buf[36])
+        off = 256
+    else:
+        dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len = struct.unpack_from("<7i", buf, 0)
+        shared = vocab > 0
+        vocab = abs(vocab)
+        off = 28
+    for field, val in (("dim", dim), ("hidden_dim", hidden), ("n_layers", n_layers), ("n_heads", n_heads),
+                       ("n_kv_heads", n_kv), ("vocab_size", vocab), ("seq_len", seq_len)):
+        if val < 1 or val > 1 << 24:
+            raise ValueError(f"{p}: header field {field}={val} is not plausible; not a llama2.c checkpoint?")
+    if dim % n_heads or n_heads % n_kv:
+        raise ValueError(f"{p}: header dim={dim}, n_heads={n_heads}, n_kv_heads={n_kv} are inconsistent")
+    args = ModelArgs(dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv, vocab_size=vocab,
+                     hidden_dim=hidden, max_seq_len=seq_len, rope_style="interleaved", tie_embeddings=shared)
+    hd = dim // n_heads
+    kv_dim = n_kv * hd
+    L = n_layers
+    n_floats = (vocab * dim + L * dim * 2 + L * dim * dim * 2 + L * kv_dim * dim * 2 + L * hidden * dim * 3 + dim
+                + (seq_len * hd if version == 0 else 0) + (0 if shared else vocab * dim))
+    expected = off + 4 * n_floats
+    if len(buf) != expected:
+        raise ValueError(f"{p}: file has {len(buf)} bytes, header (dim={dim}, hidden={hidden}, layers={L}, "
+                         f"heads={n_heads}, kv_heads={n_kv}, vocab={vocab}, seq_len={seq_len}, "
+                         f"shared_classifier={shared}) implies {expected}")
+    w: dict[str, torch.Tensor] = {}
+
+    def read(shape: tuple[int, ...], what: str) -> torch.Tensor:
+        nonlocal off
+        t, off = _tensor(buf, off, shape, p, what)
+        return t
+
+    def per_layer(name: str, shape: tuple[int, ...]) -> None:
+        t = read((L, *shape), name)
+        for i in range(L):
+            w[f"layers.{i}.{name}"] = t[i]
+
+    if version == 0:
+        w["tok_embeddings.weight"] = read((vocab, dim), "token_embedding_table")
+        per_layer("attention_norm.weight", (dim,))
+        per_layer("attention.wq.weight", (dim, dim))
+        per_layer("attention.wk.weight", (kv_dim, dim))
+        per_layer("attention.wv.weight", (kv_dim, dim))
+        per_layer("attention.wo.weight", (dim, dim))
+        per_layer("ffn_norm.weight", (dim,))
+        per_layer("feed_forward.w1.weight", (hidden, dim))
+        per_layer("feed_forward.w2.weight", (dim, hidden))
+        per_layer("feed_forward.w3.weight", (hidden, dim))
+        w["norm.weight"] = read((dim,), "rms_final_weight")
+        off += 4 * seq_len * hd  # freq_cis_real + freq_cis_imag (seq_len × hd/2 each), recomputed
+    else:
+        per_layer("attention_norm.weight", (dim,))
+        per_layer("ffn_norm.weight", (dim,))
+        w["norm.weight"] = read((dim,), "rms_final_weight")
+        w["tok_embeddings.weight"] = read((vocab, dim), "token_embedding_table")
+        per_layer("attention.wq.weight", (dim, dim))
+        per_layer("attention.wk.weight", (kv_dim, dim))
+        per_layer("attention.wv.weight", (kv_dim, dim))
+        per_layer("attention.wo.weight", (dim, dim))
+        per_layer("feed_forward.w1.weight", (hidden, dim))
+        per_layer("feed_forward.w2.weight", (dim, hidden))
+        per_layer("feed_forward.w3.weight", (hidden, dim))
+    if not shared:
+        w["output.weight"] = read((vocab, dim), "wcls")
+    tok_path = Path(tokenizer_path) if tokenizer_path is not None else _find_llama2c_tokenizer(p)
+    tok = Llama2cTokenizer(tok_path)
+    if tok.vocab_size != vocab:
+        raise ValueError(f"{tok_path}: tokenizer has {tok.vocab_size} tokens, checkpoint {p} has vocab_size {vocab}")
+    model = LlamaModel(args, w, device=device, dtype=dtype)
+    return ModelBundle(name=name or p.stem, model=model, tokenizer=tok, args=args, source_path=str(p))
+
+
+# ---- Hugging Face ------------------------------------------------------------------------
+
+_HF_TO_CANON = {
+    "self_attn.q_proj.weight": "attention.wq.weight",
+    "self_attn.k_proj.weight": "attention.wk.weight",
+    "self_attn.v_proj.weight": "attention.wv.weight",
+    "self_attn.o_proj.weight": "attention.wo.weight",
+    "mlp.gate_proj.weight": "feed_forward.w1.weight",
+    "mlp.down_proj.weight": "feed_forward.w2.weight",
+    "mlp.up_proj.weight": "feed_forward.w3.weight",
+    "input_layernorm.weight": "attention_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+}
+
+
+def _permute_interleaved_to_half(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Reorder wq/wk rows so rotate_half RoPE equals llama2.c's pairwise RoPE.
+
+    Within each head, rows (0,1),(2,3)… become (0, D/2), (1, D/2+1)…: the permutation of
+    transformers' ``convert_llama_weights_to_hf.py``: view(H, D/2, 2, in).transpose(1, 2).
+    """
+    out, inp = w.shape
+    return w.view(n_heads, out // n_heads // 2, 2, inp).transpose(1, 2).reshape(out, inp).contiguous()
+
+
+def load_hf_dir(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                name: str | None = None) -> ModelBundle:
+    """Load a Hugging Face Llama directory: ``config.json``, ``*.safetensors``, ``tokenizer.json``.
+
+    Supports ``model_type`` "llama" without ``rope_scaling``, without biases. RoPE layout
+    "half". Raises FileNotFoundError for a missing file and ValueError for an unsupported or
+    inconsistent config/weights (naming the file and the field).
+    """
+    from safetensors import safe_open
+
+    d = Path(path)
+    if not d.is_dir():
+        raise FileNotFoundError(f"Hugging Face model directory not found: {d}")
+    cfg_path = d / "config.json"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"{d}: no config.json")
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise ValueError(f"{cfg_path}: invalid JSON: {e}") from e
+    if cfg.get("model_type", "llama") != "llama":
+        raise ValueError(f"{cfg_path}: model_type {cfg.get('model_type')!r} is not supported (only 'llama')")
+    if cfg.get("rope_scaling"):
+        raise ValueError(f"{cfg_path}: rope_scaling {cfg['rope_scaling']!r} is not supported")
+    if cfg.get("attention_bias") or cfg.get("mlp_bias"):
+        raise ValueError(f"{cfg_path}: attention_bias/mlp_bias are not supported")
+    try:
+        n_heads = int(cfg["num_attention_heads"])
+        rope_theta = cfg.get("rope_theta")
+        if rope_theta is None and isinstance(cfg.get("rope_parameters"), dict):
+            rope_theta = cfg["rope_parameters"].get("rope_theta")
+        args = ModelArgs(
+            dim=int(cfg["hidden_size"]), n_layers=int(cfg["num_hidden_layers"]), n_heads=n_heads,
+            n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads), vocab_size=int(cfg["vocab_size"]),
+            hidden_dim=int(cfg["intermediate_size"]), max_seq_len=int(cfg.get("max_position_embeddings", 2048)),
+            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=float(rope_theta or 10000.0),
+            rope_style="half", tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            head_dim=int(cfg["head_dim"]) if cfg.get("head_dim") else None)
+    except KeyError as e:
+        raise ValueError(f"{cfg_path}: missing field {e.args[0]!r}") from e
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{d}: no *.safetensors weights")
+    raw: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                for k in sf.keys():
+                    raw[k] = sf.get_tensor(k)
+        except Exception as e:  # safetensors raises SafetensorError (an Exception subclass)
+            raise ValueError(f"{f}: cannot read safetensors: {e}") from e
+    w: dict[str, torch.Tensor] = {}
+    for k, t in raw.items():
+        if k == "model.embed_tokens.weight":
+            w["tok_embeddings.weight"] = t
+        elif k == "model.norm.weight":
+            w["norm.weight"] = t
+        elif k == "lm_head.weight":
+            w["output.weight"] = t
+        elif k.startswith("model.layers."):
+            rest = k[len("model.layers."):]
+            idx, _, sub = rest.partition(".")
+            if sub in _HF_TO_CANON:
+                w[f"layers.{idx}.{_HF_TO_CANON[sub]}"] = t
+        # rotary_emb.inv_freq and other buffers are ignored
+    if args.tie_embeddings:
+        w.pop("output.weight", None)
+    elif "output.weight" not in w:
+        raise ValueError(f"{d}: tie_word_embeddings is false but there is no lm_head.weight")
+    missing = [n for n in canonical_weight_names(args) if n not in w]
+    if missing:
+        raise ValueError(f"{d}: weights missing from *.safetensors: {missing[:5]}")
+    tok = HFTokenizer(d / "tokenizer.json",
+                      bos_id=cfg.get("bos_token_id") if isinstance(cfg.get("bos_token_id"), int) else None,
+                      eos_id=cfg.get("eos_token_id") if isinstance(cfg.get("eos_token_id"), int) else None)
+    if tok.vocab_size > args.vocab_size:
+        raise ValueError(f"{d}: tokenizer has {tok.vocab_size} tokens, config vocab_size is {args.vocab_size}")
+    model = LlamaModel(args, w, device=device, dtype=dtype)
+    return ModelBundle(name=name or d.name, model=model, tokenizer=tok, args=args, source_path=str(d))
+
+
+def save_hf_dir(bundle: ModelBundle, path: str | Path) -> Path:
+    """Write ``bundle`` as a Hugging Face Llama directory (config.json, model.safetensors,
+    tokenizer.json, tokenizer_config.json) loadable by :func:`load_hf_dir` and by
+    transformers' ``LlamaForCausalLM``.
+
+    Weights are written in float32 from the full-precision copy (also in int8 mode). For an
+    "interleaved" (llama2.c) model the wq/wk rows are permuted to the rotate_half layout. The
+    tokenizer must be a Llama2cTokenizer (converted by ``build_hf_tokenizer_json``) or an
+    HFTokenizer (copied). Raises ValueError otherwise.
+    """
+    from safetensors.torch import save_file
+
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    a = bundle.args
+    canon = bundle.model.export_weights()
+    st: dict[str, torch.Tensor] = {"model.embed_tokens.weight": canon["tok_embeddings.weight"],
+                                   "model.norm.weight": canon["norm.weight"]}
+    if not a.tie_embeddings:
+        st["lm_head.weight"] = canon["output.weight"]
+    inv = {v: k for k, v in _HF_TO_CANON.items()}
+    for i in range(a.n_layers):
+        for cname, hname in inv.items():
+            t = canon[f"layers.{i}.{cname}"]
+            if a.rope_style == "interleaved" and cname == "attention.wq.weight":
+                t = _permute_interleaved_to_half(t, a.n_heads)
+            elif a.rope_style == "interleaved" and cname == "attention.wk.weight":
+                t = _permute_interleaved_to_half(t, a.n_kv_heads)
+            st[f"model.layers.{i}.{hname}"] = t.to(torch.float32).contiguous()
+    st = {k: v.to(torch.float32).contiguous() for k, v in st.items()}
+    save_file(st, str(out / "model.safetensors"), metadata={"format": "pt"})
+    tok = bundle.tokenizer
+    if isinstance(tok, Llama2cTokenizer):
+        (out / "tokenizer.json").write_text(build_hf_tokenizer_json(tok), encoding="utf-8")
+        bos, eos = "<s>", "</s>"
+    elif isinstance(tok, HFTokenizer):
+        (out / "tokenizer.json").write_text(tok.path.read_text(encoding="utf-8"), encoding="utf-8")
+        bos, eos = tok.id_to_piece(tok.bos_id), tok.id_to_piece(tok.eos_id)
+    else:
+        raise ValueError(f"save_hf_dir: cannot convert a {type(tok).__name__} to tokenizer.json")
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": a.dim, "intermediate_size": a.hidden_dim, "num_hidden_layers": a.n_layers,
+        "num_attention_heads": a.n_heads, "num_key_value_heads": a.n_kv_heads, "head_dim": a.head_dim,
+        "vocab_size": a.vocab_size, "max_position_embeddings": a.max_seq_len, "rms_norm_eps": a.norm_eps,
+        "rope_theta": a.rope_theta, "tie_word_embeddings": a.tie_embeddings, "hidden_act": "silu",
+        "attention_bias": False, "mlp_bias": False, "bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id,
+        "torch_dtype": "float32",
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    tcfg = {"bos_token": bos, "eos_token": eos, "unk_token": "<unk>", "add_bos_token": True,
+            "add_eos_token": False, "model_max_length": a.max_seq_len, "tokenizer_class": "PreTrainedTokenizerFast"}
+    (out / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=2), encoding="utf-8")
+    return out
+
+
+# ---- demo and dispatch ---------------------------------------------------------------------
+
+def build_demo_model(seed: int = 0, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                     max_seq_len: int = 4096) -> ModelBundle:
+    """A tiny seeded random Llama over bytes (ByteTokenizer), so the product runs with no files.
+
+    dim 64, 2 layers, 4 heads / 2 KV heads, hidden 172, vocab 259; weights N(0, 0.02²) from
+    ``torch.Generator().manual_seed(seed)``, norms 1. Same seed → same weights.
+    """
+    tok = ByteTokenizer()
+    args = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=tok.vocab_size, hidden_dim=172,
+                     max_seq_len=max_seq_len, rope_style="interleaved", tie_embeddings=True)
+    g = torch.Generator().manual_seed(seed)
+    w = {}
+    for n, shape in canonical_weight_names(args).items():
+        if len(shape) == 1:
+            w[n] = torch.ones(shape)
+        else:
+            w[n] = torch.randn(shape, generator=g) * 0.02
+    model = LlamaModel(args, w, device=device, dtype=dtype)
+    return ModelBundle(name="demo", model=model, tokenizer=tok, args=args, source_path=None)
+
+
+def load_model(spec: str | Path | None, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+               tokenizer_path: str | Path | None = None, name: str | None = None) -> ModelBundle:
+    """Load by spec: None or "demo" → demo model; ``*.bin`` → llama2.c; a directory → Hugging Face.
+
+    Raises FileNotFoundError for a missing path and ValueError for a path of another kind.
+    """
+    if spec is None or str(spec) == "demo":
+        b = build_demo_model(device=device, dtype=dtype)
+        if name:
+            b.name = name
+        return b
+    p = Path(spec)
+    if p.is_dir():
+        return load_hf_dir(p, device=device, dtype=dtype, name=name)
+    if not p.exists():
+        raise FileNotFoundError(f"model not found: {p}")
+    if p.suffix == ".bin":
+        return load_llama2c(p, tokenizer_path=tokenizer_path, device=device, dtype=dtype, name=name)
+    raise ValueError(f"{p}: unknown model format (expected a llama2.c .bin file or a Hugging Face directory)")

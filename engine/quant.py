@@ -1,0 +1,144 @@
+"""int8 weight-only quantization (per-output-channel symmetric absmax) and int8 KV helpers.
+
+Weights: each output channel ``j`` of a linear layer gets one float32 scale
+``s_j = max_i |W[j, i]| / 127`` and ``Wq[j, i] = round(W[j, i] / s_j)`` clamped to [-127, 127];
+``y = x @ Wq.T * s``. This is the symmetric absmax ("vector-wise") weight quantization of
+LLM.int8() (Dettmers et al., 2022, arXiv:2208.07339, §3) used weight-only, as in
+weight-only int8 inference (e.g. TensorRT-LLM / torchao ``int8_weight_only``): activations stay
+in floating point, so there is no outlier decomposition.
+
+The product runs through ``torch._weight_int8pack_mm`` (a fused int8-weight GEMM in
+PyTorch ≥ 2.2, weights ``[out, in]`` int8, scales ``[out]``), which reads 1 byte per weight,
+with bf16 activations (see ``int8_matmul``); it falls back to dequantize-then-matmul where
+the kernel is missing or rejects the input. ``bench_int8_vs_full`` is the measurement that
+chose it.
+
+KV: per-token-per-head absmax, ``scale = max_d |x[d]| / 127`` over ``head_dim``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+QMAX = 127.0
+
+
+@dataclass
+class Int8Weight:
+    """A quantized linear weight: ``qweight`` int8 [out, in], ``scales`` float32 [out].
+
+    ``kernel`` caches whether ``torch._weight_int8pack_mm`` works for this weight's device
+    (None = not tried yet); ``unit_scales`` are the bf16 ones handed to the kernel (the real
+    float32 scales are applied to its output, so they are not rounded to bf16).
+    """
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    kernel: bool | None = None
+    unit_scales: torch.Tensor | None = None
+
+    def nbytes(self) -> int:
+        """int8 weight bytes + float32 scale bytes (the kernel's bf16 ones are not counted
+        when absent; they add 2 bytes per output channel once created)."""
+        n = self.qweight.numel() + self.scales.numel() * self.scales.element_size()
+        if self.unit_scales is not None:
+            n += self.unit_scales.numel() * self.unit_scales.element_size()
+        return n
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """W ≈ qweight · scales[:, None] as [out, in] in ``dtype``."""
+        return (self.qweight.to(torch.float32) * self.scales[:, None]).to(dtype)
+
+
+def quantize_per_channel(w_out_in: torch.Tensor) -> Int8Weight:
+    """Quantize a weight laid out [out, in] (any float dtype) to int8 with one scale per row.
+
+    All-zero rows get scale 1 (so they dequantize to exact zeros, never NaN). Raises
+    ValueError for a non-2-D input.
+    """
+    if w_out_in.dim() != 2:
+        raise ValueError(f"quantize_per_channel expects a 2-D [out, in] weight, got shape {tuple(w_out_in.shape)}")
+    w = w_out_in.detach().to(torch.float32)
+    absmax = w.abs().amax(dim=1)
+    scales = torch.where(absmax > 0, absmax / QMAX, torch.ones_like(absmax))
+    q = torch.clamp(torch.round(w / scales[:, None]), -QMAX, QMAX).to(torch.int8).contiguous()
+    return Int8Weight(qweight=q, scales=scales.contiguous())
+
+
+def int8_matmul(x: torch.Tensor, w: Int8Weight, use_kernel: bool = True) -> torch.Tensor:
+    """y = x @ dequant(w).T for x [..., in] → [..., out] in x's dtype.
+
+    Kernel path (``use_kernel``, where it runs): ``_weight_int8pack_mm(x.bf16, qweight, ones)
+    · scales``. On the project CPU the kernel is vectorized only for bf16/fp16 activations
+    (with float32 activations it was 10–30× slower than fp32 matmul), so activations are
+    rounded to bf16 for this product. Fallback: dequantize-then-matmul in x's dtype.
+    """
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    y = None
+    if use_kernel and w.kernel is not False and hasattr(torch, "_weight_int8pack_mm"):
+        xb = x2.to(torch.bfloat16).contiguous()
+        if w.unit_scales is None or w.unit_scales.device != x2.device:
+            w.unit_scales = torch.ones(w.scales.shape[0], dtype=torch.bfloat16, device=x2.device)
+        if w.kernel is None:
+            try:
+                y = torch._weight_int8pack_mm(xb, w.qweight, w.unit_scales)
+                w.kernel = True
+            except (RuntimeError, NotImplementedError):
+                w.kernel = False
+                w.unit_scales = None
+        else:
+            y = torch._weight_int8pack_mm(xb, w.qweight, w.unit_scales)
+        if y is not None:
+            y = torch.mul(y, w.scales)  # bf16 · fp32 → fp32
+            if y.dtype != x.dtype:
+                y = y.to(x.dtype)
+    if y is None:
+        y = (x2 @ w.qweight.to(x2.dtype).t()) * w.scales.to(x2.dtype)
+    return y.reshape(*lead, y.shape[-1])
+
+
+def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token-per-head int8: x [..., head_dim] → (int8 [..., head_dim], float32 scale [...])."""
+    xf = x.to(torch.float32)
+    absmax = xf.abs().amax(dim=-1)
+    scale = torch.where(absmax > 0, absmax / QMAX, torch.ones_like(absmax))
+    q = torch.clamp(torch.round(xf / scale[..., None]), -QMAX, QMAX).to(torch.int8)
+    return q, scale
+
+
+def dequantize_kv(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Inverse of :func:`quantize_kv`: int8 [..., D] · scale [...] → ``dtype``."""
+    return (q.to(torch.float32) * scale[..., None]).to(dtype)
+
+
+def bench_int8_vs_full(in_features: int = 384, out_features: int = 1024, batch: int = 1,
+                       iters: int = 200, dtype: torch.dtype = torch.float32) -> dict:
+    """Seconds per call of the three CPU linears on one random weight (measurement helper).
+
+    Returns ``{"full_out_in": s, "full_in_out": s, "int8_kernel": s, "int8_dequant": s}``:
+    ``x @ W.T`` with the nn.Linear [out, in] layout, ``x @ Wt`` with a contiguous [in, out]
+    copy, ``_weight_int8pack_mm``, and dequantize-matmul.
+    """
+    w = torch.randn(out_features, in_features, dtype=dtype)
+    wt = w.t().contiguous()
+    qw = quantize_per_channel(w)
+    x = torch.randn(batch, in_features, dtype=dtype)
+    cases = {
+        "full_out_in": lambda: x @ w.t(),
+        "full_in_out": lambda: x @ wt,
+        "int8_kernel": lambda: int8_matmul(x, qw, use_kernel=True),
+        "int8_dequant": lambda: int8_matmul(x, qw, use_kernel=False),
+    }
+    res = {}
+    for name, fn in cases.items():
+        for _ in range(5):
+            fn()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        res[name] = (time.perf_counter() - t0) / iters
+    return res
