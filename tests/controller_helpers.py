@@ -1,0 +1,107 @@
+"""Test helpers for the controller's actions, reset, loop, API and CLI tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+from controller.types import EngineSnapshot, GpuReading, GpuSnapshot
+
+FAKE_BIN = Path(__file__).resolve().parent / "fake_bin"
+GIB = 1024 ** 3
+
+
+class StaticGpuSource:
+    """A GPU source double whose readings the test edits (``gpus`` by index)."""
+
+    def __init__(self, gpus: dict[int, GpuSnapshot] | None = None, ok: bool = True,
+                 delay: float = 0.0, fail: Exception | None = None) -> None:
+        self.gpus = gpus if gpus is not None else {0: gpu(0), 1: gpu(1)}
+        self.ok = ok
+        self.delay = delay
+        self.fail = fail
+        self.polls = 0
+        self._lock = threading.Lock()
+
+    def poll(self, now: float) -> GpuReading:
+        with self._lock:
+            self.polls += 1
+        if self.delay:
+            time.sleep(self.delay)
+        if self.fail is not None:
+            raise self.fail
+        if not self.ok:
+            return GpuReading(source="static", ok=False, error="telemetry down", time=now)
+        return GpuReading(source="static", ok=True, time=now,
+                          gpus={s.uuid: s for s in self.gpus.values()})
+
+
+def gpu(index: int, *, lost: bool = False, total: int | None = 80 * GIB,
+        persistence: bool | None = True, processes=None) -> GpuSnapshot:
+    return GpuSnapshot(uuid=f"GPU-{index:08d}-0000-0000-0000-000000000000", index=index,
+                       name="NVIDIA H100 80GB HBM3", pci_bus_id=f"00000000:{0x3B + index:02X}:00.0",
+                       memory_total_bytes=total, memory_used_bytes=0 if total else None,
+                       lost=lost, persistence_mode=persistence, processes=list(processes or []))
+
+
+class FakeNvidiaSmi:
+    """Writes the fake nvidia-smi state file and reads its argv log."""
+
+    def __init__(self, tmp_path: Path, monkeypatch, gpus: dict[int, dict] | None = None) -> None:
+        self.state_path = tmp_path / "nvsmi-state.json"
+        self.log_path = tmp_path / "nvsmi-argv.log"
+        state = {"gpus": {}}
+        for idx, spec in (gpus or {0: {}, 1: {}}).items():
+            g = {"bus_id": f"00000000:{0x3B + idx:02X}:00.0", "uuid": f"GPU-{idx:08d}-0000-0000-0000-000000000000",
+                 "mode": "success", "persistence": True, "processes": []}
+            g.update(spec)
+            state["gpus"][str(idx)] = g
+        self.state_path.write_text(json.dumps(state))
+        monkeypatch.setenv("PATH", f"{FAKE_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+        monkeypatch.setenv("FAKE_NVSMI_STATE", str(self.state_path))
+        monkeypatch.setenv("FAKE_NVSMI_LOG", str(self.log_path))
+
+    def calls(self) -> list[list[str]]:
+        if not self.log_path.exists():
+            return []
+        return [json.loads(line) for line in self.log_path.read_text().splitlines() if line]
+
+    def state(self, idx: int) -> dict:
+        return json.loads(self.state_path.read_text())["gpus"][str(idx)]
+
+
+class FakeClock:
+    def __init__(self, t: float = 1_700_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def engine_snapshot(name: str = "main", **kw) -> EngineSnapshot:
+    base = dict(name=name, kind="bundled", ok=True, time=time.time(), precision="full",
+                draining=False, running=0, waiting=0)
+    base.update(kw)
+    return EngineSnapshot(**base)
