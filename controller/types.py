@@ -144,6 +144,9 @@ class EngineSnapshot:
     missing: list[str] = field(default_factory=list)
     invalid: list[str] = field(default_factory=list)
     raw: dict[str, Any] | None = None
+    # TTFT histograms by served model name, same shape as ``ttft_histogram``, where the engine
+    # labels them by model (the latency breaker judges the main model apart from the light one).
+    ttft_histogram_by_model: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
