@@ -19,7 +19,7 @@ Validation policy, chosen where OpenAI and vLLM are loose (field cases F15, F16,
   (``prompt`` as a list of strings or a list of token-id lists) is supported, up to
   ``ProtocolLimits.max_batch_prompts``; choice ``index`` is the prompt's position.
 * **Unknown fields are ignored**, except those whose silent loss would change the answer:
-  ``suffix``, non-empty ``logit_bias``, non-zero ``presence_penalty``/``frequency_penalty``,
+  ``suffix``, non-empty ``logit_bias``, ``best_of`` other than 1,
   ``tools``/``functions``/``tool_choice`` (other than "none"), ``response_format`` other
   than text, and non-text content parts are a 400 saying they are not supported. Ignored on
   purpose: ``user``, ``metadata``, ``store``, ``service_tier``, ``parallel_tool_calls``,
@@ -230,15 +230,6 @@ def _check_stop(value: Any, info: Any) -> list[str] | None:
     return list(items)
 
 
-def _check_penalty(value: float, name: str) -> float:
-    if value != 0.0:
-        raise PydanticCustomError(
-            "unsupported_parameter",
-            "{name} is not supported by this engine (only 0); use repetition_penalty (CTRL definition, > 0, 1.0 = off)",
-            {"name": name})
-    return value
-
-
 class _SamplingFields(_Strict):
     """Fields shared by completions and chat completions."""
 
@@ -251,7 +242,7 @@ class _SamplingFields(_Strict):
     stream: bool | None = False
     stop: Any = None
     seed: JsonInt | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
-    repetition_penalty: JsonFloat | None = Field(default=None, gt=0.0, le=10.0)
+    repetition_penalty: JsonFloat | None = Field(default=None, gt=0.0)
     presence_penalty: JsonFloat | None = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: JsonFloat | None = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, Any] | None = None
@@ -273,16 +264,6 @@ class _SamplingFields(_Strict):
             raise PydanticCustomError("unsupported_n", "only n=1 is supported (one choice per prompt), got {n}",
                                       {"n": value})
         return value
-
-    @field_validator("presence_penalty")
-    @classmethod
-    def _v_presence(cls, value: float | None) -> float | None:
-        return None if value is None else _check_penalty(value, "presence_penalty")
-
-    @field_validator("frequency_penalty")
-    @classmethod
-    def _v_frequency(cls, value: float | None) -> float | None:
-        return None if value is None else _check_penalty(value, "frequency_penalty")
 
     @field_validator("logit_bias")
     @classmethod
@@ -712,3 +693,36 @@ def now_s() -> int:
 _SamplingFields.model_rebuild()
 CompletionRequest.model_rebuild()
 ChatCompletionRequest.model_rebuild()
+
+
+# ---------------------------------------------------------------------------------------------
+# Admin API bodies (docs/architecture.md, "Engine admin API")
+
+
+class AdminPrecisionRequest(_Strict):
+    """``POST /admin/precision``: ``mode`` full|int8; ``model`` None = every served model."""
+
+    mode: Literal["full", "int8"]
+    model: str | None = None
+
+
+class AdminFaultRequest(_Strict):
+    """``POST /admin/fault``: make the next ``count`` steps run out of memory for real."""
+
+    kind: str = "oom"
+    count: JsonInt = Field(default=1, ge=1, le=1000)
+    model: str | None = None
+
+
+class AdminDrainRequest(_Strict):
+    """``POST /admin/drain``: stop (true) or resume (false) admitting; ``model`` None = all."""
+
+    draining: bool = True
+    model: str | None = None
+
+
+class AdminRouteRequest(_Strict):
+    """``POST /admin/route``: send requests for ``model`` to ``to``; ``to`` null clears."""
+
+    model: str
+    to: str | None = None
