@@ -73,6 +73,67 @@ def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Gener
     return gen
 
 
+def apply_penalties(logits: torch.Tensor, params: list[SamplingParams],
+                    token_histories: list[list[int]],
+                    prompt_lens: list[int] | None = None) -> torch.Tensor:
+    """Return a copy of ``logits`` [B, V] with each row's penalties applied.
+
+    Repetition penalty (CTRL, Keskar et al. 2019; Hugging Face
+    ``RepetitionPenaltyLogitsProcessor``): for each token id present in the row's history
+    (prompt + output; counted once however often it occurs), ``logit / penalty`` if
+    ``logit > 0`` else ``logit * penalty``. Then presence/frequency (OpenAI, vLLM):
+    ``logit -= frequency_penalty * count + presence_penalty * (count > 0)`` with counts over
+    ``history[prompt_lens[i]:]`` (the whole history when ``prompt_lens`` is None).
+    Rows without penalties are returned unchanged.
+
+    Raises:
+        ValueError: a history holds a token id outside [0, V).
+    """
+    out = logits.clone()
+    rows = [i for i, p in enumerate(params) if p.has_penalties]
+    if not rows:
+        return out
+    vocab = out.shape[1]
+    device = out.device
+
+    def counts_of(seqs: list[list[int]]) -> torch.Tensor:
+        """[len(seqs), V] int64 occurrence counts, via one bincount over row-offset ids."""
+        flat: list[int] = []
+        offsets: list[int] = []
+        for r, seq in enumerate(seqs):
+            flat.extend(seq)
+            offsets.extend([r * vocab] * len(seq))
+        if not flat:
+            return torch.zeros(len(seqs), vocab, dtype=torch.long, device=device)
+        ids = torch.tensor(flat, dtype=torch.long, device=device)
+        if bool((ids < 0).any()) or bool((ids >= vocab).any()):
+            raise ValueError(f"token_histories holds a token id outside [0, {vocab})")
+        ids = ids + torch.tensor(offsets, dtype=torch.long, device=device)
+        return torch.bincount(ids, minlength=len(seqs) * vocab).view(len(seqs), vocab)
+
+    rep_rows = [i for i in rows if params[i].repetition_penalty != 1.0]
+    if rep_rows:
+        ridx = torch.tensor(rep_rows, device=device)
+        seen = counts_of([token_histories[i] for i in rep_rows]) > 0
+        penalty = torch.tensor([params[i].repetition_penalty for i in rep_rows],
+                               dtype=out.dtype, device=device).unsqueeze(1)
+        x = out[ridx]
+        out[ridx] = torch.where(seen, torch.where(x > 0, x / penalty, x * penalty), x)
+    pf_rows = [i for i in rows
+               if params[i].presence_penalty != 0.0 or params[i].frequency_penalty != 0.0]
+    if pf_rows:
+        outputs = [token_histories[i][(prompt_lens[i] if prompt_lens is not None else 0):]
+                   for i in pf_rows]
+        counts = counts_of(outputs).to(out.dtype)
+        pidx = torch.tensor(pf_rows, device=device)
+        freq = torch.tensor([params[i].frequency_penalty for i in pf_rows],
+                            dtype=out.dtype, device=device).unsqueeze(1)
+        pres = torch.tensor([params[i].presence_penalty for i in pf_rows],
+                            dtype=out.dtype, device=device).unsqueeze(1)
+        out[pidx] = out[pidx] - freq * counts - pres * (counts > 0).to(out.dtype)
+    return out
+
+
 class Sampler:
     """Chooses the next token of every sequence in a batch.
 
@@ -159,8 +220,7 @@ class Sampler:
 
         pen_rows = [i for i, p in enumerate(params) if p.has_penalties]
         if pen_rows:
-            work = work.clone() if work is logits else work
-            self._apply_penalties(work, pen_rows, params, token_histories, prompt_lens)
+            work = apply_penalties(work, params, token_histories, prompt_lens)
 
         tokens = torch.zeros(batch, dtype=torch.long, device=logits.device)
         dead_set = set(nonfinite_rows)
@@ -172,56 +232,6 @@ class Sampler:
         if sample_rows:
             self._sample_rows(work, tokens, sample_rows, params, generators)
         return self._result(tokens, raw_logprobs, params, nonfinite_rows)
-
-    @staticmethod
-    def _apply_penalties(work: torch.Tensor, rows: list[int], params: list[SamplingParams],
-                         histories: list[list[int]], prompt_lens: list[int] | None) -> None:
-        """Apply CTRL repetition and OpenAI presence/frequency penalties in place."""
-        vocab = work.shape[1]
-        device = work.device
-
-        def counts_of(seqs: list[list[int]]) -> torch.Tensor:
-            """[len(seqs), V] int64 occurrence counts, via one bincount over row-offset ids."""
-            flat: list[int] = []
-            offsets: list[int] = []
-            for r, seq in enumerate(seqs):
-                flat.extend(seq)
-                offsets.extend([r * vocab] * len(seq))
-            if not flat:
-                return torch.zeros(len(seqs), vocab, dtype=torch.long, device=device)
-            ids = torch.tensor(flat, dtype=torch.long, device=device)
-            if bool((ids < 0).any()) or bool((ids >= vocab).any()):
-                raise ValueError(f"token_histories holds a token id outside [0, {vocab})")
-            ids = ids + torch.tensor(offsets, dtype=torch.long, device=device)
-            return torch.bincount(ids, minlength=len(seqs) * vocab).view(len(seqs), vocab)
-
-        idx = torch.tensor(rows, device=device)
-        sub = work[idx]
-        rep_rows = [r for r, i in enumerate(rows) if params[i].repetition_penalty != 1.0]
-        if rep_rows:
-            seen = counts_of([histories[rows[r]] for r in rep_rows]) > 0
-            ridx = torch.tensor(rep_rows, device=device)
-            penalty = torch.tensor([params[rows[r]].repetition_penalty for r in rep_rows],
-                                   dtype=sub.dtype, device=device).unsqueeze(1)
-            x = sub[ridx]
-            penalized = torch.where(x > 0, x / penalty, x * penalty)
-            sub[ridx] = torch.where(seen, penalized, x)
-        pf_rows = [r for r, i in enumerate(rows)
-                   if params[i].presence_penalty != 0.0 or params[i].frequency_penalty != 0.0]
-        if pf_rows:
-            outputs = []
-            for r in pf_rows:
-                hist = histories[rows[r]]
-                start = prompt_lens[rows[r]] if prompt_lens is not None else 0
-                outputs.append(hist[start:])
-            counts = counts_of(outputs).to(sub.dtype)
-            pidx = torch.tensor(pf_rows, device=device)
-            freq = torch.tensor([params[rows[r]].frequency_penalty for r in pf_rows],
-                                dtype=sub.dtype, device=device).unsqueeze(1)
-            pres = torch.tensor([params[rows[r]].presence_penalty for r in pf_rows],
-                                dtype=sub.dtype, device=device).unsqueeze(1)
-            sub[pidx] = sub[pidx] - freq * counts - pres * (counts > 0).to(sub.dtype)
-        work[idx] = sub
 
     def _sample_rows(self, work: torch.Tensor, tokens: torch.Tensor, rows: list[int],
                      params: list[SamplingParams], generators: list[torch.Generator | None]
@@ -240,7 +250,8 @@ class Sampler:
             idx = torch.tensor(group, device=device)
             temps = torch.tensor([params[i].temperature for i in group],
                                  dtype=work.dtype, device=device).unsqueeze(1)
-            x = work[idx] / temps
+            # clamp: +inf (or a huge logit / small temperature) would make softmax NaN
+            x = (work[idx] / temps).clamp(max=_FLOAT32_MAX)
             order = None
             if truncate:
                 x, order = x.sort(dim=-1, descending=True, stable=True)

@@ -1,0 +1,198 @@
+"""Sampler: CTRL repetition penalty (F19), greedy/top-k/top-p, seeds, raw logprobs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from engine.sampler import Sampler, apply_penalties, make_generator
+from engine.sampling_params import SamplingParams
+
+
+def _logits(batch: int, vocab: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, vocab, generator=g) * 3.0
+
+
+# --- repetition penalty (F19: repetition_penalty 1.2 reaches the sampler) ------------------
+
+def test_repetition_penalty_follows_ctrl_formula_exactly():
+    logits = torch.tensor([[2.4, -1.0, 0.5, 3.0, -0.25, 0.0]])
+    params = [SamplingParams(repetition_penalty=1.2)]
+    out = apply_penalties(logits, params, [[0, 1, 1, 4, 5]])
+    # seen ids 0, 1, 4, 5: positive / 1.2, negative * 1.2, 0 stays 0; unseen 2, 3 unchanged
+    expected = torch.tensor([[2.4 / 1.2, -1.0 * 1.2, 0.5, 3.0, -0.25 * 1.2, 0.0]])
+    assert torch.equal(out, expected)
+    assert torch.equal(logits, torch.tensor([[2.4, -1.0, 0.5, 3.0, -0.25, 0.0]]))  # not in place
+
+
+def test_repetition_penalty_matches_hugging_face_processor():
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    logits = _logits(3, 50, seed=1)
+    histories = [[1, 2, 3, 3, 49], [0, 7, 7], [10, 11, 12, 13]]
+    pens = [1.2, 1.2, 0.8]
+    ours = apply_penalties(logits, [SamplingParams(repetition_penalty=p) for p in pens], histories)
+    for row in range(3):
+        hf = RepetitionPenaltyLogitsProcessor(pens[row])(
+            torch.tensor([histories[row]]), logits[row:row + 1].clone())
+        assert torch.allclose(ours[row:row + 1], hf, rtol=0, atol=1e-6)
+
+
+def test_repetition_penalty_changes_the_greedy_choice():
+    sampler = Sampler(seed=0)
+    logits = torch.tensor([[3.0, 2.9, 1.0, -0.5, -0.55]])
+    history = [[2, 0]]  # tokens 2 and 0 already in the prompt
+    plain = sampler(logits, [SamplingParams(temperature=0)], [None], history)
+    pen = sampler(logits, [SamplingParams(temperature=0, repetition_penalty=1.2)], [None], history)
+    assert plain.token_ids == [0]
+    assert pen.token_ids == [1]  # 3.0 / 1.2 = 2.5 < 2.9
+    # negative logits are multiplied: -0.5 * 1.2 = -0.6 < -0.55
+    neg = torch.tensor([[-0.5, -0.55, -3.0]])
+    assert sampler(neg, [SamplingParams(temperature=0)], [None], [[0]]).token_ids == [0]
+    assert sampler(neg, [SamplingParams(temperature=0, repetition_penalty=1.2)], [None],
+                   [[0]]).token_ids == [1]
+    # raw logprobs: the penalty changes the choice, not the model's probability of it
+    assert pen.logprobs[0] == pytest.approx(torch.log_softmax(logits, -1)[0, 1].item())
+
+
+def test_presence_and_frequency_penalties_count_output_only():
+    logits = torch.zeros(1, 6)
+    p = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25)
+    out = apply_penalties(logits, [p], [[1, 1, 2, 3, 3, 3]], prompt_lens=[2])
+    # output = [2, 3, 3, 3]; token 1 is prompt only
+    assert out[0].tolist() == [0.0, 0.0, -0.75, -1.25, 0.0, 0.0]
+    whole = apply_penalties(logits, [p], [[1, 1, 2]])
+    assert whole[0].tolist() == [0.0, -1.0, -0.75, 0.0, 0.0, 0.0]
+
+
+def test_history_with_out_of_range_id_raises():
+    with pytest.raises(ValueError, match=r"outside \[0, 4\)"):
+        apply_penalties(torch.zeros(1, 4), [SamplingParams(repetition_penalty=1.2)], [[4]])
+
+
+# --- greedy, top-k, top-p -------------------------------------------------------------------
+
+def test_greedy_fast_path_is_argmax_with_raw_logprobs():
+    logits = _logits(8, 512, seed=2)
+    res = Sampler()(logits, [SamplingParams(temperature=0)] * 8, [None] * 8, [[]] * 8)
+    assert res.token_ids == logits.argmax(-1).tolist()
+    ref = torch.log_softmax(logits, -1).gather(1, logits.argmax(-1, keepdim=True)).squeeze(1)
+    assert res.logprobs == ref.tolist()
+    assert res.top_logprobs is None and res.nonfinite_rows == []
+
+
+def test_top_k_1_and_tiny_top_p_equal_greedy():
+    logits = _logits(16, 300, seed=3)
+    greedy = logits.argmax(-1).tolist()
+    sampler = Sampler(seed=3)
+    for params in (SamplingParams(temperature=1.5, top_k=1),
+                   SamplingParams(temperature=1.0, top_p=1e-6)):
+        for _ in range(5):
+            res = sampler(logits, [params] * 16, [None] * 16, [[]] * 16)
+            assert res.token_ids == greedy
+
+
+def test_top_k_and_top_p_truncate_the_distribution():
+    # probs 0.5, 0.3, 0.15, 0.05
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(4000, 1)
+    sampler = Sampler(seed=4)
+
+    def freqs(params):
+        res = sampler(logits, [params] * 4000, [None] * 4000, [[]] * 4000)
+        return torch.bincount(torch.tensor(res.token_ids), minlength=4).double() / 4000
+
+    plain = freqs(SamplingParams(temperature=1.0))
+    assert torch.allclose(plain, torch.tensor([0.5, 0.3, 0.15, 0.05], dtype=torch.double),
+                          atol=0.03)
+    k2 = freqs(SamplingParams(temperature=1.0, top_k=2))
+    assert k2[2] == 0 and k2[3] == 0 and k2[0] == pytest.approx(0.625, abs=0.03)
+    p7 = freqs(SamplingParams(temperature=1.0, top_p=0.7))  # 0.5 < 0.7 <= 0.8: keep 2
+    assert p7[2] == 0 and p7[3] == 0 and p7[0] == pytest.approx(0.625, abs=0.03)
+    p8 = freqs(SamplingParams(temperature=1.0, top_p=0.8))  # exactly 0.8 reached with 2
+    assert p8[2] == 0 and p8[3] == 0
+    cold = freqs(SamplingParams(temperature=0.5))  # p^2 renormalised: 0.25/0.3650 = 0.685
+    assert cold[0] == pytest.approx(0.685, abs=0.03)
+
+
+# --- seeds ----------------------------------------------------------------------------------
+
+def _run(rows, steps=20, vocab=64):
+    """rows: list of (params, seed or None); returns the tokens of every row over steps."""
+    sampler = Sampler(seed=123)
+    gens = [make_generator(seed) if seed is not None else None for _, seed in rows]
+    out = [[] for _ in rows]
+    for step in range(steps):
+        base = _logits(1, vocab, seed=1000 + step)
+        logits = base.repeat(len(rows), 1)
+        res = sampler(logits, [p for p, _ in rows], gens, [o[:] for o in out])
+        for i, t in enumerate(res.token_ids):
+            out[i].append(t)
+    return out
+
+
+def test_seeded_request_is_reproducible_alone_and_in_any_batch():
+    target = (SamplingParams(temperature=1.0, seed=42), 42)
+    alone = _run([target])[0]
+    batch = _run([
+        (SamplingParams(temperature=0.7, top_k=5), None),
+        (SamplingParams(temperature=0), None),
+        target,
+        (SamplingParams(temperature=1.2, top_p=0.9, repetition_penalty=1.2, seed=7), 7),
+        (SamplingParams(temperature=1.0), None),
+    ])[2]
+    assert alone == batch
+    assert len(set(alone)) > 3  # it really sampled
+    other_seed = _run([(SamplingParams(temperature=1.0, seed=43), 43)])[0]
+    assert other_seed != alone
+
+
+def test_seeded_top_p_request_is_reproducible_in_a_batch():
+    target = (SamplingParams(temperature=1.0, top_p=0.9, top_k=20, seed=5), 5)
+    alone = _run([target])[0]
+    batch = _run([(SamplingParams(temperature=0.3), None), target,
+                  (SamplingParams(temperature=0), None)])[1]
+    assert alone == batch
+
+
+# --- logprobs -------------------------------------------------------------------------------
+
+def test_logprobs_are_raw_and_top_logprobs_per_row():
+    logits = _logits(3, 40, seed=9)
+    raw = torch.log_softmax(logits, -1)
+    params = [SamplingParams(temperature=0.5, top_k=3, repetition_penalty=1.3, logprobs=4),
+              SamplingParams(temperature=0),
+              SamplingParams(temperature=1.0, logprobs=0)]
+    res = Sampler(seed=1)(logits, params, [None, None, None], [[1, 2], [], []])
+    for r, tok in enumerate(res.token_ids):
+        assert res.logprobs[r] == pytest.approx(raw[r, tok].item(), abs=1e-6)
+    assert res.top_logprobs is not None
+    top_vals, top_ids = raw[0].topk(4)
+    assert list(res.top_logprobs[0]) == top_ids.tolist()
+    assert list(res.top_logprobs[0].values()) == pytest.approx(top_vals.tolist())
+    assert res.top_logprobs[1] == {} and res.top_logprobs[2] == {}
+
+
+def test_nonfinite_logits_do_not_crash():
+    logits = _logits(3, 10, seed=11)
+    logits[0, 3] = float("nan")
+    logits[1, :] = float("nan")
+    logits[2, :] = float("-inf")
+    logits[2, 5] = float("inf")
+    params = [SamplingParams(temperature=1.0), SamplingParams(temperature=0),
+              SamplingParams(temperature=0.8)]
+    res = Sampler(seed=2)(logits, params, [None] * 3, [[]] * 3)
+    assert res.token_ids[0] != 3
+    assert math.isnan(res.logprobs[0])  # counted as non-finite by engine.quality.perplexity
+    assert res.nonfinite_rows == [1]
+    assert res.token_ids[2] == 5
+
+
+def test_shape_mismatch_raises():
+    with pytest.raises(ValueError, match="params has 1 entries, logits has 2 rows"):
+        Sampler()(torch.zeros(2, 4), [SamplingParams()], [None, None], [[], []])
+    with pytest.raises(ValueError, match="2-D"):
+        Sampler()(torch.zeros(4), [SamplingParams()], [None], [[]])
+    assert Sampler()(torch.zeros(0, 4), [], [], []).token_ids == []
