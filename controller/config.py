@@ -1,0 +1,248 @@
+"""The controller's configuration (``inferctl up --config`` / ``inferctl controller run``).
+
+Pydantic models loaded from YAML; unknown keys are errors (a typo never goes unnoticed) and
+every error names the field (``engines.0.url: ...``). Times are seconds, ratios 0..1. See
+``docs/configuration.md`` and ``examples/inferctl.yaml``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+DEFAULT_CONTROLLER_PORT = 8900
+DEFAULT_ENGINE_PORT = 8000
+DEFAULT_TOKEN_ENV = "INFERCTL_ADMIN_TOKEN"
+ENGINE_KINDS = ("bundled", "vllm", "tgi", "llamacpp")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the field and the limit."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LaunchConfig(_Model):
+    """How the controller starts (and supervises) a bundled engine it launches itself."""
+
+    model: str | None = Field(None, description="model path (llama2.c .bin or HF directory); none = built-in demo model")
+    port: int = Field(DEFAULT_ENGINE_PORT, ge=1, le=65535)
+    host: str = "127.0.0.1"
+    memory_budget: str | None = Field(None, description="--memory-budget passed to the engine, e.g. 8MB")
+    args: list[str] = Field(default_factory=list, description="extra `inferctl engine serve` arguments")
+    health_timeout_seconds: float = Field(60.0, gt=0)
+    stop_timeout_seconds: float = Field(10.0, gt=0)
+
+
+class EngineConfig(_Model):
+    """One engine to watch (and steer, where its kind has an admin API)."""
+
+    name: str
+    kind: Literal["bundled", "vllm", "tgi", "llamacpp"] = "bundled"
+    url: str | None = None
+    admin_token: str | None = None
+    admin_token_env: str | None = None
+    launch: LaunchConfig | None = None
+    gpu: int | None = Field(None, ge=0, description="index of the GPU this engine runs on (for reset/isolate)")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("must be 1-64 characters of letters, digits, '_', '.', '-', starting"
+                             " with a letter or digit (it becomes a Prometheus label value)")
+        return v
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        if not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError(f"must be an http:// or https:// URL, got {v!r}")
+        return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _url_or_launch(self) -> "EngineConfig":
+        if self.launch is not None and self.kind != "bundled":
+            raise ValueError("launch: only a bundled engine can be launched by the controller")
+        if self.url is None:
+            if self.launch is None:
+                raise ValueError("url: required for an engine the controller does not launch")
+            self.url = f"http://{self.launch.host}:{self.launch.port}"
+        return self
+
+    def token(self) -> str | None:
+        """The engine's admin token: ``admin_token``, else the env variable ``admin_token_env``."""
+        if self.admin_token:
+            return self.admin_token
+        if self.admin_token_env:
+            return os.environ.get(self.admin_token_env) or None
+        return None
+
+
+class GpuConfig(_Model):
+    """The GPU source: ``kind`` and the options of that kind (see controller/gpu/base.py)."""
+
+    kind: Literal["auto", "nvml", "dcgm", "replay", "sim"] = "auto"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class PrecisionPolicyConfig(_Model):
+    """FULL → INT8 on an OOM fault; back to FULL after memory stayed free for the hold."""
+
+    enabled: bool = True
+    recovery_free_ratio: float = Field(0.2, gt=0, lt=1, description="free / budget needed to count as recovered")
+    hold_seconds: float = Field(60.0, ge=0, description="how long memory must stay recovered before rollback")
+    max_hold_seconds: float = Field(3600.0, gt=0, description="the flap guard's longest hold")
+    max_switches_per_hour: int = Field(6, ge=1, description="more switches than this pins the engine in int8")
+
+
+class FragmentationPolicyConfig(_Model):
+    """Drain and restart an engine whose allocator fragmentation stays above the threshold."""
+
+    enabled: bool = True
+    threshold_ratio: float = Field(0.30, gt=0, lt=1)
+    hold_seconds: float = Field(60.0, ge=0)
+    min_interval_seconds: float = Field(600.0, ge=0, description="least time between two restarts of one engine")
+
+
+class BreakerPolicyConfig(_Model):
+    """Route to a lightweight model while TTFT p99 is over the threshold."""
+
+    enabled: bool = True
+    ttft_threshold_seconds: float = Field(0.5, gt=0)
+    window_seconds: float = Field(30.0, gt=0)
+    open_seconds: float = Field(30.0, gt=0, description="time open before a half-open probe")
+    light_model: str | None = None
+
+
+class HardwarePolicyConfig(_Model):
+    enabled: bool = True
+
+
+class PoliciesConfig(_Model):
+    precision: PrecisionPolicyConfig = Field(default_factory=PrecisionPolicyConfig)
+    fragmentation: FragmentationPolicyConfig = Field(default_factory=FragmentationPolicyConfig)
+    breaker: BreakerPolicyConfig = Field(default_factory=BreakerPolicyConfig)
+    hardware: HardwarePolicyConfig = Field(default_factory=HardwarePolicyConfig)
+
+
+class RailsConfig(_Model):
+    """Limits on the actions that touch hardware or processes."""
+
+    reset_min_interval_seconds: float = Field(1800.0, ge=0)
+    dry_run: bool = Field(False, description="GPU resets only report what they would run")
+    nvidia_smi: str = "nvidia-smi"
+    command_timeout_seconds: float = Field(120.0, gt=0)
+    drain_timeout_seconds: float = Field(60.0, gt=0, description="wait for in-flight requests before a restart")
+
+
+class IntervalsConfig(_Model):
+    """Loop timing. Each call's timeout must be shorter than every poll interval."""
+
+    engine_poll_seconds: float = Field(1.0, gt=0)
+    gpu_poll_seconds: float = Field(2.0, gt=0)
+    reconcile_seconds: float = Field(1.0, gt=0)
+    call_timeout_seconds: float = Field(0.8, gt=0)
+    max_backoff_seconds: float = Field(60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _timeout_below_intervals(self) -> "IntervalsConfig":
+        shortest = min(self.engine_poll_seconds, self.gpu_poll_seconds)
+        if self.call_timeout_seconds >= shortest:
+            raise ValueError(f"call_timeout_seconds: {self.call_timeout_seconds:g} must be shorter than"
+                             f" every poll interval (shortest {shortest:g})")
+        if self.max_backoff_seconds < max(self.engine_poll_seconds, self.gpu_poll_seconds):
+            raise ValueError("max_backoff_seconds: must be at least the longest poll interval")
+        return self
+
+
+class ListenConfig(_Model):
+    host: str = "127.0.0.1"
+    port: int = Field(DEFAULT_CONTROLLER_PORT, ge=0, le=65535)
+
+
+class ControllerConfig(_Model):
+    """The whole controller configuration."""
+
+    listen: ListenConfig = Field(default_factory=ListenConfig)
+    admin_token: str | None = None
+    admin_token_env: str = DEFAULT_TOKEN_ENV
+    event_log: str = "inferctl-events.db"
+    engines: list[EngineConfig] = Field(default_factory=list)
+    gpu: GpuConfig = Field(default_factory=GpuConfig)
+    policies: PoliciesConfig = Field(default_factory=PoliciesConfig)
+    rails: RailsConfig = Field(default_factory=RailsConfig)
+    intervals: IntervalsConfig = Field(default_factory=IntervalsConfig)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "ControllerConfig":
+        names = [e.name for e in self.engines]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"engines: duplicate name(s) {', '.join(dup)}")
+        ports = [e.launch.port for e in self.engines if e.launch is not None]
+        if len(ports) != len(set(ports)):
+            raise ValueError("engines: two launched engines use the same launch.port")
+        return self
+
+    def token(self) -> str | None:
+        """The controller's admin token: ``admin_token``, else the env variable ``admin_token_env``."""
+        return self.admin_token or os.environ.get(self.admin_token_env) or None
+
+
+def _format(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling; see docs/configuration.md)"
+        lines.append(f"{loc}: {msg}")
+    return "; ".join(lines)
+
+
+def parse_config(data: Any) -> ControllerConfig:
+    """Validate a mapping (parsed YAML) into a :class:`ControllerConfig`.
+
+    Raises:
+        ConfigError: naming each bad field, e.g. ``intervals.call_timeout_seconds: ...``.
+    """
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"(top level): must be a mapping, got {type(data).__name__}")
+    try:
+        return ControllerConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format(err)) from None
+
+
+def load_config(path: str | Path) -> ControllerConfig:
+    """Read and validate a YAML configuration file.
+
+    Raises:
+        ConfigError: the file is missing, not YAML, or invalid (the message names the field).
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"config file {p}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {p}: not valid YAML: {exc}") from None
+    try:
+        return parse_config(data)
+    except ConfigError as exc:
+        raise ConfigError(f"config file {p}: {exc}") from None
