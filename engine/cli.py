@@ -1,0 +1,237 @@
+"""The engine's CLI commands, attached to ``inferctl`` by ``controller/cli.py``.
+
+* ``inferctl engine serve --model PATH ...`` — load the model(s) and serve the
+  OpenAI-compatible API (:mod:`engine.server`) with uvicorn on 127.0.0.1:8000 by default.
+  SIGINT/SIGTERM stop it cleanly: uvicorn stops accepting, in-flight requests get
+  ``--graceful-timeout`` seconds, then the engines' stepping threads are shut down.
+* ``inferctl generate --prompt TEXT`` — one completion in-process (no server); prints only
+  the completion text to stdout (exactly the text; a newline is added only when stdout is a
+  terminal), everything else goes to stderr. With no ``--model`` it uses the built-in demo
+  model.
+
+Heavy imports (torch, fastapi, the engine) happen inside the commands, so ``inferctl --help``
+stays fast.
+
+Two models: ``--light-model`` serves a second, lighter model beside the main one (its own
+LLMEngine with its own KV pool and budget), for the controller's latency breaker
+(``/admin/route``). Budgets are separate: ``--memory-budget`` is the main engine's and
+``--light-memory-budget`` the light one's. With no budget on CUDA, each engine would take
+``gpu_memory_utilization`` of the whole device, so the value is split between the two
+(``--light-memory-fraction``, default 0.2 of it for the light model); on CPU an engine with no
+budget reserves exactly what it needs.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Optional
+
+import typer
+
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
+#: Size suffixes: SI (powers of 1000) and IEC (powers of 1024), as in Kubernetes quantities.
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2, "gi": 1024**3, "gib": 1024**3,
+    "ti": 1024**4, "tib": 1024**4,
+}
+
+
+def parse_size(text: str, name: str = "--memory-budget") -> int:
+    """Parse a byte size: ``"8000000"``, ``"64MiB"``, ``"1.5GiB"``, ``"500MB"``.
+
+    SI suffixes (K, KB, M, MB, G, GB, T, TB) are powers of 1000, IEC ones (Ki, KiB, Mi, MiB,
+    Gi, GiB, Ti, TiB) powers of 1024; case-insensitive. Returns bytes (int >= 1).
+    Raises typer.BadParameter naming ``name`` for anything else.
+    """
+    match = _SIZE.match(str(text))
+    if not match:
+        raise typer.BadParameter(f"{name}: {text!r} is not a size (e.g. 8000000, 64MiB, 1.5GiB)")
+    number, unit = float(match.group(1)), match.group(2).lower()
+    if unit not in _UNITS:
+        raise typer.BadParameter(f"{name}: unknown unit {match.group(2)!r}; use B, KB, MB, GB, KiB, MiB, GiB, TiB")
+    value = int(number * _UNITS[unit])
+    if value < 1:
+        raise typer.BadParameter(f"{name}: must be at least 1 byte, got {text!r}")
+    return value
+
+
+def _die(message: str, code: int = 2) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _config(**kwargs):  # noqa: ANN202 - EngineConfig, imported lazily
+    from engine.config import ConfigError, EngineConfig
+
+    try:
+        return EngineConfig(**kwargs)
+    except ConfigError as exc:
+        _die(str(exc))
+
+
+def _load(spec: Optional[str], tokenizer: Optional[str], device: str, name: Optional[str] = None):  # noqa: ANN202
+    """Load a model bundle on the resolved device (weights in float32; the engine casts)."""
+    import torch
+
+    from engine.loader import load_model
+
+    dev = device
+    if dev == "auto":
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        return load_model(spec, device="cpu" if dev == "cpu" else dev, dtype=torch.float32,
+                          tokenizer_path=tokenizer, name=name)
+    except (FileNotFoundError, ValueError) as exc:
+        _die(str(exc))
+
+
+def _build_engine(bundle, config, precision: str):  # noqa: ANN001, ANN202
+    from engine.async_engine import AsyncLLMEngine
+    from engine.config import ConfigError
+    from engine.engine import LLMEngine
+
+    try:
+        llm = LLMEngine(bundle, config)
+    except (ConfigError, ValueError) as exc:
+        _die(str(exc))
+    if precision != "full":
+        llm.request_precision(precision)
+    return AsyncLLMEngine(llm)
+
+
+def serve(
+    model: Optional[str] = typer.Option(None, "--model", help="llama2.c .bin, Hugging Face directory, or 'demo' (default)."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer file (llama2.c tokenizer.bin) if not beside the model."),
+    light_model: Optional[str] = typer.Option(None, "--light-model", help="A lighter model served beside the main one."),
+    light_tokenizer: Optional[str] = typer.Option(None, "--light-tokenizer", help="Tokenizer of the light model."),
+    light_name: Optional[str] = typer.Option(None, "--light-served-model-name", help="Name of the light model (default: its file name)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535),
+    memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Main engine's memory budget: bytes or 64MiB, 1GiB, ..."),
+    light_memory_budget: Optional[str] = typer.Option(None, "--light-memory-budget", help="Light engine's memory budget."),
+    light_memory_fraction: float = typer.Option(0.2, "--light-memory-fraction", min=0.01, max=0.99,
+                                                help="Share of gpu_memory_utilization for the light model when no budgets are given on CUDA."),
+    gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", min=0.01, max=1.0),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=1),
+    max_num_seqs: int = typer.Option(64, "--max-num-seqs", min=1),
+    max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", min=1),
+    block_size: int = typer.Option(16, "--block-size", min=1),
+    num_kv_blocks: Optional[int] = typer.Option(None, "--num-kv-blocks", min=1),
+    kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="auto | int8"),
+    precision: str = typer.Option("full", "--precision", help="Initial precision: full | int8"),
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N"),
+    admin_token: Optional[str] = typer.Option(None, "--admin-token", envvar="INFERCTL_ADMIN_TOKEN",
+                                              help="Bearer token for /admin/* (or INFERCTL_ADMIN_TOKEN); none = admin disabled."),
+    served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Name clients send as 'model' (default: the model's name)."),
+    chat_template: str = typer.Option("plain", "--chat-template", help="plain | roles"),
+    max_body_bytes: str = typer.Option("4MiB", "--max-body-bytes", help="Largest request body (413 above)."),
+    graceful_timeout: int = typer.Option(10, "--graceful-timeout", min=0, help="Seconds in-flight requests get on shutdown."),
+    log_level: str = typer.Option("info", "--log-level"),
+) -> None:
+    """Serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions) with /health, /stats, /metrics, /admin."""
+    import logging
+
+    import uvicorn
+
+    from engine.protocol import CHAT_TEMPLATES
+    from engine.server import create_app
+
+    if kv_cache_dtype not in ("auto", "int8"):
+        _die(f"--kv-cache-dtype: must be auto or int8, got {kv_cache_dtype!r}")
+    if precision not in ("full", "int8"):
+        _die(f"--precision: must be full or int8, got {precision!r}")
+    if chat_template not in CHAT_TEMPLATES:
+        _die(f"--chat-template: must be one of {', '.join(CHAT_TEMPLATES)}, got {chat_template!r}")
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    budget = parse_size(memory_budget) if memory_budget else None
+    light_budget = parse_size(light_memory_budget, "--light-memory-budget") if light_memory_budget else None
+    body_limit = parse_size(max_body_bytes, "--max-body-bytes")
+
+    main_util, light_util = gpu_memory_utilization, gpu_memory_utilization
+    if light_model and budget is None and light_budget is None:
+        main_util = gpu_memory_utilization * (1.0 - light_memory_fraction)
+        light_util = gpu_memory_utilization * light_memory_fraction
+
+    common = dict(max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                  max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
+                  kv_cache_dtype=kv_cache_dtype, device=device)
+    bundle = _load(model, tokenizer, device)
+    main_name = served_model_name or bundle.name
+    engines = {main_name: _build_engine(bundle, _config(
+        **common, num_kv_blocks=num_kv_blocks, memory_budget_bytes=budget, gpu_memory_utilization=main_util,
+        served_model_name=main_name), precision)}
+    if light_model:
+        light_bundle = _load(light_model, light_tokenizer, device)
+        name = light_name or light_bundle.name
+        if name == main_name:
+            name = f"{name}-light"
+        engines[name] = _build_engine(light_bundle, _config(
+            **common, memory_budget_bytes=light_budget, gpu_memory_utilization=light_util,
+            served_model_name=name), precision)
+
+    app = create_app(engines, admin_token=admin_token, default_model=main_name, chat_template=chat_template,
+                     max_body_bytes=body_limit, manage_engines=True)
+    typer.echo(f"serving {', '.join(engines)} on http://{host}:{port} (admin API "
+               f"{'enabled' if admin_token else 'disabled: no --admin-token'})", err=True)
+    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(),
+                timeout_graceful_shutdown=graceful_timeout)
+
+
+def generate(
+    prompt: str = typer.Option(..., "--prompt", help="Prompt text."),
+    model: Optional[str] = typer.Option(None, "--model", help="llama2.c .bin, Hugging Face directory; default: the demo model."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer"),
+    max_tokens: int = typer.Option(64, "--max-tokens", min=1),
+    temperature: float = typer.Option(0.0, "--temperature", min=0.0, max=2.0),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    top_k: int = typer.Option(-1, "--top-k"),
+    repetition_penalty: float = typer.Option(1.0, "--repetition-penalty"),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=1),
+    device: str = typer.Option("cpu", "--device", help="auto | cpu | cuda"),
+) -> None:
+    """Generate one completion in-process and print only its text to stdout."""
+    from engine.engine import LLMEngine
+    from engine.sampling_params import SamplingParams, SamplingParamsError
+
+    if prompt == "":
+        _die("--prompt: must not be empty")
+    try:
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, top_p=top_p,
+                                top_k=top_k, repetition_penalty=repetition_penalty)
+    except SamplingParamsError as exc:
+        _die(f"--{exc.field.replace('_', '-')}: {exc.message}")
+    bundle = _load(model, tokenizer, device)
+    config = _config(max_model_len=max_model_len, device=device)
+    llm = LLMEngine(bundle, config)
+    ids = bundle.tokenizer.encode(prompt, bos=True)
+    try:
+        llm.add_request("generate-0", ids, params)
+    except Exception as exc:  # noqa: BLE001 - AdmissionError and friends: a clean message
+        _die(str(getattr(exc, "message", None) or exc))
+    pieces: list[str] = []
+    finish = None
+    while llm.has_unfinished_requests():
+        for out in llm.step():
+            pieces.append(out.new_text or "")
+            if out.finished:
+                finish = out.finish_reason
+    text = "".join(pieces)
+    sys.stdout.write(text + ("\n" if sys.stdout.isatty() else ""))
+    sys.stdout.flush()
+    typer.echo(f"[finish_reason={finish} prompt_tokens={len(ids)}]", err=True)
+    if finish == "error":
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Attach ``engine serve`` and ``generate`` to the ``inferctl`` typer app."""
+    engine_app = typer.Typer(name="engine", help="The bundled inference engine.", no_args_is_help=True)
+    engine_app.command("serve")(serve)
+    app.add_typer(engine_app, name="engine")
+    app.command("generate")(generate)
+
