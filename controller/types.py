@@ -66,6 +66,7 @@ class GpuSnapshot:
     utilization_ratio: float | None = None
     memory_bandwidth_utilization_ratio: float | None = None
     temperature_celsius: float | None = None
+    memory_temperature_celsius: float | None = None
     power_watts: float | None = None
     power_limit_watts: float | None = None
     fan_ratio: float | None = None
