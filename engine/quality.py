@@ -149,21 +149,23 @@ def is_degenerate(seq: Sequence[Hashable], n: int = DEGENERATE_NGRAM,
     return rep is not None and rep >= threshold
 
 
-def repetition_loop(ids: Sequence[Hashable], min_ngram: int = 1, max_ngram: int = 8,
+def repetition_loop(ids: Sequence[Hashable], min_ngram: int = 1, max_ngram: int = 32,
                     min_repeats: int = 4, min_span: int = 16) -> tuple[int, int] | None:
     """Find a loop at the tail of ``ids``: the same n-gram repeated back to back.
 
     For each n in [min_ngram, max_ngram] the tail is a loop when it consists of at least
     ``max(min_repeats, ceil(min_span / n))`` consecutive copies of its last n tokens. With
-    the defaults a single token must repeat 16 times, a bigram 8 times, a 4- to 8-gram 4
-    times: long enough that lists, "ha ha ha" or "...." rarely trip it.
+    the defaults a single token must repeat 16 times, a bigram 8 times, a 4- to 32-gram 4
+    times: long enough that lists, "ha ha ha" or "...." rarely trip it, and n up to 32
+    catches a looping sentence (tiny models loop on whole sentences of 10-20 tokens).
 
-    Cost: O(max_ngram * max(min_repeats * max_ngram, min_span)) per call, independent of
-    ``len(ids)``, so the engine can call it after every token.
+    Cost: only the last ``max over n of copies * n`` (128 with the defaults) ids are read and
+    each n stops at its first mismatch, so a call is O(max_ngram**2) at worst, independent of
+    ``len(ids)``: the engine can call it after every token.
 
     Returns:
         ``(n, repeats)`` for the smallest looping n (repeats = copies found, counting back
-        from the end), or None.
+        from the end, at most the number required), or None.
 
     Raises:
         ValueError: a parameter is not a positive integer or min_ngram > max_ngram.
@@ -174,15 +176,17 @@ def repetition_loop(ids: Sequence[Hashable], min_ngram: int = 1, max_ngram: int 
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     if min_ngram > max_ngram:
         raise ValueError(f"min_ngram {min_ngram} must be <= max_ngram {max_ngram}")
-    length = len(ids)
-    for n in range(min_ngram, max_ngram + 1):
-        need = max(min_repeats, -(-min_span // n))
+    needs = {n: max(min_repeats, -(-min_span // n)) for n in range(min_ngram, max_ngram + 1)}
+    window = max(n * k for n, k in needs.items())
+    tail = list(ids[-window:]) if len(ids) > window else list(ids)
+    length = len(tail)
+    for n, need in needs.items():
         if need * n > length:
             continue
-        unit = list(ids[length - n:])
+        unit = tail[length - n:]
         repeats = 1
         pos = length - 2 * n
-        while pos >= 0 and list(ids[pos:pos + n]) == unit:
+        while pos >= 0 and tail[pos:pos + n] == unit:
             repeats += 1
             if repeats >= need:
                 return n, repeats
@@ -190,7 +194,7 @@ def repetition_loop(ids: Sequence[Hashable], min_ngram: int = 1, max_ngram: int 
     return None
 
 
-def detect_repetition_loop(ids: Sequence[Hashable], min_ngram: int = 1, max_ngram: int = 8,
+def detect_repetition_loop(ids: Sequence[Hashable], min_ngram: int = 1, max_ngram: int = 32,
                            min_repeats: int = 4, min_span: int = 16) -> bool:
     """True when :func:`repetition_loop` finds a loop at the tail of ``ids`` (the engine's
     optional repetition stop, finish_reason "repetition"). Same arguments and errors."""
