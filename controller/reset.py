@@ -151,26 +151,42 @@ class GpuResetter:
             self._lock.release()
 
     # ------------------------------------------------------------------ flow
-    def _reset_locked(self, run: "_Run") -> ResetOutcome:
-        n = run.gpu
+    def precheck(self, gpu_index: int) -> str | None:
+        """Why a reset of ``gpu_index`` would be refused now by the rails or the GPU source, or
+        None. Runs no command and records nothing (callers use it before draining engines)."""
+        if self._in_progress is not None:
+            return f"another GPU reset is in progress (GPU {self._in_progress}); one reset at a time"
+        refusal, _snap = self._rails(gpu_index)
+        return None if refusal is None else refusal[0]
+
+    def _rails(self, n: int) -> tuple[tuple[str, bool, float | None] | None, GpuSnapshot | None]:
+        """``((message, escalate, retry_after) or None when allowed, the GPU's snapshot)``."""
         if n in self._lost:
-            return run.finish("refused", f"GPU {n} was found lost earlier: a reset cannot recover"
-                              " it; drain the node and reboot it", escalate=True)
+            return (f"GPU {n} was found lost earlier: a reset cannot recover it; drain the node and"
+                    " reboot it", True, None), None
         last = self._last_attempt.get(n)
         now = self.clock()
         if last is not None and now - last < self.min_interval_seconds:
             left = self.min_interval_seconds - (now - last)
-            return run.finish("refused", f"GPU {n} was reset {now - last:.0f} s ago; at most one reset"
-                              f" per {self.min_interval_seconds:.0f} s: retry in {left:.0f} s",
-                              retry_after=left)
+            return (f"GPU {n} was reset {now - last:.0f} s ago; at most one reset per"
+                    f" {self.min_interval_seconds:.0f} s: retry in {left:.0f} s", False, left), None
         snap, why = self._find(n)
         if snap is None:
-            return run.finish("refused", why)
-        run.uuid = snap.uuid
+            return (why, False, None), None
         if snap.lost:
             self._lost.add(n)
-            return run.finish("refused", f"GPU {n} ({snap.uuid}) is lost (fell off the bus): a reset"
-                              " cannot recover it; drain the node and reboot it", escalate=True)
+            return (f"GPU {n} ({snap.uuid}) is lost (fell off the bus): a reset cannot recover it;"
+                    " drain the node and reboot it", True, None), snap
+        return None, snap
+
+    def _reset_locked(self, run: "_Run") -> ResetOutcome:
+        n = run.gpu
+        refusal, snap = self._rails(n)
+        if snap is not None:
+            run.uuid = snap.uuid
+        if refusal is not None:
+            message, escalate, retry_after = refusal
+            return run.finish("refused", message, escalate=escalate, retry_after=retry_after)
         allowed = {int(p) for p in self.allowed_pids()}
         if run.dry:
             foreign = sorted(p.pid for p in snap.processes if p.pid not in allowed)
