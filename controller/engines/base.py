@@ -1,0 +1,85 @@
+"""The engine client interface: one snapshot per poll, whatever the engine.
+
+A client reaches its engine over HTTP only (httpx, with a timeout below the poll interval).
+``poll(now)`` never raises: a refused connection, a timeout, a 5xx or an unreadable body is
+``EngineSnapshot(ok=False, error=...)`` with every number ``None``. Admin calls (bundled engine
+only) raise :class:`EngineAdminError` with the HTTP status and the engine's message.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import httpx
+
+from controller.types import EngineSnapshot
+
+
+class EngineAdminError(RuntimeError):
+    """An admin call failed. ``status`` is the HTTP status (0: no response), ``message`` the
+    engine's own words (its JSON ``detail``/``error`` when it sent one)."""
+
+    def __init__(self, status: int, message: str, *, path: str = "") -> None:
+        self.status = status
+        self.message = message
+        self.path = path
+        super().__init__(f"{path or 'admin call'}: HTTP {status}: {message}" if status
+                         else f"{path or 'admin call'}: {message}")
+
+
+class EngineClient(abc.ABC):
+    """Base of all engine clients.
+
+    ``name``: the engine's configured name (from the controller config, never from a request).
+    ``kind``: ``"bundled"``, ``"vllm"``, ``"tgi"`` or ``"llamacpp"``. ``base_url`` without a
+    trailing slash. ``timeout_s``: per-request bound in seconds (must be > 0).
+    """
+
+    kind: str = "engine"
+
+    def __init__(self, name: str, base_url: str, *, timeout_s: float = 2.0,
+                 headers: dict[str, str] | None = None,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        if not name:
+            raise ValueError("engine name must be a non-empty string")
+        if not base_url or not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"engine {name!r}: base_url {base_url!r} must start with http:// or https://")
+        if not timeout_s > 0:
+            raise ValueError(f"engine {name!r}: timeout_s must be > 0, got {timeout_s!r}")
+        self.name = name
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = float(timeout_s)
+        self._client = httpx.Client(base_url=self.base_url, timeout=self.timeout_s,
+                                    headers=headers or {}, transport=transport)
+
+    @abc.abstractmethod
+    def poll(self, now: float) -> EngineSnapshot:
+        """One snapshot of the engine at ``now`` (``time.time()``). Never raises."""
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> "EngineClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # Admin calls: only the bundled engine has them.
+    def set_precision(self, mode: str) -> dict[str, Any]:
+        raise EngineAdminError(501, f"{self.kind} engines have no precision admin API", path="/admin/precision")
+
+    def inject_fault(self, kind: str = "oom", count: int = 1) -> dict[str, Any]:
+        raise EngineAdminError(501, f"{self.kind} engines have no fault admin API", path="/admin/fault")
+
+    def drain(self, draining: bool = True) -> dict[str, Any]:
+        raise EngineAdminError(501, f"{self.kind} engines have no drain admin API", path="/admin/drain")
+
+    def route(self, model: str, to: str | None) -> dict[str, Any]:
+        raise EngineAdminError(501, f"{self.kind} engines have no route admin API", path="/admin/route")
+
+
+def failed_snapshot(client: EngineClient, now: float, error: str) -> EngineSnapshot:
+    """``ok=False`` with every number None (no data, never 0)."""
+    return EngineSnapshot(name=client.name, kind=client.kind, ok=False, time=now, error=error)

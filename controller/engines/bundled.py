@@ -1,0 +1,199 @@
+"""Client for inferctl's bundled engine: ``GET /stats`` and the ``/admin/*`` calls.
+
+The ``/stats`` document is specified in docs/architecture.md; this module maps it onto
+:class:`~controller.types.EngineSnapshot`. Values that are absent, ``null``, not numbers, or out
+of their domain (negative counts, ratios outside 0..1) become ``None``; out-of-domain values are
+also listed in ``snapshot.invalid``. Admin calls send ``Authorization: Bearer <admin_token>``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import httpx
+
+from controller.engines.base import EngineAdminError, EngineClient, failed_snapshot
+from controller.engines.promtext import CORE_FIELDS
+from controller.types import EngineSnapshot
+
+log = logging.getLogger(__name__)
+
+PRECISION_MODES = ("full", "int8")
+
+
+class BundledEngineClient(EngineClient):
+    """The bundled engine at ``base_url`` (e.g. ``http://127.0.0.1:8000``).
+
+    ``admin_token``: bearer token for ``/admin/*`` (the engine's ``INFERCTL_ADMIN_TOKEN``);
+    ``None`` sends no Authorization header (the engine will answer 401 if it wants one).
+    """
+
+    kind = "bundled"
+
+    def __init__(self, name: str, base_url: str, admin_token: str | None = None, *,
+                 timeout_s: float = 2.0, transport: httpx.BaseTransport | None = None) -> None:
+        super().__init__(name, base_url, timeout_s=timeout_s, transport=transport)
+        self._admin_token = admin_token
+
+    # ------------------------------------------------------------------ polling
+    def poll(self, now: float) -> EngineSnapshot:
+        try:
+            resp = self._client.get("/stats")
+        except httpx.HTTPError as exc:
+            return failed_snapshot(self, now, f"GET /stats: {type(exc).__name__}: {exc}")
+        if resp.status_code != 200:
+            return failed_snapshot(self, now, f"GET /stats: HTTP {resp.status_code}")
+        try:
+            doc = resp.json()
+        except ValueError as exc:
+            return failed_snapshot(self, now, f"GET /stats: body is not JSON ({exc})")
+        if not isinstance(doc, dict):
+            return failed_snapshot(self, now, "GET /stats: body is not a JSON object")
+        return snapshot_from_stats(doc, name=self.name, now=now)
+
+    # ------------------------------------------------------------------ admin
+    def set_precision(self, mode: str) -> dict[str, Any]:
+        """``POST /admin/precision {"mode"}`` -> e.g. ``{"requested": "int8", "current": "full"}``.
+        Raises ``ValueError`` for a mode other than full/int8, :class:`EngineAdminError` on failure."""
+        if mode not in PRECISION_MODES:
+            raise ValueError(f"precision mode {mode!r} is not one of {', '.join(PRECISION_MODES)}")
+        return self._admin("/admin/precision", {"mode": mode})
+
+    def inject_fault(self, kind: str = "oom", count: int = 1) -> dict[str, Any]:
+        """``POST /admin/fault {"kind", "count"}``: the next ``count`` steps fail with ``kind``."""
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise ValueError(f"fault count must be an integer >= 1, got {count!r}")
+        return self._admin("/admin/fault", {"kind": kind, "count": count})
+
+    def drain(self, draining: bool = True) -> dict[str, Any]:
+        """``POST /admin/drain {"draining"}``: stop (True) or resume (False) admitting requests."""
+        return self._admin("/admin/drain", {"draining": bool(draining)})
+
+    def route(self, model: str, to: str | None) -> dict[str, Any]:
+        """``POST /admin/route {"model", "to"}``: serve requests for ``model`` with model ``to``
+        (``None`` clears the route). Used by the latency breaker."""
+        return self._admin("/admin/route", {"model": model, "to": to})
+
+    def _admin(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        headers = {"Authorization": f"Bearer {self._admin_token}"} if self._admin_token else {}
+        try:
+            resp = self._client.post(path, json=body, headers=headers)
+        except httpx.HTTPError as exc:
+            raise EngineAdminError(0, f"{type(exc).__name__}: {exc}", path=path) from exc
+        try:
+            data = resp.json()
+        except ValueError:
+            data = None
+        if resp.status_code >= 400:
+            raise EngineAdminError(resp.status_code, _error_message(data, resp.text), path=path)
+        if not isinstance(data, dict):
+            raise EngineAdminError(resp.status_code, "response body is not a JSON object", path=path)
+        return data
+
+
+def _error_message(data: Any, text: str) -> str:
+    if isinstance(data, dict):
+        for key in ("detail", "error", "message"):
+            v = data.get(key)
+            if isinstance(v, str):
+                return v
+            if isinstance(v, dict) and isinstance(v.get("message"), str):
+                return v["message"]
+            if v is not None:
+                return str(v)
+    return text.strip()[:500] or "no message"
+
+
+class _Reader:
+    """Typed reads from the /stats document; bad values -> None (+ ``invalid`` when out of domain)."""
+
+    def __init__(self, doc: dict[str, Any]) -> None:
+        self.doc = doc
+        self.invalid: list[str] = []
+
+    def raw(self, *path: str) -> Any:
+        node: Any = self.doc
+        for p in path:
+            if not isinstance(node, dict):
+                return None
+            node = node.get(p)
+        return node
+
+    def num(self, *path: str, ratio: bool = False) -> float | None:
+        v = self.raw(*path)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            self.invalid.append(f"{'.'.join(path)}={v!r} (not a number)")
+            return None
+        if math.isnan(v) or math.isinf(v) or v < 0 or (ratio and v > 1.0):
+            self.invalid.append(f"{'.'.join(path)}={v!r} (out of range)")
+            return None
+        return float(v)
+
+    def int_(self, *path: str) -> int | None:
+        v = self.num(*path)
+        return None if v is None else int(v)
+
+    def list_of_dicts(self, *path: str) -> list[dict]:
+        v = self.raw(*path)
+        return [x for x in v if isinstance(x, dict)] if isinstance(v, list) else []
+
+
+def _histogram(r: _Reader, *paths: tuple[str, ...]) -> dict[str, Any] | None:
+    for path in paths:
+        h = r.raw(*path)
+        if isinstance(h, dict) and isinstance(h.get("buckets"), list):
+            try:
+                buckets = [(float(le), float(c)) for le, c in h["buckets"]]
+            except (TypeError, ValueError):
+                r.invalid.append(f"{'.'.join(path)}.buckets (not [le, count] pairs)")
+                return None
+            return {"buckets": sorted(buckets), "sum": h.get("sum"), "count": h.get("count"),
+                    "metric": ".".join(path)}
+    return None
+
+
+def snapshot_from_stats(doc: dict[str, Any], *, name: str, now: float = 0.0) -> EngineSnapshot:
+    """Map a bundled engine ``/stats`` document (docs/architecture.md) to an EngineSnapshot."""
+    r = _Reader(doc)
+    s = EngineSnapshot(name=name, kind="bundled", ok=True, time=now, raw=doc)
+    prec = r.raw("engine", "precision")
+    s.precision = prec if isinstance(prec, str) else None
+    dr = r.raw("engine", "draining")
+    s.draining = dr if isinstance(dr, bool) else None
+    model = r.raw("engine", "model")
+    s.model = model if isinstance(model, str) else None
+    s.memory_budget_bytes = r.int_("memory", "budget_bytes")
+    s.memory_allocated_bytes = r.int_("memory", "allocated_bytes")
+    s.memory_reserved_bytes = r.int_("memory", "reserved_bytes")
+    s.memory_free_bytes = r.int_("memory", "free_bytes")
+    s.weights_bytes = r.int_("memory", "weights_bytes")
+    s.full_weights_bytes = r.int_("memory", "full_weights_bytes")
+    s.kv_usage_ratio = r.num("kv_cache", "usage_ratio", ratio=True)
+    s.kv_waste_ratio = r.num("kv_cache", "waste_ratio", ratio=True)
+    s.running = r.int_("scheduler", "running")
+    s.waiting = r.int_("scheduler", "waiting")
+    s.preemptions_total = r.num("scheduler", "preemptions_total")
+    s.steps_total = r.num("scheduler", "steps_total")
+    s.step_sequences_total = r.num("scheduler", "step_sequences_total")
+    s.real_tokens_total = r.num("scheduler", "real_tokens_total")
+    s.padded_tokens_total = r.num("scheduler", "padded_tokens_total")
+    s.finished_total = r.num("requests", "finished_total")
+    reasons = r.raw("requests", "by_finish_reason")
+    if isinstance(reasons, dict):
+        s.by_finish_reason = {str(k): float(v) for k, v in reasons.items()
+                              if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0}
+    s.prompt_tokens_total = r.num("requests", "prompt_tokens_total")
+    s.generation_tokens_total = r.num("requests", "completion_tokens_total")
+    s.recent_requests = r.list_of_dicts("requests", "recent")
+    s.ttft_histogram = _histogram(r, ("requests", "ttft_histogram"), ("requests", "ttft_seconds", "histogram"))
+    s.e2e_histogram = _histogram(r, ("requests", "e2e_histogram"), ("requests", "e2e_seconds", "histogram"))
+    s.itl_histogram = _histogram(r, ("requests", "itl_histogram"), ("requests", "itl_seconds", "histogram"))
+    s.oom_total = r.num("faults", "oom_total")
+    s.faults = r.list_of_dicts("faults", "recent")
+    s.invalid = r.invalid
+    s.missing = [f for f in CORE_FIELDS if getattr(s, f) is None]
+    return s
