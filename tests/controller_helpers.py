@@ -92,7 +92,14 @@ def free_port() -> int:
 
 
 def port_is_free(port: int) -> bool:
+    """True when nothing listens on 127.0.0.1:``port`` and a server could bind it again
+    (SO_REUSEADDR, as uvicorn sets it, so TIME_WAIT leftovers do not count)."""
     with socket.socket() as s:
+        s.settimeout(1.0)
+        if s.connect_ex(("127.0.0.1", port)) == 0:
+            return False
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -105,3 +112,77 @@ def engine_snapshot(name: str = "main", **kw) -> EngineSnapshot:
                 draining=False, running=0, waiting=0)
     base.update(kw)
     return EngineSnapshot(**base)
+
+
+# A stand-in engine process for EngineSupervisor tests: serves GET /health 200 on argv[1];
+# argv[2] == "ignore-term" ignores SIGTERM (to test SIGKILL), "exit" exits at once with 3.
+FAKE_ENGINE_SRC = r'''
+import http.server, signal, sys
+port, mode = int(sys.argv[1]), (sys.argv[2] if len(sys.argv) > 2 else "")
+if mode == "exit":
+    sys.exit(3)
+if mode == "ignore-term":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b'{"status":"ok"}' if self.path == "/health" else b"{}"
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+'''
+
+
+class FakeEngineClient:
+    """An engine client double with the EngineClient admin surface and a tiny state machine:
+    precision switches apply at the next poll; ``running`` drops by one per poll while
+    draining (in-flight work finishing)."""
+
+    def __init__(self, name: str = "main", running: int = 0, apply_precision: bool = True,
+                 fail: Exception | None = None) -> None:
+        self.name = name
+        self.precision = "full"
+        self.pending: str | None = None
+        self.draining = False
+        self.running = running
+        self.apply_precision = apply_precision
+        self.fail = fail
+        self.calls: list[tuple] = []
+        self.routes: dict[str, str] = {}
+        self.stuck = False
+        self.ok = True
+
+    def poll(self, now: float) -> EngineSnapshot:
+        if self.pending and self.apply_precision:
+            self.precision, self.pending = self.pending, None
+        if self.draining and self.running > 0 and not self.stuck:
+            self.running -= 1
+        return engine_snapshot(self.name, ok=self.ok, precision=self.precision, draining=self.draining,
+                               running=self.running, waiting=0, time=now)
+
+    def set_precision(self, mode: str) -> dict:
+        self.calls.append(("precision", mode))
+        if self.fail:
+            raise self.fail
+        self.pending = mode
+        return {"requested": mode, "current": self.precision}
+
+    def drain(self, draining: bool) -> dict:
+        self.calls.append(("drain", draining))
+        if self.fail:
+            raise self.fail
+        self.draining = draining
+        return {"draining": draining}
+
+    def route(self, model: str, to: str) -> dict:
+        self.calls.append(("route", model, to))
+        self.routes[model] = to
+        return {"model": model, "to": to}
+
+    def inject_fault(self, kind: str = "oom", count: int = 1) -> dict:
+        self.calls.append(("fault", kind, count))
+        return {"kind": kind, "count": count}
