@@ -1,0 +1,81 @@
+"""PromQL expression builders shared by the dashboards and the rules.
+
+The builders encode three rules that real outages taught (see ``/work/shared/cases``):
+
+- **Aggregate, then divide** (F05, prometheus #6611): a ratio is ``sum(num) / sum(den)``, never
+  an average of per-series ratios, and the denominator is guarded with ``> 0`` so that an idle
+  window gives *no data* instead of ``NaN`` or ``+Inf``: ``sum(rate(a)) / (sum(rate(b)) > 0)``.
+- **No traffic is no data** (F04, prometheus #6645): ``histogram_quantile`` over all-zero bucket
+  rates returns ``NaN``; :func:`quantile` keeps only groups whose ``_count`` rate is > 0.
+- **Gauges aggregate with max/avg/min, never sum** (a summed utilisation or ratio is meaningless).
+
+Every function returns PromQL text; label lists are tuples of label names.
+"""
+
+from __future__ import annotations
+
+
+def by(labels: tuple[str, ...]) -> str:
+    """``by (a, b)`` (``by ()`` for the empty tuple: aggregate everything)."""
+    return f"by ({', '.join(labels)})"
+
+
+def selector(name: str, matchers: str = "") -> str:
+    """``name{matchers}``; ``matchers`` is the text inside the braces (``job="x", mode="int8"``)."""
+    return f"{name}{{{matchers}}}" if matchers else name
+
+
+def rate_sum(name: str, labels: tuple[str, ...], window: str, matchers: str = "", fn: str = "rate") -> str:
+    """``sum by (labels) (rate(name{matchers}[window]))`` — counters only."""
+    return f"sum {by(labels)} ({fn}({selector(name, matchers)}[{window}]))"
+
+
+def gauge(name: str, labels: tuple[str, ...], how: str = "max", matchers: str = "") -> str:
+    """``max by (labels) (name{matchers})``. Raises ValueError for ``how`` = ``sum``."""
+    if how not in ("max", "min", "avg"):
+        raise ValueError(f"how: gauges aggregate with max, min or avg, not {how!r}")
+    return f"{how} {by(labels)} ({selector(name, matchers)})"
+
+
+def ratio(numerator: str, denominator: str, zero_fill: bool = False) -> str:
+    """``numerator / (denominator > 0)``: no data where the denominator is 0 or absent.
+
+    ``zero_fill=True`` makes an *absent* numerator count as 0 where the denominator has data
+    (``(num or den * 0) / (den > 0)``), for counters whose label set appears only on the first
+    event (e.g. errors: traffic without errors is a 0 % error rate, not no data). Both sides
+    must carry the same labels.
+    """
+    num = f"({numerator} or {denominator} * 0)" if zero_fill else f"({numerator})"
+    return f"{num} / ({denominator} > 0)"
+
+
+def quantile(q: float, histogram: str, labels: tuple[str, ...], window: str, matchers: str = "") -> str:
+    """The ``q`` quantile of a histogram over ``window``, by ``labels``; no data without traffic.
+
+    ``histogram_quantile(q, sum by (labels, le) (rate(h_bucket[w]))) and on (labels)
+    (sum by (labels) (rate(h_count[w])) > 0)``. Raises ValueError unless 0 < q < 1.
+    """
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"q: quantile must lie in (0, 1), got {q}")
+    buckets = rate_sum(f"{histogram}_bucket", labels + ("le",), window, matchers)
+    count = rate_sum(f"{histogram}_count", labels, window, matchers)
+    return f"histogram_quantile({q}, {buckets}) and on ({', '.join(labels)}) ({count} > 0)"
+
+
+def histogram_mean(histogram: str, labels: tuple[str, ...], window: str, matchers: str = "") -> str:
+    """Mean observation over ``window``: ``sum(rate(h_sum)) / (sum(rate(h_count)) > 0)``."""
+    return ratio(rate_sum(f"{histogram}_sum", labels, window, matchers),
+                 rate_sum(f"{histogram}_count", labels, window, matchers))
+
+
+def counter_increased(name: str, labels: tuple[str, ...], window: str, matchers: str = "") -> str:
+    """Events of a counter within ``window``, including a series *born* within it.
+
+    ``increase()`` cannot see the first increment of a labelled counter whose series is
+    created by that increment (its first sample is already 1). The second arm counts series
+    that did not exist ``window`` ago: ``sum(x unless x offset w)``. Result: > 0 where at least
+    one event happened in the window (a value, not a boolean: use ``> 0`` on it).
+    """
+    sel = selector(name, matchers)
+    return (f"(sum {by(labels)} (increase({sel}[{window}])) > 0)"
+            f" or (sum {by(labels)} ({sel} unless {sel} offset {window}) > 0)")
