@@ -68,9 +68,10 @@ class EngineConfig:
             "exhaustion" OOM: ``min(max, base * 2**(retry-1))``.
         repetition_stop_default: stop generation on a repetition loop even when the request
             does not ask for it (``SamplingParams.repetition_stop``).
-        repetition_stop_ngram / repetition_stop_min_repeats / repetition_stop_window: the loop
-            detector's settings (``quality.detect_repetition_loop``).
-        degenerate_seq_rep_threshold: seq-rep-4 above which an output counts as degenerate.
+        repetition_stop_max_ngram / repetition_stop_min_repeats / repetition_stop_min_span:
+            the loop detector's settings (``quality.detect_repetition_loop``: the output's tail
+            is a loop when its last n tokens, n <= max_ngram, repeat back to back at least
+            ``max(min_repeats, ceil(min_span / n))`` times).
         served_model_name: the ``model`` label and name in ``/stats``; ``None`` = bundle name.
         recent_requests: finished requests kept in ``/stats`` ``requests.recent``.
         latency_window: latency samples kept for the ``/stats`` quantiles.
@@ -93,10 +94,9 @@ class EngineConfig:
     oom_backoff_seconds: float = 0.05
     oom_backoff_max_seconds: float = 2.0
     repetition_stop_default: bool = False
-    repetition_stop_ngram: int = 4
+    repetition_stop_max_ngram: int = 8
     repetition_stop_min_repeats: int = 4
-    repetition_stop_window: int = 256
-    degenerate_seq_rep_threshold: float = 0.5
+    repetition_stop_min_span: int = 16
     served_model_name: str | None = None
     recent_requests: int = 64
     latency_window: int = 4096
@@ -109,9 +109,9 @@ class EngineConfig:
         self._check_int("block_size", 1)
         self._check_int("cpu_kv_cache_bytes", 1)
         self._check_int("max_oom_retries", 0)
-        self._check_int("repetition_stop_ngram", 1)
+        self._check_int("repetition_stop_max_ngram", 1)
         self._check_int("repetition_stop_min_repeats", 2)
-        self._check_int("repetition_stop_window", 2)
+        self._check_int("repetition_stop_min_span", 1)
         self._check_int("recent_requests", 0)
         self._check_int("latency_window", 1)
         self._check_int("recent_faults", 0)
@@ -135,9 +135,6 @@ class EngineConfig:
         for name in ("oom_backoff_seconds", "oom_backoff_max_seconds"):
             if float(getattr(self, name)) < 0:
                 raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
-        if not 0.0 <= float(self.degenerate_seq_rep_threshold) <= 1.0:
-            raise ConfigError("degenerate_seq_rep_threshold",
-                              f"must be in [0, 1], got {self.degenerate_seq_rep_threshold}")
 
     def _check_int(self, name: str, minimum: int) -> None:
         value = getattr(self, name)
@@ -147,17 +144,36 @@ class EngineConfig:
             raise ConfigError(name, f"must be >= {minimum}, got {value}")
 
     # ------------------------------------------------------------------ resolution
-    def resolve(self, model_max_seq_len: int) -> "EngineConfig":
+    def resolve(self, model_max_seq_len: int, model_device: torch.device | str | None = None,
+                model_dtype: torch.dtype | None = None) -> "EngineConfig":
         """Return a copy with ``max_model_len``, ``device`` and ``dtype`` made concrete.
 
+        With a loaded model (``model_device`` / ``model_dtype``), ``"auto"`` takes the model's
+        device and dtype, and an explicit setting that differs raises :class:`ConfigError`
+        (the model is loaded on its device by ``engine.loader``; the engine does not move it).
         Raises :class:`ConfigError` when CUDA is asked for but not available.
         """
         device = self.device
+        if model_device is not None:
+            mdev = torch.device(model_device)
+            mname = "cpu" if mdev.type == "cpu" else str(mdev)
+            if device == "auto":
+                device = mname
+            elif torch.device(device).type != mdev.type:
+                raise ConfigError("device", f"{device!r} asked for, but the model was loaded on "
+                                  f"{mname!r}; load it with device={device!r}")
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ConfigError("device", f"{device!r} asked for but torch.cuda.is_available() is False")
         dtype = self.dtype
+        if model_dtype is not None:
+            mname = next(k for k, v in _DTYPES.items() if v == model_dtype and len(k) > 5)
+            if dtype == "auto":
+                dtype = mname
+            elif _DTYPES[dtype] != model_dtype:
+                raise ConfigError("dtype", f"{dtype!r} asked for, but the model was loaded in "
+                                  f"{mname!r}; load it with that dtype")
         if dtype == "auto":
             if device == "cpu":
                 dtype = "float32"
