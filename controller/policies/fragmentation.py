@@ -1,0 +1,191 @@
+"""Fragmentation policy: drain and restart an engine whose allocator stays fragmented.
+
+The design notes: "restart the service when fragmentation passes 30 %". Fragmentation here is
+the allocator's reserved-but-unallocated share (:func:`controller.signals.fragmentation_ratio`),
+not free memory. Decides only; the loop drains the engine, restarts it and records events.
+
+States (one instance per engine)::
+
+    NORMAL ──fragmentation > threshold continuously for hold_seconds──▶ RESTARTING
+      ▲          (refused, action None, while the last restart is < min_interval ago)   │
+      └──── engine answers with fragmentation ≤ threshold, or restart_timeout ──────────┘
+
+The hold clock runs only while every sample is valid and above the threshold; a missing or
+invalid sample (reserved 0, allocated > reserved, NaN, engine down) resets it. A refusal is
+recorded once per blocked period, not on every poll.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from controller.policies.common import HoldClock, check_number, config_from_mapping
+from controller.signals import InvalidSampleCounter, format_bytes, fragmentation_ratio
+from controller.types import Decision, EngineSnapshot
+
+POLICY = "fragmentation"
+
+
+class FragmentationState(str, enum.Enum):
+    NORMAL = "normal"
+    RESTARTING = "restarting"
+
+
+@dataclass
+class FragmentationConfig:
+    """``threshold_ratio`` (0.30, the design notes' 30 %); ``hold_seconds`` (60) the
+    fragmentation must stay above it; ``min_interval_seconds`` (600) between two restarts of
+    the engine; ``restart_timeout_seconds`` (300) to wait for the restarted engine;
+    ``min_unallocated_bytes`` (0 = off): ignore fragmentation of less than this many bytes
+    (a few MiB of a tiny pool are not worth a restart)."""
+
+    threshold_ratio: float = 0.30
+    hold_seconds: float = 60.0
+    min_interval_seconds: float = 600.0
+    restart_timeout_seconds: float = 300.0
+    min_unallocated_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        check_number("threshold_ratio", self.threshold_ratio, minimum=0, maximum=1,
+                     strict_min=True)
+        check_number("hold_seconds", self.hold_seconds, minimum=0)
+        check_number("min_interval_seconds", self.min_interval_seconds, minimum=0)
+        check_number("restart_timeout_seconds", self.restart_timeout_seconds, minimum=0,
+                     strict_min=True)
+        check_number("min_unallocated_bytes", self.min_unallocated_bytes, minimum=0)
+
+
+class FragmentationPolicy:
+    """The fragmentation state machine for one engine. Pure: ``now`` comes from the caller."""
+
+    def __init__(self, config: FragmentationConfig | Mapping[str, Any] | None = None, *,
+                 engine: str | None = None,
+                 counter: InvalidSampleCounter | None = None) -> None:
+        self.config = config_from_mapping(FragmentationConfig, config)
+        self.engine = engine
+        self.counter = counter
+        self._state = FragmentationState.NORMAL
+        self._since: float | None = None
+        self._hold = HoldClock()
+        self._last_restart: float | None = None
+        self._refused_since_restart = False
+        self._last_value: float | None = None
+        self._last_now: float | None = None
+
+    @property
+    def current(self) -> FragmentationState:
+        return self._state
+
+    def observe(self, now: float, engine: EngineSnapshot) -> list[Decision]:
+        """One poll of the engine → decisions (``drain_restart``, a refusal with action None,
+        or the end of a restart). Raises ``ValueError`` for another engine's snapshot."""
+        if self.engine is None:
+            self.engine = engine.name
+        elif engine.name != self.engine:
+            raise ValueError(f"engine: this policy is for {self.engine!r}, got {engine.name!r}")
+        if self._since is None:
+            self._since = now
+        self._last_now = now
+        sig = (fragmentation_ratio(engine.memory_reserved_bytes, engine.memory_allocated_bytes,
+                                   self.counter) if engine.ok else None)
+        self._last_value = None if sig is None else sig.value
+        if self._state is FragmentationState.RESTARTING:
+            return self._watch_restart(now, engine, sig)
+        if sig is None or sig.value is None:
+            self._hold.update(now, False, "engine did not answer" if sig is None else
+                              f"no valid sample: {sig.reason}")
+            return []
+        unalloc = sig.inputs.get("unallocated_bytes", 0.0)
+        above = (sig.value > self.config.threshold_ratio
+                 and unalloc >= self.config.min_unallocated_bytes)
+        self._hold.update(now, above, None if above else
+                          f"fragmentation {sig.value:.2%} <= {self.config.threshold_ratio:.0%}"
+                          if sig.value <= self.config.threshold_ratio else
+                          f"unallocated {format_bytes(unalloc)} below the minimum")
+        held = self._hold.held(now)
+        if not above or held < self.config.hold_seconds:
+            return []
+        inputs = {"fragmentation_ratio": sig.value, "threshold_ratio": self.config.threshold_ratio,
+                  "held_seconds": held, "hold_seconds": self.config.hold_seconds,
+                  "reserved_bytes": sig.inputs.get("reserved_bytes"),
+                  "allocated_bytes": sig.inputs.get("allocated_bytes"),
+                  "unallocated_bytes": unalloc, "unallocated": format_bytes(unalloc)}
+        d = self.request_restart(
+            now, f"allocator fragmentation {sig.value:.1%} (reserved-but-unallocated "
+                 f"{format_bytes(unalloc)}) has stayed above {self.config.threshold_ratio:.0%} "
+                 f"for {held:g} s", inputs)
+        return [] if d is None else [d]
+
+    def request_restart(self, now: float, reason: str,
+                        inputs: Mapping[str, Any] | None = None) -> Decision | None:
+        """Ask for a drain-and-restart (from this policy's hold, or from the precision policy
+        after a recurring fragmentation OOM). Returns the ``drain_restart`` decision, a
+        refusal (action None, with the reason and when the next one is allowed), or None
+        for a refusal already recorded since the last restart."""
+        inputs = dict(inputs or {})
+        inputs["min_interval_seconds"] = self.config.min_interval_seconds
+        inputs["last_restart"] = self._last_restart
+        st = self._state.value
+        if self._state is FragmentationState.RESTARTING:
+            return Decision(POLICY, self.engine or "", None, st, st,
+                            f"{reason}; refused: a restart is already in progress", inputs,
+                            "info")
+        if self._last_restart is not None and \
+                now - self._last_restart < self.config.min_interval_seconds:
+            if self._refused_since_restart:
+                return None
+            self._refused_since_restart = True
+            nxt = self._last_restart + self.config.min_interval_seconds
+            inputs["next_allowed"] = nxt
+            return Decision(POLICY, self.engine or "", None, st, st,
+                            f"{reason}; refused by the rate limit: last restart "
+                            f"{now - self._last_restart:g} s ago, at most one per "
+                            f"{self.config.min_interval_seconds:g} s (next allowed in "
+                            f"{nxt - now:g} s)", inputs, "warning")
+        self._last_restart = now
+        self._refused_since_restart = False
+        self._state = FragmentationState.RESTARTING
+        self._since = now
+        self._hold.reset(now, "restart decided")
+        return Decision(POLICY, self.engine or "", "drain_restart", st,
+                        FragmentationState.RESTARTING.value, f"{reason}: drain and restart "
+                        "the engine", inputs, "warning")
+
+    def _watch_restart(self, now: float, engine: EngineSnapshot, sig: Any) -> list[Decision]:
+        elapsed = now - (self._last_restart or now)
+        if engine.ok and sig is not None and sig.value is not None \
+                and sig.value <= self.config.threshold_ratio:
+            return [self._back(now, f"engine answers with fragmentation {sig.value:.1%} <= "
+                                    f"{self.config.threshold_ratio:.0%}: restart done",
+                               {"fragmentation_ratio": sig.value, "elapsed_seconds": elapsed})]
+        if elapsed >= self.config.restart_timeout_seconds:
+            return [self._back(now, f"restart not confirmed after {elapsed:g} s "
+                                    f"(fragmentation {'no data' if sig is None or sig.value is None else f'{sig.value:.1%}'}); "
+                                    "watching again, the rate limit still applies",
+                               {"elapsed_seconds": elapsed,
+                                "fragmentation_ratio": None if sig is None else sig.value},
+                               severity="warning")]
+        return []
+
+    def _back(self, now: float, reason: str, inputs: dict[str, Any],
+              severity: str = "info") -> Decision:
+        self._state = FragmentationState.NORMAL
+        self._since = now
+        self._hold.reset(now, "restart finished")
+        return Decision(POLICY, self.engine or "", None, FragmentationState.RESTARTING.value,
+                        FragmentationState.NORMAL.value, reason, inputs, severity)
+
+    def state(self, now: float | None = None) -> dict[str, Any]:
+        """A plain dict for ``/status``."""
+        now = self._last_now if now is None else now
+        nxt = (None if self._last_restart is None
+               else self._last_restart + self.config.min_interval_seconds)
+        return {"policy": POLICY, "engine": self.engine, "state": self._state.value,
+                "since": self._since, "fragmentation_ratio": self._last_value,
+                "threshold_ratio": self.config.threshold_ratio,
+                "hold_seconds": self.config.hold_seconds, "hold_started": self._hold.since,
+                "held_seconds": None if now is None else self._hold.held(now),
+                "last_restart": self._last_restart, "next_restart_allowed": nxt,
+                "last_hold_reset": self._hold.last_reset}

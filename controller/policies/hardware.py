@@ -1,0 +1,522 @@
+"""Hardware health policy: Xid / ECC / lost GPU → restart, drain + reset, or isolate + reboot.
+
+Hardware faults are never an int8 trigger. The catalogue of Xid → action is NVIDIA's
+(https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), supplied by the caller
+as a mapping or a callable (``controller.gpu.xid.XidCatalog.action``); plain strings
+``restart_engine``, ``reset_gpu``, ``reboot_node``, ``ignore`` are accepted as well as the
+``XidAction`` enum. Without one, the well-known codes from NVIDIA's docs are used (79 reboot
+node; 48, 64, 95, 119, 120 reset GPU; 13, 31, 94 restart the application; 43, 63, 92 ignore).
+
+Per-GPU states::
+
+    HEALTHY ─restart-class Xid─▶ DEGRADED ─(quiet for degraded_clear_seconds)─▶ HEALTHY
+    HEALTHY/DEGRADED ─reset-class Xid, ECC uncorrectable growth, recovery action 1/4,
+        pending row remap─▶ DRAINING ─engines drained or drain timeout─▶ RESETTING (reset_gpu)
+        ─reset succeeded─▶ VERIFYING ─quiet for verify_seconds─▶ HEALTHY (undrain)
+    any ─lost (NVML GpuIsLost, Xid 79, "fallen off the bus"), reboot-class Xid, recovery
+        action 2, reset failed/timed out, fault again while verifying, a second reset within
+        reset_min_interval_seconds─▶ ISOLATED (isolate_gpu + drain + reboot_node)
+
+A lost GPU is isolated and never reset (NVIDIA: a GPU that fell off the bus needs a node
+reboot). Telemetry down (``GpuReading.ok`` False, F08) decides nothing at all: the GPUs show
+``telemetry_down`` and every timer waits. Decides only; the loop acts and records events.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Sequence
+
+from controller.policies.common import PolicyError, check_number, config_from_mapping
+from controller.types import Decision, EngineSnapshot, GpuReading, GpuSnapshot, XidEvent
+
+POLICY = "hardware"
+
+RESTART_ENGINE = "restart_engine"
+RESET_GPU = "reset_gpu"
+REBOOT_NODE = "reboot_node"
+IGNORE = "ignore"
+UNKNOWN = "unknown"
+
+#: Built-in Xid → action for the well-known codes (NVIDIA Xid docs, shared/fixtures/README.md);
+#: read-only.
+DEFAULT_XID_ACTIONS: Mapping[int, str] = MappingProxyType({
+    79: REBOOT_NODE,
+    48: RESET_GPU, 64: RESET_GPU, 95: RESET_GPU, 119: RESET_GPU, 120: RESET_GPU,
+    13: RESTART_ENGINE, 31: RESTART_ENGINE, 94: RESTART_ENGINE,
+    43: IGNORE, 63: IGNORE, 92: IGNORE,
+})
+
+#: How long reports already seen are remembered (so a source that re-sends recent events
+#: does not raise them twice).
+SEEN_RETENTION_SECONDS = 86400.0
+
+_ALIASES = {"restart_app": RESTART_ENGINE, "restart_application": RESTART_ENGINE,
+            "restart": RESTART_ENGINE, "reset": RESET_GPU, "drain_and_reset": RESET_GPU,
+            "restart_bm": REBOOT_NODE, "restart_vm": REBOOT_NODE, "reboot": REBOOT_NODE,
+            "none": IGNORE, "no_action": IGNORE}
+_KNOWN = {RESTART_ENGINE, RESET_GPU, REBOOT_NODE, IGNORE}
+_LOST_TEXT = re.compile(r"fallen off the bus|gpu ?is ?lost|gpuislost", re.IGNORECASE)
+_XID_TEXT = re.compile(r"\bxid\b\D{0,40}?(\d{1,3})\b", re.IGNORECASE)
+_ECC_TEXT = re.compile(r"uncorrectable ecc|double bit ecc|uncorrectable error", re.IGNORECASE)
+
+
+class GpuHealth(str, enum.Enum):
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+    DRAINING = "draining"
+    RESETTING = "resetting"
+    VERIFYING = "verifying"
+    ISOLATED = "isolated"
+
+
+@dataclass
+class HardwareConfig:
+    """``drain_timeout_seconds`` (120) to wait for engines to drain before the reset anyway;
+    ``reset_timeout_seconds`` (300) for the reset's result; ``verify_seconds`` (60) of quiet
+    after a reset; ``degraded_clear_seconds`` (600) of quiet to leave DEGRADED;
+    ``restart_escalate_count`` (3) restart-class Xids within that time escalate to a reset;
+    ``reset_min_interval_seconds`` (3600): another reset-worthy fault this soon after a reset
+    isolates the GPU instead; ``xid_dedupe_seconds`` (300): reports of one Xid (or of "lost")
+    for one PCI address within this time are one event (F09)."""
+
+    drain_timeout_seconds: float = 120.0
+    reset_timeout_seconds: float = 300.0
+    verify_seconds: float = 60.0
+    degraded_clear_seconds: float = 600.0
+    restart_escalate_count: int = 3
+    reset_min_interval_seconds: float = 3600.0
+    xid_dedupe_seconds: float = 300.0
+
+    def __post_init__(self) -> None:
+        for name in ("drain_timeout_seconds", "reset_timeout_seconds", "verify_seconds",
+                     "degraded_clear_seconds", "reset_min_interval_seconds",
+                     "xid_dedupe_seconds"):
+            check_number(name, getattr(self, name), minimum=0)
+        check_number("restart_escalate_count", self.restart_escalate_count, minimum=1)
+
+
+def normalize_action(value: Any) -> str:
+    """An action from a catalogue (``XidAction`` enum, string, None) → one of
+    ``restart_engine``, ``reset_gpu``, ``reboot_node``, ``ignore`` or ``unknown``."""
+    if value is None:
+        return UNKNOWN
+    if isinstance(value, enum.Enum):
+        value = value.value if isinstance(value.value, str) else value.name
+    s = str(value).strip().lower()
+    s = _ALIASES.get(s, s)
+    return s if s in _KNOWN else UNKNOWN
+
+
+@dataclass
+class _Gpu:
+    uuid: str
+    index: int | None = None
+    pci: str | None = None
+    state: GpuHealth = GpuHealth.HEALTHY
+    since: float = 0.0
+    reason: str = ""
+    ecc_uncorrected: int | None = None
+    recovery_action: int | None = None
+    remap_pending: bool | None = None
+    last_fault: float | None = None
+    last_reset: float | None = None
+    phase_started: float | None = None
+    restart_faults: deque = field(default_factory=deque)
+    seen_events: dict = field(default_factory=dict)   # dedupe key -> time
+
+
+@dataclass
+class _Finding:
+    """One new fault on one GPU: what it asks for and why."""
+
+    action: str              # lost, isolate, reboot_node, reset_gpu, restart_engine, unknown, ignore
+    reason: str
+    inputs: dict[str, Any]
+
+
+_RANK = {"lost": 6, REBOOT_NODE: 5, "isolate": 4, RESET_GPU: 3, RESTART_ENGINE: 2, UNKNOWN: 1,
+         IGNORE: 0}
+
+
+class HardwarePolicy:
+    """Hardware health of every GPU. Pure: ``now`` comes from the caller.
+
+    ``xid_actions``: mapping Xid → action or a callable ``(xid) -> action`` (None: the
+    built-in table). ``gpu_engines``: which engines run on which GPU, keyed by GPU UUID or
+    index (int or str); their names are the targets of drain/restart/undrain decisions.
+    """
+
+    def __init__(self, xid_actions: Mapping[int, Any] | Callable[[int], Any] | None = None,
+                 config: HardwareConfig | Mapping[str, Any] | None = None, *,
+                 gpu_engines: Mapping[Any, Sequence[str]] | None = None) -> None:
+        if xid_actions is None:
+            xid_actions = DEFAULT_XID_ACTIONS
+        if not callable(xid_actions) and not isinstance(xid_actions, Mapping):
+            raise ValueError("xid_actions: expected a mapping Xid -> action or a callable")
+        self._xid_actions = xid_actions
+        self.config = config_from_mapping(HardwareConfig, config)
+        self._gpu_engines = {str(k): list(v) for k, v in (gpu_engines or {}).items()}
+        self._gpus: dict[str, _Gpu] = {}
+        self._telemetry_down_since: float | None = None
+        self._telemetry_error: str | None = None
+
+    # ------------------------------------------------------------------ public
+    def xid_action(self, xid: int | None) -> str:
+        """The action for an Xid code (``unknown`` when the catalogue has none); 79 is always
+        a lost GPU, whatever the catalogue says."""
+        if xid is None:
+            return UNKNOWN
+        if xid == 79:
+            return REBOOT_NODE
+        if callable(self._xid_actions) and not isinstance(self._xid_actions, Mapping):
+            return normalize_action(self._xid_actions(xid))
+        m = self._xid_actions
+        return normalize_action(m.get(xid, m.get(str(xid))))
+
+    def observe(self, now: float, reading: GpuReading,
+                engines: Mapping[str, EngineSnapshot] | None = None) -> list[Decision]:
+        """One GPU poll (all GPUs) → decisions. ``engines`` (latest snapshots by name) tells
+        whether a draining GPU's engines are drained. Telemetry down → no decision."""
+        if not reading.ok:
+            if self._telemetry_down_since is None:
+                self._telemetry_down_since = now
+            self._telemetry_error = reading.error
+            return []
+        self._telemetry_down_since = None
+        self._telemetry_error = None
+        out: list[Decision] = []
+        for uuid, snap in reading.gpus.items():
+            g = self._gpu(uuid, snap)
+            out += self._apply(now, g, self._findings(now, g, snap), engines or {})
+        return out
+
+    def report_fault(self, now: float, gpu_uuid: str, text: str) -> list[Decision]:
+        """An engine-reported fault whose text points at the hardware (e.g. handed over by
+        the precision policy): the Xid number, "fallen off the bus"/"GPU is lost" or
+        "uncorrectable ECC" in ``text`` are treated like the GPU's own reports."""
+        g = self._gpu(gpu_uuid, None)
+        xid = None
+        m = _XID_TEXT.search(text or "")
+        if m:
+            xid = int(m.group(1))
+        lost = bool(_LOST_TEXT.search(text or ""))
+        findings: list[_Finding] = []
+        if lost or xid is not None:
+            ev = XidEvent(xid=79 if lost and xid is None else xid, pci_bus_id=g.pci,
+                          message=text, time=now, source="engine", lost=lost)
+            f = self._xid_finding(now, g, ev)
+            if f is not None:
+                findings.append(f)
+        elif _ECC_TEXT.search(text or ""):
+            findings.append(_Finding(RESET_GPU, f"engine reported an uncorrectable ECC error: "
+                                                f"{text}", {"text": text}))
+        if not findings:
+            return []
+        return self._apply(now, g, findings, {})
+
+    def record_action_result(self, now: float, gpu_uuid: str, action: str, ok: bool,
+                             detail: str = "") -> list[Decision]:
+        """Result of a decided ``reset_gpu``: success → VERIFYING; failure (or refused by
+        the rails) → ISOLATED with a node-reboot escalation."""
+        g = self._gpus.get(gpu_uuid)
+        if g is None or action != RESET_GPU or g.state is not GpuHealth.RESETTING:
+            return []
+        if ok:
+            g.last_reset = now
+            return [self._move(now, g, GpuHealth.VERIFYING, None,
+                               f"reset succeeded ({detail or 'no detail'}): verifying for "
+                               f"{self.config.verify_seconds:g} s", {"detail": detail})]
+        return self._isolate(now, g, f"GPU reset failed: {detail or 'no detail'}",
+                             {"detail": detail}, reboot=True)
+
+    def release(self, now: float, gpu_uuid: str, who: str) -> list[Decision]:
+        """Operator action after repair/reboot: ISOLATED → HEALTHY. Raises
+        :class:`PolicyError` when the GPU is not isolated."""
+        g = self._gpus.get(gpu_uuid)
+        if g is None or g.state is not GpuHealth.ISOLATED:
+            raise PolicyError(f"gpu {gpu_uuid}: not isolated")
+        if not who:
+            raise PolicyError("who: the operator's name is required")
+        g.ecc_uncorrected = None
+        return [self._move(now, g, GpuHealth.HEALTHY, None, f"released by {who}",
+                           {"who": who})]
+
+    def gpu_state(self, gpu_uuid: str) -> str | None:
+        """The GPU's state name, ``telemetry_down`` while the source is down, None if unknown."""
+        if self._telemetry_down_since is not None:
+            return "telemetry_down"
+        g = self._gpus.get(gpu_uuid)
+        return None if g is None else g.state.value
+
+    def state(self) -> dict[str, Any]:
+        """A plain dict for ``/status``: telemetry and every GPU's state."""
+        down = self._telemetry_down_since is not None
+        return {
+            "policy": POLICY,
+            "telemetry": {"up": not down, "down_since": self._telemetry_down_since,
+                          "error": self._telemetry_error},
+            "gpus": {u: {"index": g.index, "pci_bus_id": g.pci,
+                         "state": "telemetry_down" if down else g.state.value,
+                         "policy_state": g.state.value, "since": g.since, "reason": g.reason,
+                         "last_reset": g.last_reset, "engines": self._engines_of(g)}
+                     for u, g in self._gpus.items()},
+        }
+
+    # ------------------------------------------------------------------ findings
+    def _gpu(self, uuid: str, snap: GpuSnapshot | None) -> _Gpu:
+        g = self._gpus.get(uuid)
+        if g is None:
+            g = self._gpus[uuid] = _Gpu(uuid)
+        if snap is not None:
+            g.index = snap.index if snap.index is not None else g.index
+            g.pci = snap.pci_bus_id or g.pci
+        return g
+
+    def _engines_of(self, g: _Gpu) -> list[str]:
+        for key in (g.uuid, None if g.index is None else str(g.index)):
+            if key is not None and key in self._gpu_engines:
+                return list(self._gpu_engines[key])
+        return []
+
+    def _xid_finding(self, now: float, g: _Gpu, ev: XidEvent) -> _Finding | None:
+        lost = bool(getattr(ev, "lost", False)) or ev.xid == 79 or \
+            bool(_LOST_TEXT.search(ev.message or ""))
+        pci = ev.pci_bus_id or g.pci
+        key = (pci, "lost") if lost else (pci, ev.xid)
+        t = ev.time or now
+        prev = g.seen_events.get(key)
+        exact = ("exact", ev.xid, ev.time, ev.message, ev.pci_bus_id)
+        if exact in g.seen_events:
+            return None
+        g.seen_events[exact] = t
+        if prev is not None and abs(t - prev) <= self.config.xid_dedupe_seconds:
+            return None           # the same fault reported again (another line / source)
+        g.seen_events[key] = t
+        inputs = {"xid": ev.xid, "message": ev.message, "pci_bus_id": pci,
+                  "xid_source": getattr(ev, "source", None), "xid_time": ev.time}
+        if lost:
+            return _Finding("lost", f"GPU fell off the bus / is lost (Xid {ev.xid}: "
+                                    f"{ev.message})", inputs)
+        action = self.xid_action(ev.xid)
+        inputs["catalogue_action"] = action
+        return _Finding(action, f"Xid {ev.xid} ({ev.message}): catalogue action {action}",
+                        inputs)
+
+    def _findings(self, now: float, g: _Gpu, snap: GpuSnapshot) -> list[_Finding]:
+        out: list[_Finding] = []
+        horizon = now - max(self.config.xid_dedupe_seconds, SEEN_RETENTION_SECONDS)
+        for k in [k for k, t in g.seen_events.items() if t < horizon]:
+            del g.seen_events[k]
+        if snap.lost or (snap.health or "").lower() == "lost":
+            key = (g.pci, "lost")
+            prev = g.seen_events.get(key)
+            if prev is None or now - prev > self.config.xid_dedupe_seconds:
+                g.seen_events[key] = now
+                out.append(_Finding("lost", "the GPU source reports the GPU lost "
+                                            "(NVML GpuIsLost)", {"source_health": snap.health}))
+            elif g.state is not GpuHealth.ISOLATED:
+                out.append(_Finding("lost", "the GPU source reports the GPU lost",
+                                    {"source_health": snap.health}))
+        for ev in snap.xid_events:
+            f = self._xid_finding(now, g, ev)
+            if f is not None:
+                out.append(f)
+        ecc = snap.ecc_uncorrected
+        if isinstance(ecc, int) and not isinstance(ecc, bool) and ecc >= 0:
+            if g.ecc_uncorrected is not None and ecc > g.ecc_uncorrected:
+                out.append(_Finding(RESET_GPU, f"uncorrectable ECC errors grew "
+                                               f"{g.ecc_uncorrected} -> {ecc}",
+                                    {"ecc_uncorrected_before": g.ecc_uncorrected,
+                                     "ecc_uncorrected": ecc}))
+            g.ecc_uncorrected = ecc
+        ra = snap.recovery_action
+        if ra != g.recovery_action:
+            if ra in (1, 4):
+                out.append(_Finding(RESET_GPU, f"NVML recovery action {ra} "
+                                               f"({'reset' if ra == 1 else 'drain and reset'})",
+                                    {"recovery_action": ra}))
+            elif ra == 2:
+                out.append(_Finding(REBOOT_NODE, "NVML recovery action 2 (node reboot)",
+                                    {"recovery_action": ra}))
+            elif ra == 3:
+                out.append(_Finding(UNKNOWN, "NVML recovery action 3 (drain peer-to-peer)",
+                                    {"recovery_action": ra}))
+            g.recovery_action = ra
+        if snap.remapped_rows_failure and g.state is not GpuHealth.ISOLATED:
+            out.append(_Finding("isolate", "row remapping failed: the GPU needs service",
+                                {"remapped_rows_failure": True}))
+        if snap.remapped_rows_pending and not g.remap_pending:
+            out.append(_Finding(RESET_GPU, "row remapping pending: applied at the next reset",
+                                {"remapped_rows_pending": True}))
+        g.remap_pending = snap.remapped_rows_pending
+        return out
+
+    # ------------------------------------------------------------------ transitions
+    def _apply(self, now: float, g: _Gpu, findings: list[_Finding],
+               engines: Mapping[str, EngineSnapshot]) -> list[Decision]:
+        out: list[Decision] = []
+        if g.state is GpuHealth.ISOLATED:
+            return out
+        for f in findings:
+            if f.action == IGNORE:
+                out.append(self._note(g, None, f"{f.reason}: no action", f.inputs))
+        serious = [f for f in findings if f.action != IGNORE]
+        if serious:
+            g.last_fault = now
+            worst = max(serious, key=lambda f: _RANK[f.action])
+            inputs = {**worst.inputs, "findings": [f.reason for f in serious]}
+            out += self._on_fault(now, g, worst, inputs)
+        out += self._timers(now, g, engines, bool(serious))
+        return out
+
+    def _on_fault(self, now: float, g: _Gpu, f: _Finding, inputs: dict) -> list[Decision]:
+        st = g.state
+        if f.action == "lost":
+            return self._isolate(now, g, f.reason + "; never reset a lost GPU", inputs,
+                                 reboot=True)
+        if f.action == REBOOT_NODE:
+            return self._isolate(now, g, f.reason, inputs, reboot=True)
+        if f.action == "isolate":
+            return self._isolate(now, g, f.reason, inputs, reboot=False)
+        if st is GpuHealth.VERIFYING:
+            return self._isolate(now, g, f"{f.reason} while verifying a reset: the reset did "
+                                         "not help", inputs, reboot=True)
+        if st in (GpuHealth.DRAINING, GpuHealth.RESETTING):
+            return [self._note(g, None, f"{f.reason} (reset already in progress)", inputs,
+                               "warning")]
+        if f.action == RESET_GPU:
+            return self._start_reset(now, g, f.reason, inputs)
+        if f.action == RESTART_ENGINE:
+            g.restart_faults.append(now)
+            while g.restart_faults and now - g.restart_faults[0] > self.config.degraded_clear_seconds:
+                g.restart_faults.popleft()
+            if len(g.restart_faults) >= self.config.restart_escalate_count:
+                return self._start_reset(
+                    now, g, f"{f.reason}; {len(g.restart_faults)} restart-class faults within "
+                            f"{self.config.degraded_clear_seconds:g} s: escalate to a GPU reset",
+                    inputs)
+            engines = self._engines_of(g)
+            out = [self._move(now, g, GpuHealth.DEGRADED, None,
+                              f"{f.reason}: restart the engine(s) on this GPU", inputs,
+                              "warning")] if st is not GpuHealth.DEGRADED else \
+                [self._note(g, None, f"{f.reason}: restart the engine(s) on this GPU", inputs,
+                            "warning")]
+            if not engines:
+                out.append(self._note(g, None, "no engine is mapped to this GPU: nothing to "
+                                               "restart", inputs, "warning"))
+            out += [Decision(POLICY, e, RESTART_ENGINE, None, None,
+                             f"GPU {self._label(g)}: {f.reason}", dict(inputs), "warning")
+                    for e in engines]
+            return out
+        # unknown: a person has to look (NVIDIA: contact support / investigate)
+        if st is GpuHealth.HEALTHY:
+            return [self._move(now, g, GpuHealth.DEGRADED, None,
+                               f"{f.reason}: no automatic action; investigate", inputs,
+                               "warning")]
+        return [self._note(g, None, f"{f.reason}: no automatic action; investigate", inputs,
+                           "warning")]
+
+    def _start_reset(self, now: float, g: _Gpu, reason: str, inputs: dict) -> list[Decision]:
+        if g.last_reset is not None and now - g.last_reset < self.config.reset_min_interval_seconds:
+            return self._isolate(now, g, f"{reason}; the last reset was only "
+                                         f"{now - g.last_reset:g} s ago (< "
+                                         f"{self.config.reset_min_interval_seconds:g} s): a "
+                                         "reset does not hold", inputs, reboot=True)
+        engines = self._engines_of(g)
+        g.phase_started = now
+        out = [self._move(now, g, GpuHealth.DRAINING, None,
+                          f"{reason}: drain the engine(s) on this GPU, then reset it",
+                          {**inputs, "engines": engines}, "warning")]
+        out += [Decision(POLICY, e, "drain", None, None,
+                         f"GPU {self._label(g)} needs a reset: {reason}", dict(inputs), "warning")
+                for e in engines]
+        return out
+
+    def _isolate(self, now: float, g: _Gpu, reason: str, inputs: dict,
+                 reboot: bool) -> list[Decision]:
+        engines = self._engines_of(g)
+        full = {**inputs, "engines": engines, "gpu_index": g.index, "pci_bus_id": g.pci}
+        out = [self._move(now, g, GpuHealth.ISOLATED, "isolate_gpu",
+                          f"{reason}: isolate the GPU (no reset)", full, "critical")]
+        out += [Decision(POLICY, e, "drain", None, None,
+                         f"GPU {self._label(g)} isolated: {reason}", dict(full), "critical")
+                for e in engines]
+        if reboot:
+            out.append(Decision(POLICY, g.uuid, REBOOT_NODE, None, None,
+                                f"GPU {self._label(g)}: {reason}; escalate: the node needs a "
+                                "reboot (a reset cannot fix this)", dict(full), "critical"))
+        return out
+
+    def _timers(self, now: float, g: _Gpu, engines: Mapping[str, EngineSnapshot],
+                fault_now: bool) -> list[Decision]:
+        st = g.state
+        started = g.phase_started if g.phase_started is not None else g.since
+        if st is GpuHealth.DEGRADED and not fault_now and g.last_fault is not None \
+                and now - g.last_fault >= self.config.degraded_clear_seconds:
+            return [self._move(now, g, GpuHealth.HEALTHY, None,
+                               f"no fault for {now - g.last_fault:g} s: healthy", {})]
+        if st is GpuHealth.DRAINING:
+            names = self._engines_of(g)
+            waiting = [n for n in names if not _drained(engines.get(n))]
+            elapsed = now - started
+            if waiting and elapsed < self.config.drain_timeout_seconds:
+                return []
+            why = ("engines drained" if not waiting else
+                   f"drain timeout {self.config.drain_timeout_seconds:g} s; still busy: "
+                   f"{', '.join(waiting)} (their in-flight work is re-queued)")
+            g.phase_started = now
+            return [self._move(now, g, GpuHealth.RESETTING, RESET_GPU,
+                               f"{why}: reset GPU {self._label(g)}",
+                               {"gpu_index": g.index, "pci_bus_id": g.pci, "engines": names,
+                                "drained": not waiting, "elapsed_seconds": elapsed},
+                               "warning")]
+        if st is GpuHealth.RESETTING and now - started >= self.config.reset_timeout_seconds:
+            return self._isolate(now, g, f"no reset result after {now - started:g} s", {},
+                                 reboot=True)
+        if st is GpuHealth.VERIFYING and not fault_now and \
+                now - started >= self.config.verify_seconds:
+            names = self._engines_of(g)
+            out = [self._move(now, g, GpuHealth.HEALTHY, None,
+                              f"no fault for {now - started:g} s after the reset: healthy",
+                              {"engines": names})]
+            out += [Decision(POLICY, e, "undrain", None, None,
+                             f"GPU {self._label(g)} verified healthy after its reset", {})
+                    for e in names]
+            return out
+        return []
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _label(g: _Gpu) -> str:
+        return f"{g.index} ({g.uuid})" if g.index is not None else g.uuid
+
+    def _move(self, now: float, g: _Gpu, to: GpuHealth, action: str | None, reason: str,
+              inputs: dict, severity: str = "info") -> Decision:
+        frm = g.state
+        g.state = to
+        g.since = now
+        g.reason = reason
+        if to in (GpuHealth.RESETTING, GpuHealth.VERIFYING, GpuHealth.DRAINING):
+            g.phase_started = now
+        return Decision(POLICY, g.uuid, action, frm.value, to.value, reason,
+                        {"gpu_index": g.index, "pci_bus_id": g.pci, **inputs}, severity)
+
+    @staticmethod
+    def _note(g: _Gpu, action: str | None, reason: str, inputs: dict,
+              severity: str = "info") -> Decision:
+        return Decision(POLICY, g.uuid, action, g.state.value, g.state.value, reason,
+                        {"gpu_index": g.index, "pci_bus_id": g.pci, **inputs}, severity)
+
+
+def _drained(snap: EngineSnapshot | None) -> bool:
+    """An engine is drained when it is down, or draining with no running request."""
+    if snap is None:
+        return False
+    if not snap.ok:
+        return True
+    return bool(snap.draining) and snap.running == 0

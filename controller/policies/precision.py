@@ -1,0 +1,548 @@
+"""Precision policy: FULL → INT8 on an exhaustion OOM, back to FULL once memory has recovered.
+
+The original design notes' "Error 800" flow: switch to int8, record the event and alert,
+switch back when resources recover. This module only DECIDES: :meth:`PrecisionPolicy.observe`
+returns :class:`~controller.types.Decision` objects; the loop executes them (``degrade`` →
+``POST /admin/precision {"mode": "int8"}``, ``rollback`` → ``{"mode": "full"}``, ``compact``
+→ the engine's cache release) and records each one as an event.
+
+States (one policy instance per engine)::
+
+    FULL ──exhaustion OOM──▶ DEGRADING ──engine reports int8──▶ INT8
+      ▲                          │ (more than max_switches_per_hour degrades in the
+      │                          ▼  last hour: PINNED_INT8 instead, critical)
+      └──engine reports full── ROLLING_BACK ◀──free ≥ threshold for the hold── INT8
+    PINNED_INT8 ──operator unpin()──▶ INT8
+
+* Faults are the engine's recent OOM records (``EngineSnapshot.faults``), keyed by
+  (time, id) so that the same fault seen on several polls acts once and an engine restart
+  that reuses ids is still new. Faults older than ``fault_max_age_seconds`` are history.
+* Kind ``exhaustion`` (or unknown) → degrade. ``fragmentation`` → ``compact`` (and on a
+  recurrence within ``compact_window_seconds``, a drain-restart requested through the
+  fragmentation policy, which rate-limits it). ``impossible`` → the request is rejected; no
+  switch. A hardware fault (Xid, GPU lost, uncorrectable ECC — in the fault's text or in the
+  GPU snapshot) is never a degrade, whatever the engine called it.
+* Rollback threshold = the full-precision weights' extra bytes (full − int8 weights) + a
+  margin (``margin_bytes``, else ``margin_ratio`` × total memory). Free memory is the GPU's
+  free bytes, or (no GPU snapshot: the sim/bundled engine) the engine's budget − reserved.
+  It must stay ≥ the threshold continuously for the hold with no new OOM; a missing or
+  invalid sample, telemetry down, or an engine that does not answer resets the hold clock.
+* Flap guard: an exhaustion OOM within ``relapse_window_seconds`` of a rollback is a relapse
+  and multiplies the next hold by ``hold_growth`` (capped at ``max_hold_seconds``); a
+  non-relapse degrade resets it to ``hold_seconds``. More than ``max_switches_per_hour``
+  degrades in a rolling hour pins INT8 (critical) until an operator calls :meth:`unpin`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from controller.policies.common import (HoldClock, PolicyError, check_number,
+                                        config_from_mapping)
+from controller.signals import (InvalidSampleCounter, OomNumbers, classify_oom, format_bytes,
+                                hardware_fault_evidence, parse_oom_message, validate_nonneg)
+from controller.types import Decision, EngineSnapshot, GpuSnapshot
+
+POLICY = "precision"
+HOUR = 3600.0
+
+#: Xids that do not mean the GPU is at fault (NVIDIA catalogue: no action for 43, 63, 92;
+#: shared/fixtures/README.md). Any other Xid near an OOM makes it a hardware fault.
+BENIGN_XIDS = frozenset({43, 63, 92})
+
+#: NVML field 230 (GPU recovery action) values that mean the GPU itself needs attention:
+#: 1 reset, 2 node reboot, 4 drain and reset.
+HARDWARE_RECOVERY_ACTIONS = frozenset({1, 2, 4})
+
+
+class PrecisionState(str, enum.Enum):
+    FULL = "full"
+    DEGRADING = "degrading"
+    INT8 = "int8"
+    ROLLING_BACK = "rolling_back"
+    PINNED_INT8 = "pinned_int8"
+
+
+@dataclass
+class PrecisionConfig:
+    """Settings of :class:`PrecisionPolicy` (times in seconds, sizes in bytes).
+
+    ``hold_seconds`` (60) base hold before a rollback; ``margin_ratio`` (0.10) of total memory,
+    or ``margin_bytes`` when set, is added to the full-precision weights' extra bytes;
+    ``full_weights_extra_bytes`` overrides the extra bytes when the engine does not report
+    its weights; ``relapse_window_seconds`` (600) after a rollback in which an OOM counts as a
+    relapse; ``hold_growth`` (×2) per relapse up to ``max_hold_seconds`` (3600);
+    ``max_switches_per_hour`` (4) degrades per rolling hour before pinning;
+    ``confirm_timeout_seconds`` (30) to wait for the engine to report the new precision;
+    ``fault_max_age_seconds`` (300) beyond which a fault is history;
+    ``compact_window_seconds`` (300) in which a second fragmentation OOM escalates to a
+    restart; ``hardware_window_seconds`` (120) within which an Xid makes an OOM a hardware fault.
+    """
+
+    hold_seconds: float = 60.0
+    margin_ratio: float = 0.10
+    margin_bytes: int | None = None
+    full_weights_extra_bytes: int | None = None
+    relapse_window_seconds: float = 600.0
+    hold_growth: float = 2.0
+    max_hold_seconds: float = 3600.0
+    max_switches_per_hour: int = 4
+    confirm_timeout_seconds: float = 30.0
+    fault_max_age_seconds: float = 300.0
+    compact_window_seconds: float = 300.0
+    hardware_window_seconds: float = 120.0
+
+    def __post_init__(self) -> None:
+        check_number("hold_seconds", self.hold_seconds, minimum=0)
+        check_number("margin_ratio", self.margin_ratio, minimum=0, maximum=1)
+        check_number("margin_bytes", self.margin_bytes, minimum=0, allow_none=True)
+        check_number("full_weights_extra_bytes", self.full_weights_extra_bytes, minimum=0,
+                     allow_none=True)
+        check_number("relapse_window_seconds", self.relapse_window_seconds, minimum=0)
+        check_number("hold_growth", self.hold_growth, minimum=1)
+        check_number("max_hold_seconds", self.max_hold_seconds, minimum=self.hold_seconds)
+        check_number("max_switches_per_hour", self.max_switches_per_hour, minimum=1)
+        check_number("confirm_timeout_seconds", self.confirm_timeout_seconds, minimum=0,
+                     strict_min=True)
+        check_number("fault_max_age_seconds", self.fault_max_age_seconds, minimum=0)
+        check_number("compact_window_seconds", self.compact_window_seconds, minimum=0)
+        check_number("hardware_window_seconds", self.hardware_window_seconds, minimum=0)
+
+
+def _fault_numbers(fault: Mapping[str, Any]) -> tuple[OomNumbers, str]:
+    """The fault's numbers: its own fields where present, else parsed from its message."""
+    parsed = parse_oom_message(fault.get("message"))
+    vals = {}
+    for key in ("requested_bytes", "free_bytes", "total_bytes", "allocated_bytes",
+                "reserved_unallocated_bytes"):
+        v = validate_nonneg(fault.get(key)).value
+        vals[key] = int(v) if v is not None else getattr(parsed, key)
+    return OomNumbers(**vals), ("fields" if fault.get("requested_bytes") is not None
+                                else "message")
+
+
+def _fault_inputs(fault: Mapping[str, Any], nums: OomNumbers, kind: str) -> dict[str, Any]:
+    return {
+        "fault_id": fault.get("id"), "fault_time": fault.get("time"), "kind": kind,
+        "requested_bytes": nums.requested_bytes, "requested": format_bytes(nums.requested_bytes),
+        "free_bytes": nums.free_bytes, "free": format_bytes(nums.free_bytes),
+        "total_bytes": nums.total_bytes, "allocated_bytes": nums.allocated_bytes,
+        "reserved_unallocated_bytes": nums.reserved_unallocated_bytes,
+        "engine_precision": fault.get("precision"), "source": fault.get("source"),
+        "message": fault.get("message"),
+    }
+
+
+class PrecisionPolicy:
+    """The precision state machine for one engine. Pure: ``now`` comes from the caller.
+
+    ``fragmentation`` is the same engine's :class:`FragmentationPolicy` (optional): a
+    fragmentation OOM that recurs after a compaction asks it for a rate-limited restart.
+    """
+
+    def __init__(self, config: PrecisionConfig | Mapping[str, Any] | None = None, *,
+                 engine: str | None = None, fragmentation: Any = None,
+                 counter: InvalidSampleCounter | None = None) -> None:
+        self.config = config_from_mapping(PrecisionConfig, config)
+        self.engine = engine
+        self.fragmentation = fragmentation
+        self.counter = counter
+        self._state = PrecisionState.FULL
+        self._since: float | None = None
+        self._hold = HoldClock()
+        self._hold_seconds = self.config.hold_seconds
+        self._relapses = 0
+        self._degrades: deque[float] = deque()      # times of degrades (rolling hour)
+        self._seen: dict[tuple[Any, Any], float] = {}   # (time, id) -> when first seen
+        self._last_command: float | None = None     # when the last degrade/rollback was decided
+        self._last_rollback_done: float | None = None
+        self._last_compact: float | None = None
+        self._ecc_uncorrected: dict[str, int] = {}
+        self._pinned_by: str | None = None
+        self._last_fault: dict[str, Any] | None = None
+        self._last_now: float | None = None
+        self._last_threshold: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ public
+    @property
+    def current(self) -> PrecisionState:
+        return self._state
+
+    def observe(self, now: float, engine: EngineSnapshot, gpu: GpuSnapshot | None = None,
+                telemetry_ok: bool = True) -> list[Decision]:
+        """Look at one poll of the engine (and its GPU) and return what to do.
+
+        ``gpu`` is the engine's GPU (None for the sim/bundled engine on CPU);
+        ``telemetry_ok`` False means the GPU source is down (F08): no memory sample, so the
+        hold clock resets. Raises ``ValueError`` if the snapshot is of another engine.
+        """
+        if self.engine is None:
+            self.engine = engine.name
+        elif engine.name != self.engine:
+            raise ValueError(f"engine: this policy is for {self.engine!r}, got {engine.name!r}")
+        if self._since is None:
+            self._since = now
+        self._last_now = now
+        out: list[Decision] = []
+        hw = self._hardware_evidence(now, gpu, telemetry_ok)
+        out += self._handle_faults(now, engine, hw)
+        out += self._reconcile(now, engine)
+        if self._state is PrecisionState.INT8:
+            out += self._track_recovery(now, engine, gpu, telemetry_ok)
+        return out
+
+    def unpin(self, now: float, who: str) -> list[Decision]:
+        """Operator action: leave PINNED_INT8 for INT8 (the hold starts again, the switch
+        history and relapses are cleared). Raises :class:`PolicyError` when not pinned."""
+        if self._state is not PrecisionState.PINNED_INT8:
+            raise PolicyError(f"engine {self.engine}: not pinned (state {self._state.value})")
+        if not who:
+            raise PolicyError("who: the operator's name is required to unpin")
+        self._degrades.clear()
+        self._relapses = 0
+        self._hold_seconds = self.config.hold_seconds
+        self._hold.reset(now, f"unpinned by {who}")
+        d = self._transition(now, PrecisionState.INT8, None,
+                             f"unpinned by {who}: int8 kept, rollback allowed after a "
+                             f"{self._hold_seconds:g} s hold with memory recovered",
+                             {"who": who, "pinned_by": self._pinned_by})
+        self._pinned_by = None
+        return [d]
+
+    def record_action_result(self, now: float, action: str, ok: bool,
+                             detail: str = "") -> list[Decision]:
+        """Tell the policy how a decided action went. A failed ``degrade`` returns to FULL
+        (the next OOM decides again); a failed ``rollback`` returns to INT8 with the hold
+        restarted. Successes need nothing: the engine's reported precision confirms them."""
+        if ok:
+            return []
+        if action == "degrade" and self._state is PrecisionState.DEGRADING:
+            return [self._transition(now, PrecisionState.FULL, None,
+                                     f"degrade failed: {detail or 'no detail'}",
+                                     {"action": action, "detail": detail}, severity="critical")]
+        if action == "rollback" and self._state is PrecisionState.ROLLING_BACK:
+            self._hold.reset(now, "rollback failed")
+            return [self._transition(now, PrecisionState.INT8, None,
+                                     f"rollback failed: {detail or 'no detail'}; staying in "
+                                     "int8, hold restarts", {"action": action, "detail": detail},
+                                     severity="warning")]
+        return []
+
+    def state(self, now: float | None = None) -> dict[str, Any]:
+        """A plain dict for ``/status``: state, since, hold (required seconds), hold_started,
+        held_seconds, relapses, switches in the last hour, pinned, last fault, last reset of
+        the hold clock and the last rollback threshold."""
+        now = self._last_now if now is None else now
+        self._trim(now)
+        return {
+            "policy": POLICY, "engine": self.engine, "state": self._state.value,
+            "since": self._since, "hold_seconds": self._hold_seconds,
+            "hold_started": self._hold.since,
+            "held_seconds": None if now is None else self._hold.held(now),
+            "relapses": self._relapses, "switches_last_hour": len(self._degrades),
+            "max_switches_per_hour": self.config.max_switches_per_hour,
+            "pinned": self._state is PrecisionState.PINNED_INT8,
+            "last_fault": self._last_fault, "last_hold_reset": self._hold.last_reset,
+            "threshold": self._last_threshold,
+        }
+
+    # ------------------------------------------------------------------ faults
+    def _hardware_evidence(self, now: float, gpu: GpuSnapshot | None,
+                           telemetry_ok: bool) -> list[str]:
+        if gpu is None or not telemetry_ok:
+            return []
+        ev: list[str] = []
+        if gpu.lost or (gpu.health or "").lower() == "lost":
+            ev.append(f"GPU {gpu.uuid} is lost")
+        prev = self._ecc_uncorrected.get(gpu.uuid)
+        cur = validate_nonneg(gpu.ecc_uncorrected).value
+        if cur is not None:
+            if prev is not None and cur > prev:
+                ev.append(f"uncorrectable ECC errors grew {prev} -> {int(cur)}")
+            self._ecc_uncorrected[gpu.uuid] = int(cur)
+        if gpu.recovery_action in HARDWARE_RECOVERY_ACTIONS:
+            ev.append(f"NVML recovery action {gpu.recovery_action}")
+        for x in gpu.xid_events:
+            if getattr(x, "lost", False):
+                ev.append(f"Xid {x.xid}: GPU fell off the bus")
+            elif x.xid is not None and x.xid not in BENIGN_XIDS and \
+                    (not x.time or abs(now - x.time) <= self.config.hardware_window_seconds):
+                ev.append(f"Xid {x.xid}: {x.message}")
+        return ev
+
+    def _new_faults(self, now: float, engine: EngineSnapshot) -> list[Mapping[str, Any]]:
+        fresh = []
+        for f in engine.faults or []:
+            if not isinstance(f, Mapping):
+                continue
+            key = (f.get("time"), f.get("id"), None if f.get("id") is not None
+                   else f.get("message"))
+            if key in self._seen:
+                continue
+            self._seen[key] = now
+            t = validate_nonneg(f.get("time")).value
+            if t is not None and now - t > self.config.fault_max_age_seconds:
+                continue   # history (e.g. faults from before the controller started)
+            fresh.append(f)
+        fresh.sort(key=lambda f: (validate_nonneg(f.get("time")).value or 0.0,
+                                  validate_nonneg(f.get("id")).value or 0.0))
+        horizon = now - max(self.config.fault_max_age_seconds, HOUR) * 2
+        for k in [k for k, seen in self._seen.items() if seen < horizon]:
+            del self._seen[k]
+        return fresh
+
+    def _handle_faults(self, now: float, engine: EngineSnapshot,
+                       hw: list[str]) -> list[Decision]:
+        out: list[Decision] = []
+        exhaustion: list[dict[str, Any]] = []
+        for f in self._new_faults(now, engine):
+            nums, origin = _fault_numbers(f)
+            text_hw = hardware_fault_evidence(f.get("message"))
+            kind = f.get("kind") if f.get("kind") in ("exhaustion", "fragmentation",
+                                                       "impossible", "hardware") else None
+            evidence = ([f"fault text mentions {text_hw!r}"] if text_hw else []) + hw
+            if kind == "hardware" and not evidence:
+                evidence = ["the engine classified the fault as hardware"]
+            if evidence:
+                kind_for_record = "hardware"
+            else:
+                kind_for_record = kind or classify_oom(nums) or "exhaustion"
+            inputs = _fault_inputs(f, nums, kind_for_record)
+            inputs["numbers_from"] = origin
+            self._last_fault = {k: inputs[k] for k in ("fault_id", "fault_time", "kind",
+                                                       "requested", "free")}
+            if evidence:
+                inputs.update({"hardware_evidence": evidence, "handoff": "hardware"})
+                out.append(self._note(
+                    now, None, f"hardware fault, not an int8 trigger even though the engine "
+                    f"reported {f.get('kind') or 'an OOM'}: {'; '.join(evidence)}; handed to "
+                    "the hardware policy", inputs, severity="critical"))
+            elif kind_for_record == "impossible":
+                out.append(self._note(
+                    now, None, f"rejected request: {inputs['requested']} requested exceeds the "
+                    f"device's total {format_bytes(nums.total_bytes)}; no switch, no retry",
+                    inputs, severity="warning"))
+            elif kind_for_record == "fragmentation":
+                out.append(self._compact(now, inputs))
+            else:
+                if kind is None and kind_for_record == "exhaustion" and \
+                        classify_oom(nums) is None:
+                    inputs["kind_note"] = "kind unknown; treated as exhaustion"
+                exhaustion.append(inputs)
+        if exhaustion:
+            out += self._on_exhaustion(now, exhaustion)
+        return out
+
+    def _compact(self, now: float, inputs: dict[str, Any]) -> Decision:
+        recurrence = (self._last_compact is not None
+                      and now - self._last_compact <= self.config.compact_window_seconds)
+        if recurrence and self.fragmentation is not None:
+            self._last_compact = now
+            return self.fragmentation.request_restart(
+                now, f"fragmentation OOM recurred within {self.config.compact_window_seconds:g} s "
+                     "of a compaction (reserved-but-unallocated >= requested)", inputs)
+        self._last_compact = now
+        why = ("fragmentation OOM: reserved-but-unallocated "
+               f"{format_bytes(inputs.get('reserved_unallocated_bytes'))} >= requested "
+               f"{inputs['requested']}; release the allocator cache, no precision switch")
+        if recurrence:
+            why += " (recurred after a compaction; no fragmentation policy to restart)"
+        return self._note(now, "compact", why, inputs, severity="warning")
+
+    def _on_exhaustion(self, now: float, faults: list[dict[str, Any]]) -> list[Decision]:
+        """One decision for all the exhaustion OOMs of this poll, with the newest's numbers."""
+        newest_inputs = dict(faults[-1])
+        newest_inputs["fault_ids"] = [f["fault_id"] for f in faults]
+        st = self._state
+        if st in (PrecisionState.FULL, PrecisionState.ROLLING_BACK):
+            return [self._degrade(now, newest_inputs)]
+        self._hold.reset(now, "new OOM")
+        where = {"degrading": "while the switch to int8 is in progress",
+                 "int8": "in int8", "pinned_int8": "while pinned in int8"}[st.value]
+        return [self._note(now, None, f"OOM {where}: {newest_inputs['requested']} requested, "
+                                      f"{newest_inputs['free']} free; no further switch, "
+                                      "rollback hold restarted", newest_inputs,
+                           severity="warning")]
+
+    def _degrade(self, now: float, inputs: dict[str, Any]) -> Decision:
+        relapse = self._state is PrecisionState.ROLLING_BACK or (
+            self._last_rollback_done is not None
+            and now - self._last_rollback_done <= self.config.relapse_window_seconds)
+        if relapse:
+            self._relapses += 1
+            self._hold_seconds = min(self.config.hold_seconds
+                                     * self.config.hold_growth ** self._relapses,
+                                     self.config.max_hold_seconds)
+        else:
+            self._relapses = 0
+            self._hold_seconds = self.config.hold_seconds
+        self._trim(now)
+        self._degrades.append(now)
+        self._hold.reset(now, "degrade")
+        self._last_command = now
+        inputs = {**inputs, "relapse": relapse, "relapses": self._relapses,
+                  "next_hold_seconds": self._hold_seconds,
+                  "switches_last_hour": len(self._degrades),
+                  "max_switches_per_hour": self.config.max_switches_per_hour}
+        words = (f"exhaustion OOM: {inputs['requested']} requested, {inputs['free']} free "
+                 f"of {format_bytes(inputs.get('total_bytes'))}")
+        if relapse:
+            words += (f"; relapse #{self._relapses} after a rollback, next hold "
+                      f"{self._hold_seconds:g} s")
+        if len(self._degrades) > self.config.max_switches_per_hour:
+            self._pinned_by = "flap guard"
+            return self._transition(
+                now, PrecisionState.PINNED_INT8, "degrade",
+                f"{words}; {len(self._degrades)} degrades in the last hour > "
+                f"{self.config.max_switches_per_hour}: pinned in int8 until an operator unpins",
+                inputs, severity="critical")
+        return self._transition(now, PrecisionState.DEGRADING, "degrade",
+                                f"{words}: switch to int8", inputs, severity="warning")
+
+    # ------------------------------------------------------------------ reconcile
+    def _reconcile(self, now: float, engine: EngineSnapshot) -> list[Decision]:
+        if not engine.ok:
+            return []
+        prec = engine.precision
+        st = self._state
+        timed_out = (self._last_command is None
+                     or now - self._last_command >= self.config.confirm_timeout_seconds)
+        inputs = {"engine_precision": prec}
+        if st is PrecisionState.DEGRADING:
+            if prec == "int8":
+                self._hold.reset(now, "int8 confirmed; hold starts with the next good sample")
+                return [self._transition(now, PrecisionState.INT8, None,
+                                         "engine reports int8: degrade confirmed", inputs)]
+            if prec is None:
+                self._hold.reset(now, "int8 assumed")
+                return [self._transition(now, PrecisionState.INT8, None,
+                                         "engine does not report its precision: degrade "
+                                         "assumed applied", inputs, severity="warning")]
+            if timed_out:
+                self._last_command = now
+                return [self._note(now, "degrade", f"engine still reports {prec} "
+                                   f"{self.config.confirm_timeout_seconds:g} s after the "
+                                   "degrade: asking again", inputs, severity="warning")]
+        elif st is PrecisionState.ROLLING_BACK:
+            if prec in ("full", None):
+                self._last_rollback_done = now
+                why = ("engine reports full: rollback confirmed" if prec == "full" else
+                       "engine does not report its precision: rollback assumed applied")
+                return [self._transition(now, PrecisionState.FULL, None, why, inputs)]
+            if timed_out:
+                self._hold.reset(now, "rollback not confirmed")
+                return [self._transition(now, PrecisionState.INT8, None,
+                                         f"engine still reports {prec} "
+                                         f"{self.config.confirm_timeout_seconds:g} s after the "
+                                         "rollback: staying in int8, hold restarts", inputs,
+                                         severity="warning")]
+        elif st is PrecisionState.INT8 and prec == "full":
+            self._last_command = now
+            return [self._transition(now, PrecisionState.DEGRADING, "degrade",
+                                     "engine reports full while the policy holds int8 (engine "
+                                     "restarted?): re-applying int8", inputs,
+                                     severity="warning")]
+        elif st is PrecisionState.PINNED_INT8 and prec == "full" and timed_out:
+            self._last_command = now
+            return [self._note(now, "degrade", "engine reports full while pinned in int8: "
+                               "re-applying int8", inputs, severity="critical")]
+        elif st is PrecisionState.FULL and prec == "int8":
+            self._hold.reset(now, "adopted int8")
+            return [self._transition(now, PrecisionState.INT8, None,
+                                     "engine reports int8 without a policy degrade (operator "
+                                     "or startup): adopted; rollback after the hold", inputs)]
+        return []
+
+    # ------------------------------------------------------------------ recovery
+    def _memory_sample(self, engine: EngineSnapshot, gpu: GpuSnapshot | None,
+                       telemetry_ok: bool) -> tuple[dict[str, Any] | None, str]:
+        c = self.counter
+        if not engine.ok:
+            return None, "engine did not answer (no data)"
+        if gpu is not None or not telemetry_ok:
+            if not telemetry_ok:
+                return None, "GPU telemetry down (no data is not recovery)"
+            if gpu.lost:
+                return None, "GPU lost"
+            free = validate_nonneg(gpu.memory_free_bytes, "gpu_memory_free_bytes", c)
+            total = validate_nonneg(gpu.memory_total_bytes, "gpu_memory_total_bytes", c)
+            src = "gpu"
+        else:
+            budget = validate_nonneg(engine.memory_budget_bytes, "engine_memory_budget_bytes", c)
+            reserved = validate_nonneg(engine.memory_reserved_bytes,
+                                       "engine_memory_reserved_bytes", c)
+            if budget.value is None or reserved.value is None:
+                bad = budget if budget.value is None else reserved
+                return None, f"engine memory: {bad.reason}"
+            free_v = budget.value - reserved.value
+            if free_v < 0:
+                if c is not None:
+                    c.record("engine_memory_free_bytes", "negative")
+                return None, f"engine reserved {reserved.value:.0f} B > budget {budget.value:.0f} B"
+            free = validate_nonneg(free_v)
+            total = budget
+            src = "engine budget - reserved"
+        if free.value is None:
+            return None, f"free memory: {free.reason}"
+        if total.value is None or total.value == 0:
+            return None, f"total memory: {total.reason or 'is 0'}"
+        extra = self.config.full_weights_extra_bytes
+        if extra is None:
+            fw = validate_nonneg(engine.full_weights_bytes, "full_weights_bytes", c).value
+            w = validate_nonneg(engine.weights_bytes, "weights_bytes", c).value
+            if fw is None or w is None:
+                return None, "full-precision weight size unknown (set full_weights_extra_bytes)"
+            extra = max(0.0, fw - w)
+        margin = (self.config.margin_bytes if self.config.margin_bytes is not None
+                  else self.config.margin_ratio * total.value)
+        threshold = extra + margin
+        return {"free_bytes": free.value, "free": format_bytes(free.value),
+                "total_bytes": total.value, "extra_weights_bytes": extra,
+                "margin_bytes": margin, "threshold_bytes": threshold,
+                "threshold": format_bytes(threshold), "memory_source": src}, ""
+
+    def _track_recovery(self, now: float, engine: EngineSnapshot, gpu: GpuSnapshot | None,
+                        telemetry_ok: bool) -> list[Decision]:
+        sample, why = self._memory_sample(engine, gpu, telemetry_ok)
+        if sample is None:
+            self._hold.update(now, False, why)
+            return []
+        self._last_threshold = sample
+        ok = sample["free_bytes"] >= sample["threshold_bytes"]
+        self._hold.update(now, ok, None if ok else
+                          f"free {sample['free']} < threshold {sample['threshold']}")
+        held = self._hold.held(now)
+        if not ok or held < self._hold_seconds:
+            return []
+        self._last_command = now
+        inputs = {**sample, "held_seconds": held, "hold_seconds": self._hold_seconds,
+                  "relapses": self._relapses}
+        return [self._transition(
+            now, PrecisionState.ROLLING_BACK, "rollback",
+            f"free memory {sample['free']} has stayed >= {sample['threshold']} (full-precision "
+            f"weights' extra {format_bytes(sample['extra_weights_bytes'])} + margin "
+            f"{format_bytes(sample['margin_bytes'])}) for {held:g} s >= hold "
+            f"{self._hold_seconds:g} s with no new OOM: switch back to full precision", inputs)]
+
+    # ------------------------------------------------------------------ helpers
+    def _trim(self, now: float | None) -> None:
+        if now is None:
+            return
+        while self._degrades and now - self._degrades[0] >= HOUR:
+            self._degrades.popleft()
+
+    def _transition(self, now: float, to: PrecisionState, action: str | None, reason: str,
+                    inputs: dict[str, Any], severity: str = "info") -> Decision:
+        frm = self._state
+        self._state = to
+        self._since = now
+        return Decision(POLICY, self.engine or "", action, frm.value, to.value, reason,
+                        dict(inputs), severity)
+
+    def _note(self, now: float, action: str | None, reason: str, inputs: dict[str, Any],
+              severity: str = "info") -> Decision:
+        s = self._state.value
+        return Decision(POLICY, self.engine or "", action, s, s, reason, dict(inputs), severity)
