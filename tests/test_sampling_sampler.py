@@ -196,3 +196,69 @@ def test_shape_mismatch_raises():
     with pytest.raises(ValueError, match="2-D"):
         Sampler()(torch.zeros(4), [SamplingParams()], [None], [[]])
     assert Sampler()(torch.zeros(0, 4), [], [], []).token_ids == []
+
+
+# --- truncation against a plain sort-based reference ---------------------------------------
+
+def _reference_keep(probs_row: torch.Tensor, top_k: int, top_p: float) -> set[int]:
+    """HF/vLLM order in float64: top-k, renormalise, keep until the mass before reaches top_p."""
+    vals, order = probs_row.double().sort(descending=True, stable=True)
+    k = top_k if 0 < top_k < len(vals) else len(vals)
+    vals, order = vals[:k], order[:k]
+    vals = vals / vals.sum()
+    before = vals.cumsum(0) - vals
+    return set(order[before < top_p].tolist())
+
+
+@pytest.mark.parametrize("vocab,top_k,top_p,temp", [
+    (512, -1, 0.9, 1.0), (512, 40, 0.95, 0.7), (4000, -1, 0.95, 1.5), (4000, 300, 1.0, 1.0),
+    (4000, 1000, 0.5, 2.0), (32000, -1, 0.9, 2.0),
+])
+def test_top_k_top_p_mask_matches_reference(vocab, top_k, top_p, temp):
+    from engine.sampler import top_k_top_p_mask
+
+    probs = torch.softmax(_logits(4, vocab, seed=vocab + top_k) / temp, -1)
+    keep = top_k_top_p_mask(probs, [top_k] * 4, [top_p] * 4)
+    for r in range(4):
+        got = set(keep[r].nonzero().flatten().tolist())
+        ref = _reference_keep(probs[r], top_k, top_p)
+        assert len(got ^ ref) <= 1, (len(got), len(ref))  # float32 vs float64 at the edge
+    if vocab == 32000:
+        assert keep.sum(-1).min() > 256  # the nucleus lay beyond the candidates: full sort
+
+
+def test_wide_nucleus_sampling_stays_inside_the_nucleus():
+    vocab = 2000
+    logits = (-torch.arange(vocab, dtype=torch.float32) * 1e-4).repeat(3000, 1)
+    res = Sampler(seed=8)(logits, [SamplingParams(temperature=1.0, top_p=0.9)] * 3000,
+                          [None] * 3000, [[]] * 3000)
+    kept = len(_reference_keep(torch.softmax(logits[0], -1), -1, 0.9))
+    assert 1750 < kept < 1800  # earlier tokens are a little likelier: fewer than 90 %
+    assert max(res.token_ids) < kept
+    assert sum(t >= 1000 for t in res.token_ids) > 1000  # far past the 256 candidates
+
+
+# --- the two-level inverse-CDF draw -------------------------------------------------------
+
+def test_inverse_cdf_edges_and_zero_probability_tokens():
+    from engine.sampler import _inverse_cdf
+
+    probs = torch.zeros(4, 768)
+    probs[:, 10], probs[:, 256], probs[:, 300], probs[:, 767] = 0.3, 0.1, 0.2, 0.4
+    u = torch.tensor([0.0, 0.2999, 0.35, 1.0 - 2**-53], dtype=torch.float64)
+    assert _inverse_cdf(probs, u).tolist() == [10, 10, 256, 767]
+    tiny = torch.zeros(1, 512)
+    tiny[0, 511] = 1e-30  # the only token with mass, in the last block
+    assert _inverse_cdf(tiny, torch.tensor([0.5], dtype=torch.float64)).tolist() == [511]
+
+
+def test_sampled_frequencies_follow_the_distribution_across_blocks():
+    logits = torch.full((8000, 768), float("-inf"))
+    for tok, p in ((10, 0.3), (256, 0.1), (300, 0.2), (767, 0.4)):
+        logits[:, tok] = math.log(p)
+    res = Sampler(seed=12)(logits, [SamplingParams(temperature=1.0)] * 8000, [None] * 8000,
+                           [[]] * 8000)
+    counts = torch.bincount(torch.tensor(res.token_ids), minlength=768).double() / 8000
+    assert set(torch.tensor(res.token_ids).unique().tolist()) == {10, 256, 300, 767}
+    for tok, p in ((10, 0.3), (256, 0.1), (300, 0.2), (767, 0.4)):
+        assert counts[tok] == pytest.approx(p, abs=0.02)
