@@ -72,6 +72,9 @@ class EngineConfig:
             the loop detector's settings (``quality.detect_repetition_loop``: the output's tail
             is a loop when its last n tokens, n <= max_ngram, repeat back to back at least
             ``max(min_repeats, ceil(min_span / n))`` times).
+        num_threads: torch intra-op CPU threads, set when the engine starts
+            (``torch.set_num_threads``, process-wide); ``None`` = leave torch's setting. Tiny
+            models run faster with 1 thread (per-op thread sync costs more than the math).
         served_model_name: the ``model`` label and name in ``/stats``; ``None`` = bundle name.
         recent_requests: finished requests kept in ``/stats`` ``requests.recent``.
         latency_window: latency samples kept for the ``/stats`` quantiles.
@@ -98,6 +101,7 @@ class EngineConfig:
     repetition_stop_min_repeats: int = 4
     repetition_stop_min_span: int = 16
     served_model_name: str | None = None
+    num_threads: int | None = None
     recent_requests: int = 64
     latency_window: int = 4096
     recent_faults: int = 32
@@ -117,6 +121,8 @@ class EngineConfig:
         self._check_int("recent_faults", 0)
         if self.max_model_len is not None:
             self._check_int("max_model_len", 1)
+        if self.num_threads is not None:
+            self._check_int("num_threads", 1)
         if self.num_kv_blocks is not None:
             self._check_int("num_kv_blocks", 1)
         if self.memory_budget_bytes is not None:

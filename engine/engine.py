@@ -106,6 +106,8 @@ class LLMEngine:
         model = bundle.model
         cfg = (config or EngineConfig()).resolve(bundle.args.max_seq_len, model.device, model.dtype)
         self.config = cfg
+        if cfg.num_threads is not None:
+            torch.set_num_threads(cfg.num_threads)
         self.bundle = bundle
         self.model = model
         self.tokenizer = bundle.tokenizer
@@ -266,6 +268,13 @@ class LLMEngine:
         if seq is not None:
             self._finish(seq, "abort", time.monotonic())
             self._update_gauges()
+
+    def abort_all(self) -> int:
+        """Abort every unfinished request; returns how many."""
+        ids = list(self._seqs)
+        for rid in ids:
+            self.abort_request(rid)
+        return len(ids)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._seqs)

@@ -1,0 +1,250 @@
+"""AsyncLLMEngine: a background stepping thread plus one asyncio queue per request.
+
+The stepping thread owns the :class:`~engine.engine.LLMEngine`: it applies queued adds and
+aborts between steps, calls ``step()`` while there is work and sleeps on a condition variable
+otherwise. Requests come in through :meth:`AsyncLLMEngine.generate`, an async generator:
+validation (``LLMEngine.make_sequence``) runs in the caller, so an
+:class:`~engine.scheduler.AdmissionError` is raised before the first item is yielded. Outputs
+are handed to the caller's event loop with one ``call_soon_threadsafe`` per loop per step.
+Closing or cancelling the generator (client disconnect) aborts the request at the next step
+boundary, which frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+
+from engine.engine import LLMEngine, RequestOutput
+from engine.sampling_params import SamplingParams
+from engine.scheduler import AdmissionError
+from engine.sequence import Sequence
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine was shut down while a request was in flight."""
+
+
+class AsyncLLMEngine:
+    """Runs ``engine`` on a background thread. Call :meth:`start` before :meth:`generate`.
+
+    ``stats()``, ``request_precision()``, ``inject_fault()`` and ``set_draining()`` may be called
+    from any thread; ``stats()`` waits for the current step to end (at most one step).
+    """
+
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._cv = threading.Condition()
+        self._step_lock = threading.Lock()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._pending_adds: list[Sequence] = []
+        self._pending_aborts: list[str] = []
+        self._pending_faults: list[tuple[str, int]] = []
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.step_errors_total = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Start the stepping thread (idempotent)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="inferctl-engine-step", daemon=True)
+        self._thread.start()
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the thread; every open stream ends with an :class:`EngineDeadError`."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        with self._cv:
+            streams, self._streams = self._streams, {}
+            self._pending_adds.clear()
+        err = EngineDeadError("the engine was shut down")
+        for loop, queue in streams.values():
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, err)
+            except RuntimeError:   # loop already closed
+                pass
+
+    # ------------------------------------------------------------------ requests
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                       arrival_time: float | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs; the last one has ``finished=True``.
+
+        Raises :class:`AdmissionError` (before the first yield) when the engine will not take
+        the request, ``RuntimeError`` when the engine is not started, and
+        :class:`EngineDeadError` if it shuts down meanwhile.
+        """
+        if not self.is_running:
+            raise RuntimeError("AsyncLLMEngine is not started (call start())")
+        seq = self.engine.make_sequence(request_id, prompt_token_ids, params, arrival_time)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        with self._cv:
+            if request_id in self._streams:
+                raise AdmissionError(400, "request_id", f"request {request_id!r} is already running")
+            self._streams[request_id] = (loop, queue)
+            self._pending_adds.append(seq)
+            self._cv.notify()
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                if item.finished:
+                    finished = True
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (its stream is dropped; blocks are freed at the step boundary)."""
+        with self._cv:
+            self._streams.pop(request_id, None)
+            before = len(self._pending_adds)
+            self._pending_adds = [s for s in self._pending_adds if s.request_id != request_id]
+            if len(self._pending_adds) == before:
+                self._pending_aborts.append(request_id)
+            self._cv.notify()
+
+    # ------------------------------------------------------------------ admin
+    def request_precision(self, mode: str) -> None:
+        """See :meth:`LLMEngine.request_precision`; applied before the next step."""
+        self.engine.request_precision(mode)
+        with self._cv:
+            self._cv.notify()
+
+    def inject_fault(self, kind: str = "oom", count: int = 1) -> None:
+        """See :meth:`LLMEngine.inject_fault`. Raises ``ValueError`` for a bad kind/count."""
+        if kind != "oom":
+            raise ValueError(f"fault kind must be 'oom', got {kind!r}")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"count must be an integer >= 1, got {count!r}")
+        with self._cv:
+            self._pending_faults.append((kind, count))
+            self._cv.notify()
+
+    def set_draining(self, draining: bool) -> None:
+        self.engine.set_draining(draining)
+
+    @property
+    def precision(self) -> str:
+        return self.engine.precision
+
+    @property
+    def requested_precision(self) -> str:
+        return self.engine.requested_precision
+
+    def stats(self) -> dict:
+        """The engine's ``/stats`` document, taken between steps."""
+        with self._step_lock:
+            doc = self.engine.stats()
+        doc["engine"]["step_thread_alive"] = self.is_running
+        return doc
+
+    async def get_stats(self) -> dict:
+        """:meth:`stats` without blocking the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(None, self.stats)
+
+    # ------------------------------------------------------------------ the thread
+    def _has_work(self) -> bool:
+        e = self.engine
+        return bool(self._pending_adds or self._pending_aborts or self._pending_faults
+                    or e.has_unfinished_requests() or e.requested_precision != e.precision)
+
+    def _run(self) -> None:
+        engine = self.engine
+        while True:
+            with self._cv:
+                while not self._stopping and not self._has_work():
+                    self._cv.wait()
+                if self._stopping:
+                    return
+                wait = engine.backoff_remaining()
+                if wait > 0:
+                    self._cv.wait(wait)
+                    continue
+                adds, self._pending_adds = self._pending_adds, []
+                aborts, self._pending_aborts = self._pending_aborts, []
+                faults, self._pending_faults = self._pending_faults, []
+            outputs: list[RequestOutput] = []
+            try:
+                with self._step_lock:
+                    for kind, count in faults:
+                        engine.inject_fault(kind, count)
+                    for rid in aborts:
+                        engine.abort_request(rid)
+                    for seq in adds:
+                        try:
+                            engine.enqueue(seq)
+                        except AdmissionError as err:
+                            self._deliver_error(seq.request_id, err)
+                    outputs = engine.step()
+            except Exception as exc:   # noqa: BLE001 — keep the thread alive, fail the streams
+                self.step_errors_total += 1
+                logger.exception("engine step failed")
+                self._fail_all(exc)
+                time.sleep(0.01)
+                continue
+            if outputs:
+                self._dispatch(outputs)
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        with self._cv:
+            streams = self._streams
+            for out in outputs:
+                entry = streams.get(out.request_id)
+                if entry is None:
+                    continue
+                if out.finished:
+                    del streams[out.request_id]
+                by_loop.setdefault(entry[0], []).append((entry[1], out))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:   # the caller's loop is closed: nobody is listening
+                pass
+
+    def _deliver_error(self, request_id: str, err: BaseException) -> None:
+        with self._cv:
+            entry = self._streams.pop(request_id, None)
+        if entry is not None:
+            try:
+                entry[0].call_soon_threadsafe(entry[1].put_nowait, err)
+            except RuntimeError:
+                pass
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._step_lock:
+            self.engine.abort_all()
+        with self._cv:
+            streams, self._streams = self._streams, {}
+        for loop, queue in streams.values():
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, RuntimeError(f"engine step failed: {exc}"))
+            except RuntimeError:
+                pass
+
+
+def _put_all(items: list) -> None:
+    for queue, out in items:
+        queue.put_nowait(out)
