@@ -72,8 +72,13 @@ def _config(**kwargs):  # noqa: ANN202 - EngineConfig, imported lazily
         _die(str(exc))
 
 
-def _load(spec: Optional[str], tokenizer: Optional[str], device: str, name: Optional[str] = None):  # noqa: ANN202
-    """Load a model bundle on the resolved device (weights in float32; the engine casts)."""
+def _load(spec: Optional[str], tokenizer: Optional[str], device: str, dtype: str = "auto",
+          name: Optional[str] = None):  # noqa: ANN202
+    """Load a model bundle on its device and dtype (the engine uses the model where it is).
+
+    ``device`` auto → CUDA when available, else CPU; ``dtype`` auto → float32 on CPU, bfloat16
+    on CUDA when supported, else float16 (``EngineConfig.resolve``'s rule).
+    """
     import torch
 
     from engine.loader import load_model
@@ -81,9 +86,18 @@ def _load(spec: Optional[str], tokenizer: Optional[str], device: str, name: Opti
     dev = device
     if dev == "auto":
         dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if dev.startswith("cuda") and not torch.cuda.is_available():
+        _die(f"--device: {dev!r} asked for but CUDA is not available")
+    names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype == "auto":
+        if dev == "cpu":
+            dtype = "float32"
+        else:
+            dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    if dtype not in names:
+        _die(f"--dtype: must be auto, float32, bfloat16 or float16, got {dtype!r}")
     try:
-        return load_model(spec, device="cpu" if dev == "cpu" else dev, dtype=torch.float32,
-                          tokenizer_path=tokenizer, name=name)
+        return load_model(spec, device=dev, dtype=names[dtype], tokenizer_path=tokenizer, name=name)
     except (FileNotFoundError, ValueError) as exc:
         _die(str(exc))
 
@@ -123,6 +137,7 @@ def serve(
     kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="auto | int8"),
     precision: str = typer.Option("full", "--precision", help="Initial precision: full | int8"),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N"),
+    dtype: str = typer.Option("auto", "--dtype", help="auto | float32 | bfloat16 | float16"),
     admin_token: Optional[str] = typer.Option(None, "--admin-token", envvar="INFERCTL_ADMIN_TOKEN",
                                               help="Bearer token for /admin/* (or INFERCTL_ADMIN_TOKEN); none = admin disabled."),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Name clients send as 'model' (default: the model's name)."),
@@ -158,14 +173,14 @@ def serve(
 
     common = dict(max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                   max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
-                  kv_cache_dtype=kv_cache_dtype, device=device)
-    bundle = _load(model, tokenizer, device)
+                  kv_cache_dtype=kv_cache_dtype)
+    bundle = _load(model, tokenizer, device, dtype)
     main_name = served_model_name or bundle.name
     engines = {main_name: _build_engine(bundle, _config(
         **common, num_kv_blocks=num_kv_blocks, memory_budget_bytes=budget, gpu_memory_utilization=main_util,
         served_model_name=main_name), precision)}
     if light_model:
-        light_bundle = _load(light_model, light_tokenizer, device)
+        light_bundle = _load(light_model, light_tokenizer, device, dtype)
         name = light_name or light_bundle.name
         if name == main_name:
             name = f"{name}-light"
@@ -206,7 +221,7 @@ def generate(
     except SamplingParamsError as exc:
         _die(f"--{exc.field.replace('_', '-')}: {exc.message}")
     bundle = _load(model, tokenizer, device)
-    config = _config(max_model_len=max_model_len, device=device)
+    config = _config(max_model_len=max_model_len)
     llm = LLMEngine(bundle, config)
     ids = bundle.tokenizer.encode(prompt, bos=True)
     try:

@@ -279,24 +279,28 @@ def _install_error_handlers(app: FastAPI) -> None:
         return error_response(APIError(500, f"internal error: {type(exc).__name__}", code="internal_error"))
 
 
-def _engine_error_to_api(exc: Exception, served: ServedModel) -> APIError | None:
-    """Map an engine-side exception (AdmissionError, SamplingParamsError) to an APIError."""
+def _engine_error_to_api(exc: Exception, served: ServedModel, retry_after: int) -> APIError | None:
+    """Map an engine-side exception to an APIError (None: not an engine request error).
+
+    ``AdmissionError`` (counted by the engine itself) keeps its status, field and message;
+    a 503 (draining) gets ``Retry-After``. ``SamplingParamsError`` is a 400 naming its field
+    (counted here, the engine never saw the request).
+    """
     name = type(exc).__name__
     if name == "AdmissionError":
         status = int(getattr(exc, "status", 400) or 400)
         param = getattr(exc, "field", None)
         message = str(getattr(exc, "message", None) or exc)
         if status == 503:
-            served.count_error("overloaded")
-            return APIError(503, message, param=param, code="engine_unavailable",
-                            err_type="service_unavailable_error", headers={"Retry-After": "5"})
-        served.count_error("invalid_request")
+            return APIError(503, message, param=param, code="engine_draining",
+                            err_type="service_unavailable_error", headers={"Retry-After": str(retry_after)})
         code = "context_length_exceeded" if param in ("max_tokens", "prompt") else "invalid_request"
+        if param and not message.startswith(f"{param}"):
+            message = f"{param}: {message}"
         return APIError(status, message, param=param, code=code)
     if name == "SamplingParamsError":
         served.count_error("invalid_request")
-        field_name = getattr(exc, "field", None)
-        return APIError(400, str(exc), param=field_name, code="invalid_value")
+        return APIError(400, str(exc), param=getattr(exc, "field", None), code="invalid_value")
     return None
 
 
@@ -382,28 +386,30 @@ def _output_logprobs(out: Any) -> tuple[list, list]:
     return lps, tops
 
 
-def _output_failure(out: Any, served: ServedModel) -> APIError | None:
-    """An APIError for a RequestOutput that finished with ``finish_reason == "error"``."""
+def _output_failure(out: Any, retry_after: int) -> APIError | None:
+    """An APIError for a RequestOutput that finished with ``finish_reason == "error"``.
+
+    The engine sets ``error_status``: 400 when the request can never fit (an "impossible"
+    OOM), 503 when it failed after its OOM retries (``Retry-After``: retry later, e.g. after
+    the int8 switch), 500 for an internal step error. The engine counts the error.
+    """
     if getattr(out, "finish_reason", None) != "error":
         return None
-    detail = getattr(out, "error", None)
-    message = str(detail or "the request failed in the engine")
-    kind = getattr(out, "error_kind", None) or getattr(detail, "kind", None)
-    text = f"{kind or ''} {message}".lower()
-    if "impossible" in text:
-        served.count_error("invalid_request")
-        return APIError(400, f"the request cannot fit in device memory: {message}", param=None,
-                        code="request_too_large_for_device")
-    served.count_error("oom" if ("memory" in text or "oom" in text) else "internal")
-    return APIError(503, f"the request failed in the engine and may be retried: {message}",
-                    code="engine_error", err_type="service_unavailable_error", headers={"Retry-After": "5"})
+    message = str(getattr(out, "error", None) or "the request failed in the engine")
+    status = int(getattr(out, "error_status", None) or 500)
+    if status == 400:
+        return APIError(400, message, code="request_too_large_for_device")
+    if status == 503:
+        return APIError(503, message, code="out_of_memory", err_type="service_unavailable_error",
+                        headers={"Retry-After": str(retry_after)})
+    return APIError(status, message, code="engine_error", err_type="server_error")
 
 
 async def _first(agen: AsyncIterator) -> Any:
     return await agen.__anext__()
 
 
-async def _start(served: ServedModel, job: _PromptJob, params: Any) -> tuple[AsyncIterator, Any]:
+async def _start(served: ServedModel, job: _PromptJob, params: Any, retry_after: int) -> tuple[AsyncIterator, Any]:
     """Start one generation and wait for its first output (so admission errors surface
     before any response is sent). Returns ``(iterator, first output or None)``."""
     agen = served.async_engine.generate(job.request_id, job.token_ids, params)
@@ -416,7 +422,7 @@ async def _start(served: ServedModel, job: _PromptJob, params: Any) -> tuple[Asy
         raise
     except Exception as exc:  # noqa: BLE001 - engine exceptions become clean HTTP errors
         await _aclose(agen)
-        api = _engine_error_to_api(exc, served)
+        api = _engine_error_to_api(exc, served, retry_after)
         if api is None:
             raise
         raise api from None
@@ -432,12 +438,13 @@ async def _aclose(agen: Any) -> None:
             log.debug("error while closing a generation", exc_info=True)
 
 
-async def _start_all(served: ServedModel, jobs: list[_PromptJob], params: Any) -> list[tuple[AsyncIterator, Any]]:
+async def _start_all(served: ServedModel, jobs: list[_PromptJob], params: list[Any],
+                     retry_after: int) -> list[tuple[AsyncIterator, Any]]:
     """Start every job; if one fails, abort the ones already started and re-raise."""
     started: list[tuple[AsyncIterator, Any]] = []
     try:
-        for job in jobs:
-            started.append(await _start(served, job, params))
+        for job, job_params in zip(jobs, params):
+            started.append(await _start(served, job, job_params, retry_after))
     except BaseException:
         for agen, _ in started:
             await _aclose(agen)
@@ -445,13 +452,13 @@ async def _start_all(served: ServedModel, jobs: list[_PromptJob], params: Any) -
     return started
 
 
-async def _collect(served: ServedModel, agen: AsyncIterator, first: Any) -> _Collected:
+async def _collect(agen: AsyncIterator, first: Any, retry_after: int) -> _Collected:
     """Drain one generation into a :class:`_Collected`; 503/400 on an engine failure."""
     acc = _Collected()
     try:
         out = first
         while out is not None:
-            failure = _output_failure(out, served)
+            failure = _output_failure(out, retry_after)
             if failure is not None:
                 raise failure
             _accumulate(acc, out)
@@ -615,7 +622,7 @@ def _params_for(req: Any, jobs: list[_PromptJob], served: ServedModel, logprobs:
     try:
         return [_sampling_params(req, job.max_tokens, logprobs) for job in jobs]
     except SamplingParamsError as exc:
-        raise _engine_error_to_api(exc, served) from None
+        raise _engine_error_to_api(exc, served, 0) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -790,15 +797,17 @@ async def _completions(request: Request, state: ServerState) -> Response:
     created = now_s()
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        started = await _start_all(served, jobs, params[0] if len(params) == 1 else params[0])
-        return _stream(_completion_stream(served, req, jobs, started, rid, created, include_usage))
-    return await _run_unless_disconnected(request, _completion_body(served, req, jobs, params, rid, created))
+        started = await _start_all(served, jobs, params, state.retry_after_seconds)
+        return _stream(_completion_stream(served, req, jobs, started, rid, created, include_usage,
+                                          state.retry_after_seconds))
+    return await _run_unless_disconnected(
+        request, _completion_body(served, req, jobs, params, rid, created, state.retry_after_seconds))
 
 
 async def _completion_body(served: ServedModel, req: CompletionRequest, jobs: list[_PromptJob],
-                           params: list[Any], rid: str, created: int) -> Response:
-    started = await _start_all(served, jobs, params[0])
-    results = await _gather_collect(served, started)
+                           params: list[Any], rid: str, created: int, retry_after: int) -> Response:
+    started = await _start_all(served, jobs, params, retry_after)
+    results = await _gather_collect(started, retry_after)
     choices = []
     usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
     for job, acc in zip(jobs, results):
@@ -816,8 +825,8 @@ async def _completion_body(served: ServedModel, req: CompletionRequest, jobs: li
                   "choices": choices, "usage": usage})
 
 
-async def _gather_collect(served: ServedModel, started: list[tuple[AsyncIterator, Any]]) -> list[_Collected]:
-    tasks = [asyncio.ensure_future(_collect(served, agen, first)) for agen, first in started]
+async def _gather_collect(started: list[tuple[AsyncIterator, Any]], retry_after: int) -> list[_Collected]:
+    tasks = [asyncio.ensure_future(_collect(agen, first, retry_after)) for agen, first in started]
     try:
         return list(await asyncio.gather(*tasks))
     except BaseException:
@@ -903,14 +912,14 @@ async def _stream_guard(served: ServedModel, started: list[tuple[AsyncIterator, 
 
 def _completion_stream(served: ServedModel, req: CompletionRequest, jobs: list[_PromptJob],
                        started: list[tuple[AsyncIterator, Any]], rid: str, created: int,
-                       include_usage: bool) -> AsyncIterator[bytes]:
+                       include_usage: bool, retry_after: int) -> AsyncIterator[bytes]:
     async def body() -> AsyncIterator[bytes]:
         echoed = set()
         offsets = {job.index: 0 for job in jobs}
         prompt_tokens = {job.index: len(job.token_ids) for job in jobs}
         completion_tokens = {job.index: 0 for job in jobs}
         async for i, out in _merged(served, started):
-            failure = _output_failure(out, served)
+            failure = _output_failure(out, retry_after)
             if failure is not None:
                 raise failure
             job = jobs[i]
@@ -960,15 +969,17 @@ async def _chat(request: Request, state: ServerState) -> Response:
     created = now_s()
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        started = await _start_all(served, jobs, params[0])
-        return _stream(_chat_stream(served, req, jobs, started, rid, created, include_usage))
-    return await _run_unless_disconnected(request, _chat_body(served, req, jobs, params, rid, created))
+        started = await _start_all(served, jobs, params, state.retry_after_seconds)
+        return _stream(_chat_stream(served, req, jobs, started, rid, created, include_usage,
+                                    state.retry_after_seconds))
+    return await _run_unless_disconnected(
+        request, _chat_body(served, req, jobs, params, rid, created, state.retry_after_seconds))
 
 
 async def _chat_body(served: ServedModel, req: ChatCompletionRequest, jobs: list[_PromptJob],
-                     params: list[Any], rid: str, created: int) -> Response:
-    started = await _start_all(served, jobs, params[0])
-    (acc,) = await _gather_collect(served, started)
+                     params: list[Any], rid: str, created: int, retry_after: int) -> Response:
+    started = await _start_all(served, jobs, params, retry_after)
+    (acc,) = await _gather_collect(started, retry_after)
     lp = None
     if req.logprobs:
         lp = _chat_logprobs(served.tokenizer, acc.token_ids, acc.logprobs,
@@ -983,7 +994,7 @@ async def _chat_body(served: ServedModel, req: ChatCompletionRequest, jobs: list
 
 def _chat_stream(served: ServedModel, req: ChatCompletionRequest, jobs: list[_PromptJob],
                  started: list[tuple[AsyncIterator, Any]], rid: str, created: int,
-                 include_usage: bool) -> AsyncIterator[bytes]:
+                 include_usage: bool, retry_after: int) -> AsyncIterator[bytes]:
     def chunk(delta: dict, finish: str | None = None, lp: Any = None) -> bytes:
         doc = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": served.name,
                "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
@@ -996,7 +1007,7 @@ def _chat_stream(served: ServedModel, req: ChatCompletionRequest, jobs: list[_Pr
         completion_tokens = 0
         yield chunk({"role": "assistant", "content": ""})
         async for _i, out in _merged(served, started):
-            failure = _output_failure(out, served)
+            failure = _output_failure(out, retry_after)
             if failure is not None:
                 raise failure
             text = getattr(out, "new_text", "") or ""
