@@ -39,8 +39,8 @@ from controller.reset import GpuResetter
 from controller.types import Decision
 
 PRECISION_FOR = {"degrade": "int8", "rollback": "full"}
-ACTIONS = ("degrade", "rollback", "drain", "undrain", "drain_restart", "restart", "route_light",
-           "route_main", "reset_gpu", "isolate_gpu", "reboot_node")
+ACTIONS = ("degrade", "rollback", "drain", "undrain", "drain_restart", "restart", "restart_crashed",
+           "compact", "route_light", "route_main", "reset_gpu", "isolate_gpu", "reboot_node")
 
 
 @dataclass
@@ -242,6 +242,10 @@ class Actions:
                 res = self._drain(decision.target, action == "drain", decision)
             elif action in ("drain_restart", "restart"):
                 res = self._drain_restart(decision.target, decision)
+            elif action == "restart_crashed":
+                res = self._restart_crashed(decision.target, decision)
+            elif action == "compact":
+                res = self._compact(decision.target, decision)
             elif action in ("route_light", "route_main", "open_breaker", "close_breaker"):
                 res = self._route(decision.target, action in ("route_light", "open_breaker"), decision)
             elif action == "reset_gpu":
@@ -361,6 +365,31 @@ class Actions:
         finally:
             lock.release()
 
+    def _restart_crashed(self, name: str, decision: Decision) -> ActionResult:
+        sup = self.supervisors.get(name)
+        if sup is None:
+            return ActionResult("restart_crashed", name, False, f"engine {name} is not supervised")
+        try:
+            sup.restart()
+        except RuntimeError as exc:
+            return ActionResult("restart_crashed", name, False, f"engine {name}: restart failed: {exc}")
+        self._inc("inferctl_engine_restarts_total", engine=name, reason="crash")
+        return ActionResult("restart_crashed", name, True, f"engine {name} restarted after it exited"
+                            f" (pid {sup.pid})", {"new_pid": sup.pid})
+
+    def _compact(self, name: str, decision: Decision) -> ActionResult:
+        client = self._client(name)
+        fn = getattr(client, "compact", None)
+        if fn is None:
+            return ActionResult("compact", name, False, f"engine {name}: its client has no cache"
+                                " compaction call; nothing done (a recurrence asks for a restart)")
+        try:
+            reply = fn()
+        except Exception as exc:
+            return ActionResult("compact", name, False, f"engine {name}: compact failed: {exc}")
+        return ActionResult("compact", name, True, f"engine {name}: allocator cache released",
+                            {"reply": json_safe(reply)})
+
     def _route(self, name: str, to_light: bool, decision: Decision) -> ActionResult:
         client = self._client(name)
         action = decision.action or ("route_light" if to_light else "route_main")
@@ -369,12 +398,12 @@ class Actions:
         if to_light and not light:
             return ActionResult(action, name, False, f"engine {name}: no light model configured"
                                 " (policies.breaker.light_model)")
-        to = light if to_light else model
+        to = light if to_light else None      # None clears the route (the engine's contract)
         try:
             reply = client.route(model, to)
         except Exception as exc:
             return ActionResult(action, name, False, f"engine {name}: route {model} → {to} failed: {exc}")
-        return ActionResult(action, name, True, f"engine {name}: model {model} now served by {to}",
+        return ActionResult(action, name, True, f"engine {name}: model {model} now served by {to or model}",
                             {"model": model, "to": to, "reply": json_safe(reply)})
 
     # ------------------------------------------------------------------ GPUs

@@ -18,6 +18,9 @@ GIB = 1024 ** 3
 class StaticGpuSource:
     """A GPU source double whose readings the test edits (``gpus`` by index)."""
 
+    name = "static"
+    simulated = False
+
     def __init__(self, gpus: dict[int, GpuSnapshot] | None = None, ok: bool = True,
                  delay: float = 0.0, fail: Exception | None = None) -> None:
         self.gpus = gpus if gpus is not None else {0: gpu(0), 1: gpu(1)}
@@ -155,14 +158,24 @@ class FakeEngineClient:
         self.routes: dict[str, str] = {}
         self.stuck = False
         self.ok = True
+        self.faults: list[dict] = []
+        self.memory: dict = {}
+        self.delay = 0.0
+        self.polls = 0
 
     def poll(self, now: float) -> EngineSnapshot:
+        self.polls += 1
+        if self.delay:
+            time.sleep(self.delay)
         if self.pending and self.apply_precision:
             self.precision, self.pending = self.pending, None
         if self.draining and self.running > 0 and not self.stuck:
             self.running -= 1
-        return engine_snapshot(self.name, ok=self.ok, precision=self.precision, draining=self.draining,
-                               running=self.running, waiting=0, time=now)
+        if not self.ok:
+            return EngineSnapshot(name=self.name, kind="bundled", ok=False, time=now, error="down")
+        return engine_snapshot(self.name, ok=True, precision=self.precision, draining=self.draining,
+                               running=self.running, waiting=0, time=now, faults=list(self.faults),
+                               oom_total=float(len(self.faults)), **self.memory)
 
     def set_precision(self, mode: str) -> dict:
         self.calls.append(("precision", mode))

@@ -1,0 +1,641 @@
+"""The control loop: poll engines and the GPU source, run policies, execute actions, record.
+
+:class:`Controller` runs APScheduler (``BackgroundScheduler``) jobs:
+
+* one poll job per engine and one for the GPU source, each on its own interval, with
+  ``max_instances=1`` and ``coalesce=True``. Each call runs in the source's own worker thread
+  and is waited for at most ``call_timeout_seconds`` (shorter than the interval), so a slow or
+  hung source never delays another. A failed or timed-out poll backs off exponentially
+  (interval × 2^failures, capped at ``max_backoff_seconds``) and counts as a poll error;
+  the first good poll clears the backoff.
+* a reconcile job (signals → policies → actions → events). An engine poll also reconciles
+  at once, so a decision comes within the poll that saw its cause (an OOM fault → one
+  ``degrade`` within one poll).
+* a supervise job that restarts an engine the controller launched if its process died.
+
+Actions run on a small worker pool, never in a poll thread; their outcomes go back to the
+policy that asked (``record_action_result``) and into the event log. Every policy decision is
+an event: ``transition`` when the state changed, ``decision`` when it asked for an action in
+the same state, ``observation`` otherwise.
+
+:meth:`Controller.tick` runs one poll of every source and one reconcile synchronously,
+without the scheduler (tests, benchmarks).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import datetime as dt
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from controller.actions import ActionResult, Actions
+from controller.config import ControllerConfig
+from controller.events import EventLog, json_safe
+from controller.metrics import CONTROLLER_METRICS
+from controller.types import Decision, EngineSnapshot, GpuReading, GpuSnapshot
+
+log = logging.getLogger(__name__)
+
+PRECISION_MODES = ("full", "int8")
+BREAKER_STATES = ("closed", "open", "half_open")
+#: actions that may take long (drain waits, process restarts, nvidia-smi): never inline
+MANUAL_ACTIONS = ("degrade", "rollback", "drain", "undrain", "restart")
+_LABELS = {spec["name"]: tuple(spec["labels"]) for spec in CONTROLLER_METRICS}
+
+
+class SourceJob:
+    """One polled source (an engine or the GPU source) with a per-call timeout and backoff.
+
+    ``fn(now)`` returns an object with ``ok`` (EngineSnapshot or GpuReading); an exception or a
+    timeout is a failure too, turned into ``on_fail(now, error)``'s result.
+    """
+
+    def __init__(self, name: str, fn: Callable[[float], Any], on_fail: Callable[[float, str], Any],
+                 interval: float, timeout: float, max_backoff: float, metrics: dict,
+                 clock: Callable[[], float] = time.time) -> None:
+        if timeout >= interval:
+            raise ValueError(f"call_timeout_seconds: {timeout:g} must be shorter than the {name}"
+                             f" poll interval {interval:g}")
+        self.name = name
+        self.fn = fn
+        self.on_fail = on_fail
+        self.interval = interval
+        self.timeout = timeout
+        self.max_backoff = max_backoff
+        self.metrics = metrics
+        self.clock = clock
+        self.failures = 0
+        self.next_attempt = 0.0
+        self.last_error: str | None = None
+        self.last_ok: float | None = None
+        self.last_duration: float | None = None
+        self.polls = 0
+        self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"poll-{name}")
+        self._future: cf.Future | None = None
+
+    def run(self, now: float | None = None, force: bool = False) -> Any | None:
+        """Poll once unless backing off (``force`` ignores the backoff). Returns the result
+        (a failed one on error/timeout) or None when skipped."""
+        now = self.clock() if now is None else now
+        if not force and now < self.next_attempt:
+            return None
+        if self._future is not None and not self._future.done():
+            return self._fail(now, f"previous call still running (more than {self.timeout:g} s)")
+        t0 = time.monotonic()
+        self._future = self._pool.submit(self.fn, now)
+        try:
+            result = self._future.result(timeout=self.timeout)
+        except cf.TimeoutError:
+            self._observe(time.monotonic() - t0)
+            return self._fail(now, f"timed out after {self.timeout:g} s")
+        except Exception as exc:
+            self._observe(time.monotonic() - t0)
+            return self._fail(now, f"{type(exc).__name__}: {exc}")
+        self._observe(time.monotonic() - t0)
+        self.polls += 1
+        if getattr(result, "ok", True):
+            self.failures = 0
+            self.next_attempt = 0.0
+            self.last_error = None
+            self.last_ok = now
+            return result
+        self._backoff(now, getattr(result, "error", None) or "poll not ok")
+        return result
+
+    def _observe(self, seconds: float) -> None:
+        self.last_duration = seconds
+        h = self.metrics.get("inferctl_poll_duration_seconds")
+        if h is not None:
+            h.labels(job=self.name).observe(seconds)
+
+    def _backoff(self, now: float, error: str) -> None:
+        self.failures += 1
+        self.last_error = error
+        delay = min(self.interval * (2 ** self.failures), self.max_backoff)
+        self.next_attempt = now + delay
+        c = self.metrics.get("inferctl_poll_errors_total")
+        if c is not None:
+            c.labels(job=self.name).inc()
+
+    def _fail(self, now: float, error: str) -> Any:
+        self.polls += 1
+        self._backoff(now, error)
+        return self.on_fail(now, error)
+
+    def state(self) -> dict:
+        return {"failures": self.failures, "last_error": self.last_error, "last_ok": self.last_ok,
+                "next_attempt": self.next_attempt or None, "last_duration_seconds": self.last_duration,
+                "interval_seconds": self.interval, "timeout_seconds": self.timeout, "polls": self.polls}
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class Controller:
+    """The control loop over engines, a GPU source, policies and actions.
+
+    Args:
+        config: the controller configuration (intervals, engines' GPU indices, rails).
+        engines: engine clients by configured name.
+        gpu_source: object with ``poll(now) -> GpuReading``.
+        policies: per engine name, ``{"precision": PrecisionPolicy, "fragmentation": ...,
+            "breaker": ...}`` (any subset).
+        actions: the :class:`~controller.actions.Actions` executor.
+        event_log: the event log.
+        metrics: the controller metrics by name (``controller.metrics.build_registry()[1]``).
+        registry: their registry (``/metrics`` serves it).
+        gpu_policies: policies over GPU readings, e.g. ``{"hardware": HardwarePolicy}``.
+        supervisors: engine processes the controller launched, by engine name.
+        resetter: the GPU reset rails (for ``/status``).
+        counter: the signals' ``InvalidSampleCounter`` (exported as invalid samples).
+        clock: time source (``time.time``).
+    """
+
+    def __init__(self, config: ControllerConfig, engines: dict[str, Any], gpu_source: Any,
+                 policies: dict[str, dict[str, Any]], actions: Actions, event_log: EventLog,
+                 metrics: dict, *, registry: Any = None, gpu_policies: dict[str, Any] | None = None,
+                 supervisors: dict[str, Any] | None = None, resetter: Any = None,
+                 counter: Any = None, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.engines = engines
+        self.gpu_source = gpu_source
+        self.policies = policies
+        self.gpu_policies = gpu_policies or {}
+        self.actions = actions
+        self.event_log = event_log
+        self.metrics = metrics
+        self.registry = registry
+        self.supervisors = supervisors or {}
+        self.resetter = resetter
+        self.counter = counter
+        self.clock = clock
+        self.started_at = clock()
+        self.engine_gpu = {e.name: e.gpu for e in config.engines}
+        iv = config.intervals
+        self._jobs: dict[str, SourceJob] = {}
+        for name, client in engines.items():
+            self._jobs[f"engine:{name}"] = SourceJob(
+                f"engine:{name}", client.poll, self._failed_engine(name), iv.engine_poll_seconds,
+                iv.call_timeout_seconds, iv.max_backoff_seconds, metrics, clock)
+        self._jobs["gpu"] = SourceJob("gpu", gpu_source.poll, self._failed_gpu,
+                                      iv.gpu_poll_seconds, iv.call_timeout_seconds,
+                                      iv.max_backoff_seconds, metrics, clock)
+        self._lock = threading.RLock()          # reconcile and shared state
+        self._latest: dict[str, EngineSnapshot] = {}
+        self._prev: dict[str, EngineSnapshot] = {}
+        self._seq: dict[str, int] = {n: 0 for n in engines}
+        self._done_seq: dict[str, int] = {n: 0 for n in engines}
+        self._reading: GpuReading | None = None
+        self._reading_seq = 0
+        self._reading_done = 0
+        self._seen_faults: dict[str, set] = {n: set() for n in engines}
+        self._int8_since: dict[str, float] = {}
+        self._invalid_exported: dict[str, int] = {}
+        self._action_pool = cf.ThreadPoolExecutor(max_workers=4, thread_name_prefix="action")
+        self._in_flight: set[tuple[str, str]] = set()
+        self._crash_restarts: dict[str, list[float]] = {}
+        self._scheduler: BackgroundScheduler | None = None
+        self.ticks = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Start the scheduler's jobs (returns at once)."""
+        iv = self.config.intervals
+        sched = BackgroundScheduler(
+            job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": 30},
+            executors={"default": {"type": "threadpool", "max_workers": len(self.engines) + 4}})
+        now = dt.datetime.now()
+        for name in self.engines:
+            sched.add_job(self.poll_engine, "interval", seconds=iv.engine_poll_seconds, args=[name],
+                          id=f"engine:{name}", next_run_time=now)
+        sched.add_job(self.poll_gpu, "interval", seconds=iv.gpu_poll_seconds, id="gpu", next_run_time=now)
+        sched.add_job(self.reconcile, "interval", seconds=iv.reconcile_seconds, id="reconcile")
+        if self.supervisors:
+            sched.add_job(self.supervise, "interval", seconds=iv.engine_poll_seconds, id="supervise")
+        sched.start()
+        self._scheduler = sched
+        self.event_log.append("lifecycle", "controller", "controller started",
+                              inputs={"engines": sorted(self.engines),
+                                      "gpu_source": getattr(self.gpu_source, "name", None),
+                                      "intervals": iv.model_dump()})
+
+    def stop(self) -> None:
+        """Stop the jobs and the action pool (running actions finish). Idempotent."""
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=True)
+            self._scheduler = None
+            self.event_log.append("lifecycle", "controller", "controller stopped")
+        self._action_pool.shutdown(wait=True)
+        for job in self._jobs.values():
+            job.shutdown()
+
+    # ------------------------------------------------------------------ polling
+    def _failed_engine(self, name: str) -> Callable[[float, str], EngineSnapshot]:
+        kind = getattr(self.engines[name], "kind", "engine")
+        return lambda now, error: EngineSnapshot(name=name, kind=kind, ok=False, time=now, error=error)
+
+    def _failed_gpu(self, now: float, error: str) -> GpuReading:
+        return GpuReading(source=getattr(self.gpu_source, "name", "gpu"), ok=False, error=error, time=now)
+
+    def poll_engine(self, name: str, now: float | None = None, reconcile: bool = True,
+                    force: bool = False) -> EngineSnapshot | None:
+        """Poll one engine (timeout + backoff); reconcile at once when a snapshot arrived."""
+        snap = self._jobs[f"engine:{name}"].run(now, force=force)
+        if snap is None:
+            return None
+        with self._lock:
+            if name in self._latest:
+                self._prev[name] = self._latest[name]
+            self._latest[name] = snap
+            self._seq[name] += 1
+            self._export_engine(name, snap)
+        if reconcile:
+            self.reconcile()
+        return snap
+
+    def poll_gpu(self, now: float | None = None, force: bool = False) -> GpuReading | None:
+        """Poll the GPU source (timeout + backoff)."""
+        reading = self._jobs["gpu"].run(now, force=force)
+        if reading is None:
+            return None
+        with self._lock:
+            self._reading = reading
+            self._reading_seq += 1
+            self._export_gpu(reading)
+        return reading
+
+    def tick(self, now: float | None = None, poll: bool = True) -> list[Decision]:
+        """One synchronous round without the scheduler: poll every source (ignoring backoff)
+        when ``poll``, then reconcile. Returns the decisions made."""
+        now = self.clock() if now is None else now
+        if poll:
+            self.poll_gpu(now, force=True)
+            for name in self.engines:
+                self.poll_engine(name, now, reconcile=False, force=True)
+        return self.reconcile(now)
+
+    # ------------------------------------------------------------------ reconcile
+    def reconcile(self, now: float | None = None) -> list[Decision]:
+        """Feed new snapshots to the policies, record their decisions, start their actions."""
+        with self._lock:
+            now = self.clock() if now is None else now
+            self.ticks += 1
+            decisions: list[Decision] = []
+            reading = self._reading
+            telemetry_ok = bool(reading is not None and reading.ok)
+            if reading is not None and self._reading_seq != self._reading_done:
+                self._reading_done = self._reading_seq
+                for pname, pol in self.gpu_policies.items():
+                    decisions += self._safe(pname, "gpu", lambda p=pol: p.observe(now, reading))
+            for name, snap in self._latest.items():
+                if self._seq[name] == self._done_seq[name]:
+                    continue
+                self._done_seq[name] = self._seq[name]
+                gpu = self._gpu_of(name, reading)
+                for pname, pol in self.policies.get(name, {}).items():
+                    decisions += self._safe(pname, name, lambda p=pol, k=pname: self._observe(
+                        k, p, now, snap, gpu, telemetry_ok))
+            for d in decisions:
+                self._handle(d, now)
+            self._export_policies(now)
+            self._export_invalid()
+            return decisions
+
+    def _observe(self, kind: str, policy: Any, now: float, snap: EngineSnapshot,
+                 gpu: GpuSnapshot | None, telemetry_ok: bool) -> list[Decision]:
+        if kind == "precision":
+            return policy.observe(now, snap, gpu, telemetry_ok)
+        return policy.observe(now, snap)
+
+    def _safe(self, policy: str, target: str, fn: Callable[[], list[Decision]]) -> list[Decision]:
+        try:
+            return list(fn() or [])
+        except Exception as exc:   # a policy bug is an event, never a dead loop
+            log.exception("policy %s failed for %s", policy, target)
+            self.event_log.append("error", policy, f"policy {policy} failed for {target}: {exc!r}",
+                                  target=target, severity="critical")
+            return []
+
+    def _gpu_of(self, engine: str, reading: GpuReading | None) -> GpuSnapshot | None:
+        index = self.engine_gpu.get(engine)
+        if index is None or reading is None or not reading.ok:
+            return None
+        for snap in reading.gpus.values():
+            if snap.index == index:
+                return snap
+        return None
+
+    def gpu_index_of(self, uuid: str) -> int | None:
+        """The index of the GPU with ``uuid`` in the last reading (None if unknown)."""
+        reading = self._reading
+        if reading is None:
+            return None
+        snap = reading.gpus.get(uuid)
+        return None if snap is None else snap.index
+
+    def _handle(self, d: Decision, now: float) -> None:
+        if d.from_state != d.to_state:
+            kind = "transition"
+        elif d.action:
+            kind = "decision"
+        else:
+            kind = "observation"
+        self.event_log.append(kind, d.policy, d.reason, target=d.target, severity=d.severity,
+                              inputs=d.inputs, outcome={"from": d.from_state, "to": d.to_state,
+                                                        "action": d.action}, time=now)
+        if d.action:
+            self._submit(d)
+
+    def _submit(self, d: Decision) -> None:
+        key = (d.action or "", d.target)
+        with self._lock:
+            if key in self._in_flight:
+                self.event_log.append("refusal", d.policy, f"{d.action} on {d.target} is already"
+                                      " running; not started twice", target=d.target)
+                return
+            self._in_flight.add(key)
+        try:
+            fut = self._action_pool.submit(self.actions.execute, d)
+        except RuntimeError:   # pool shut down: the controller is stopping
+            with self._lock:
+                self._in_flight.discard(key)
+            return
+        fut.add_done_callback(lambda f, d=d, key=key: self._action_done(d, key, f))
+
+    def _action_done(self, d: Decision, key: tuple[str, str], fut: cf.Future) -> None:
+        with self._lock:
+            self._in_flight.discard(key)
+            try:
+                res: ActionResult | None = fut.result()
+            except Exception as exc:
+                res = ActionResult(d.action or "", d.target, False, repr(exc))
+            if res is None:
+                return
+            pol = self.policies.get(d.target, {}).get(d.policy) or self.gpu_policies.get(d.policy)
+            hook = getattr(pol, "record_action_result", None)
+            if hook is None:
+                return
+            now = self.clock()
+            follow = self._safe(d.policy, d.target,
+                                lambda: hook(now, d.action or "", res.ok, res.message))
+            for f in follow:
+                self._handle(f, now)
+
+    def wait_for_actions(self, timeout: float = 30.0) -> bool:
+        """Block until no action is running (tests). True if idle within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._in_flight:
+                    return True
+            time.sleep(0.02)
+        return False
+
+    # ------------------------------------------------------------------ supervision
+    def supervise(self) -> None:
+        """Restart an engine the controller launched whose process died (at most 3 times in 10
+        minutes per engine; then escalate)."""
+        now = self.clock()
+        for name, sup in self.supervisors.items():
+            code = sup.exited_unexpectedly()
+            if code is None:
+                continue
+            recent = [t for t in self._crash_restarts.get(name, []) if now - t < 600]
+            if len(recent) >= 3:
+                if len(recent) == 3:
+                    self.event_log.append("escalation", "supervisor", f"engine {name} keeps exiting"
+                                          f" (code {code}); 3 restarts in 10 minutes, giving up",
+                                          target=name, severity="critical", inputs={"exit_code": code})
+                    recent.append(now)
+                    self._crash_restarts[name] = recent
+                continue
+            recent.append(now)
+            self._crash_restarts[name] = recent
+            self.event_log.append("error", "supervisor", f"engine {name} exited with code {code};"
+                                  " restarting it", target=name, severity="critical",
+                                  inputs={"exit_code": code})
+            self._submit(Decision("supervisor", name, "restart_crashed", None, None,
+                                  f"engine exited with code {code}", {"exit_code": code}, "critical"))
+
+    # ------------------------------------------------------------------ operator entry points
+    def manual(self, action: str, engine: str, actor: str = "operator") -> ActionResult:
+        """Run an operator action now (synchronously). Raises ``KeyError`` for an unknown
+        engine and ``ValueError`` for an unknown action."""
+        if engine not in self.engines:
+            raise KeyError(engine)
+        if action not in MANUAL_ACTIONS:
+            raise ValueError(f"action: {action!r} is not one of {', '.join(MANUAL_ACTIONS)}")
+        d = Decision(actor, engine, action, None, None, f"{action} requested by {actor}", {})
+        res = self.actions.execute(d)
+        self.poll_engine(engine, force=True)
+        return res
+
+    def reset_gpu(self, gpu: int, dry_run: bool | None = None, actor: str = "operator") -> ActionResult:
+        """Operator GPU reset through the rails."""
+        d = Decision(actor, f"gpu:{gpu}", "reset_gpu", None, None, f"GPU reset requested by {actor}",
+                     {"gpu": gpu, "dry_run": dry_run})
+        return self.actions.execute(d, dry_run=dry_run)
+
+    def unpin(self, engine: str, who: str = "operator") -> list[Decision]:
+        """Release the precision flap guard's pin. Raises ``KeyError`` (unknown engine or no
+        precision policy) or the policy's ``PolicyError`` (not pinned)."""
+        pol = self.policies.get(engine, {}).get("precision")
+        if engine not in self.engines or pol is None:
+            raise KeyError(engine)
+        with self._lock:
+            now = self.clock()
+            decisions = pol.unpin(now, who)
+            for d in decisions:
+                self._handle(d, now)
+            self._export_policies(now)
+        return decisions
+
+    # ------------------------------------------------------------------ status
+    def status(self) -> dict:
+        """The ``/status`` document (strict JSON data)."""
+        now = self.clock()
+        with self._lock:
+            engines = {}
+            for name, client in self.engines.items():
+                snap = self._latest.get(name)
+                sup = self.supervisors.get(name)
+                engines[name] = {
+                    "url": getattr(client, "base_url", None), "kind": getattr(client, "kind", None),
+                    "up": None if snap is None else bool(snap.ok),
+                    "error": None if snap is None else snap.error,
+                    "last_poll": None if snap is None else snap.time,
+                    "model": None if snap is None else snap.model,
+                    "precision": None if snap is None else snap.precision,
+                    "draining": None if snap is None else snap.draining,
+                    "running": None if snap is None else snap.running,
+                    "waiting": None if snap is None else snap.waiting,
+                    "kv_usage_ratio": None if snap is None else snap.kv_usage_ratio,
+                    "memory": None if snap is None else {
+                        "budget_bytes": snap.memory_budget_bytes,
+                        "allocated_bytes": snap.memory_allocated_bytes,
+                        "reserved_bytes": snap.memory_reserved_bytes,
+                        "free_bytes": snap.memory_free_bytes},
+                    "oom_total": None if snap is None else snap.oom_total,
+                    "gpu": self.engine_gpu.get(name),
+                    "supervised": sup is not None,
+                    "pid": None if sup is None else sup.pid,
+                    "restarts": None if sup is None else sup.restarts,
+                    "poll": self._jobs[f"engine:{name}"].state(),
+                    "policies": {k: self._policy_state(p, now) for k, p in self.policies.get(name, {}).items()},
+                }
+            reading = self._reading
+            gpus = {
+                "source": getattr(self.gpu_source, "name", None),
+                "simulated": bool(getattr(self.gpu_source, "simulated", False)),
+                "ok": None if reading is None else reading.ok,
+                "error": None if reading is None else reading.error,
+                "poll": self._jobs["gpu"].state(),
+                "devices": [] if reading is None else [
+                    {"index": g.index, "uuid": g.uuid, "name": g.name, "lost": g.lost,
+                     "memory_total_bytes": g.memory_total_bytes, "memory_used_bytes": g.memory_used_bytes,
+                     "memory_free_bytes": g.memory_free_bytes, "utilization_ratio": g.utilization_ratio,
+                     "temperature_celsius": g.temperature_celsius, "health": g.health}
+                    for g in sorted(reading.gpus.values(), key=lambda s: (s.index is None, s.index or 0))],
+                "policies": {k: self._policy_state(p, now) for k, p in self.gpu_policies.items()},
+            }
+            doc = {
+                "controller": {"time": now, "started": self.started_at, "uptime_seconds": now - self.started_at,
+                               "ticks": self.ticks, "last_event_id": self.event_log.last_id(),
+                               "actions_in_flight": sorted(f"{a}:{t}" for a, t in self._in_flight),
+                               "running": self._scheduler is not None},
+                "engines": engines, "gpus": gpus,
+                "rails": None if self.resetter is None else self.resetter.state(),
+                "invalid_samples": None if self.counter is None else self.counter.snapshot(),
+            }
+        return json_safe(doc)
+
+    @staticmethod
+    def _policy_state(policy: Any, now: float) -> Any:
+        try:
+            return policy.state(now)
+        except TypeError:
+            return policy.state()
+        except Exception as exc:
+            return {"error": repr(exc)}
+
+    # ------------------------------------------------------------------ metrics
+    def _gauge(self, name: str, value: float | None, **labels: str) -> None:
+        """Set a gauge; None (no data) removes the series rather than reading as 0."""
+        g = self.metrics.get(name)
+        if g is None:
+            return
+        if value is None:
+            try:
+                g.remove(*[labels[k] for k in _LABELS[name]])
+            except KeyError:
+                pass
+            return
+        g.labels(**labels).set(float(value))
+
+    def _export_engine(self, name: str, snap: EngineSnapshot) -> None:
+        from controller import signals as sig   # pure functions; imported here to keep startup light
+
+        m = self.metrics
+        self._gauge("inferctl_engine_up", 1.0 if snap.ok else 0.0, engine=name)
+        if snap.ok and snap.precision in PRECISION_MODES:
+            for mode in PRECISION_MODES:
+                self._gauge("inferctl_precision_mode", 1.0 if mode == snap.precision else 0.0,
+                            engine=name, mode=mode)
+            if snap.precision == "int8":
+                self._int8_since.setdefault(name, snap.time or self.clock())
+            else:
+                self._int8_since.pop(name, None)
+            since = self._int8_since.get(name)
+            self._gauge("inferctl_degraded_seconds",
+                        0.0 if since is None else max(0.0, (snap.time or self.clock()) - since), engine=name)
+        if not snap.ok:
+            return
+        c = self.counter
+        self._gauge("inferctl_kv_cache_usage_ratio", sig.validate_ratio(snap.kv_usage_ratio, "kv_cache_usage_ratio", c).value, engine=name)
+        self._gauge("inferctl_kv_cache_waste_ratio", sig.validate_ratio(snap.kv_waste_ratio, "kv_cache_waste_ratio", c).value, engine=name)
+        self._gauge("inferctl_fragmentation_ratio",
+                    sig.fragmentation_ratio(snap.memory_reserved_bytes, snap.memory_allocated_bytes, c).value,
+                    engine=name)
+        window = sig.batch_window(self._prev.get(name), snap, c)
+        self._gauge("inferctl_padding_ratio", window["padding_ratio"].value, engine=name)
+        self._gauge("inferctl_effective_batch_size", window["effective_batch_size"].value, engine=name)
+        rep = sig.repetition_summary(snap.recent_requests, counter=c)
+        self._gauge("inferctl_repetition_ratio", rep.mean_seq_rep.value, engine=name)
+        for bucket, rate in rep.by_bucket.items():
+            self._gauge("inferctl_degenerate_ratio", rate.rate, engine=name, prompt_len_bucket=bucket)
+        self._gauge("inferctl_perplexity", sig.perplexity_summary(snap.recent_requests, counter=c).value,
+                    engine=name)
+        seen = self._seen_faults.setdefault(name, set())
+        for fault in snap.faults:
+            key = (fault.get("time"), fault.get("id"))
+            if key in seen:
+                continue
+            seen.add(key)
+            kind = fault.get("kind") if fault.get("kind") in ("fragmentation", "exhaustion", "impossible",
+                                                               "hardware") else "unknown"
+            if "inferctl_engine_oom_events_total" in m:
+                m["inferctl_engine_oom_events_total"].labels(engine=name, kind=kind).inc()
+        if len(seen) > 10_000:
+            seen.clear()
+
+    def _export_gpu(self, reading: GpuReading) -> None:
+        self._gauge("inferctl_gpu_telemetry_up", 1.0 if reading.ok else 0.0, source=reading.source)
+        if not reading.ok:
+            return
+        for g in reading.gpus.values():
+            lab = {"gpu": str(g.index), "uuid": g.uuid}
+            self._gauge("inferctl_gpu_lost", 1.0 if g.lost else 0.0, **lab)
+            for metric, value in (("inferctl_gpu_memory_total_bytes", g.memory_total_bytes),
+                                  ("inferctl_gpu_memory_used_bytes", g.memory_used_bytes),
+                                  ("inferctl_gpu_memory_free_bytes", g.memory_free_bytes),
+                                  ("inferctl_gpu_memory_reserved_bytes", g.memory_reserved_bytes),
+                                  ("inferctl_gpu_utilization_ratio", g.utilization_ratio),
+                                  ("inferctl_gpu_memory_bandwidth_utilization_ratio",
+                                   g.memory_bandwidth_utilization_ratio),
+                                  ("inferctl_gpu_temperature_celsius", g.temperature_celsius),
+                                  ("inferctl_gpu_power_watts", g.power_watts)):
+                self._gauge(metric, None if g.lost else value, **lab)
+            self._gauge("inferctl_gpu_ecc_errors", g.ecc_corrected, type="corrected", **lab)
+            self._gauge("inferctl_gpu_ecc_errors", g.ecc_uncorrected, type="uncorrected", **lab)
+            hw = self.gpu_policies.get("hardware")
+            healthy = None
+            if hw is not None and hasattr(hw, "healthy"):
+                try:
+                    healthy = hw.healthy(g.uuid)
+                except Exception:
+                    healthy = None
+            if healthy is None:
+                healthy = not g.lost
+            self._gauge("inferctl_gpu_healthy", 1.0 if healthy else 0.0, **lab)
+
+    def _export_policies(self, now: float) -> None:
+        for name, pols in self.policies.items():
+            prec = pols.get("precision")
+            if prec is not None:
+                st = self._policy_state(prec, now)
+                if isinstance(st, dict):
+                    self._gauge("inferctl_precision_pinned", 1.0 if st.get("pinned") else 0.0, engine=name)
+                    self._gauge("inferctl_rollback_hold_seconds", st.get("hold_seconds"), engine=name)
+            brk = pols.get("breaker")
+            if brk is not None:
+                st = self._policy_state(brk, now)
+                state = st.get("state") if isinstance(st, dict) else None
+                if state in BREAKER_STATES:
+                    for s in BREAKER_STATES:
+                        self._gauge("inferctl_breaker_state", 1.0 if s == state else 0.0, engine=name, state=s)
+                if isinstance(st, dict) and "ttft_p99_seconds" in st:
+                    self._gauge("inferctl_ttft_p99_seconds", st.get("ttft_p99_seconds"), engine=name)
+
+    def _export_invalid(self) -> None:
+        if self.counter is None or "inferctl_invalid_samples_total" not in self.metrics:
+            return
+        for signal, count in self.counter.by_signal().items():
+            done = self._invalid_exported.get(signal, 0)
+            if count > done:
+                self.metrics["inferctl_invalid_samples_total"].labels(signal=signal).inc(count - done)
+                self._invalid_exported[signal] = count
