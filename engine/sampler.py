@@ -150,7 +150,7 @@ TRUNCATION_WIDEN = 16
 
 
 def top_k_top_p_mask(probs: torch.Tensor, top_k: list[int], top_p: list[float],
-               candidates: int = TRUNCATION_CANDIDATES) -> torch.Tensor:
+                     candidates: int = TRUNCATION_CANDIDATES) -> torch.Tensor:
     """Bool mask [b, V] of the tokens kept by top-k then top-p (vLLM/HF order).
 
     top-k keeps the k most likely tokens (k <= 0: all); top-p then keeps, of those, the

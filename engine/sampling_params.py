@@ -206,7 +206,8 @@ class SamplingParams:
         if isinstance(stop, str):
             stop = [stop]
         if not isinstance(stop, (list, tuple)):
-            raise SamplingParamsError("stop", f"must be a string or a list of strings, got {stop!r}")
+            raise SamplingParamsError(
+                "stop", f"must be a string or a list of strings, got {stop!r}")
         if len(stop) > lim.max_stop_strings:
             raise SamplingParamsError(
                 "stop", f"at most {lim.max_stop_strings} stop strings, got {len(stop)}")
