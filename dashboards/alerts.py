@@ -272,20 +272,22 @@ def _control_plane_alerts(t: AlertThresholds) -> list[AlertRule]:
 
 
 def _gpu_alerts(t: AlertThresholds) -> list[AlertRule]:
+    # Critical: every Xid whose catalogue action is not "ignore" or "restart_engine" (the
+    # controller's XidAction vocabulary: reset_gpu, reboot_node, unknown -> a person or a reset).
     xid = q.counter_increased("inferctl_gpu_xid_events_total", ("job", "gpu", "xid", "action"),
-                              t.critical_xid_window, 'action!~"(?i)(ignore|none|restart_app)"')
+                              t.critical_xid_window, 'action!~"ignore|restart_engine"')
     reset = q.counter_increased("inferctl_gpu_resets_total", ("job", "gpu"), t.reset_failed_window,
                                 'outcome="failed"')
     return [
         AlertRule(
             "InferctlGpuResetFailed", reset, "1m", "critical",
             "Reset of GPU {{ $labels.gpu }} failed.",
-            "{{ $value }} reset(s) of GPU {{ $labels.gpu }} failed in the last " f"{t.reset_failed_window}: "
+            "{{ $value | humanize }} reset(s) of GPU {{ $labels.gpu }} failed in the last " f"{t.reset_failed_window}: "
             "the GPU is still unhealthy and drained."),
         AlertRule(
             "InferctlGpuCriticalXid", xid, "1m", "critical",
             "GPU {{ $labels.gpu }} reported Xid {{ $labels.xid }}.",
-            "GPU {{ $labels.gpu }} reported Xid {{ $labels.xid }} ({{ $value }} time(s) in the last "
+            "GPU {{ $labels.gpu }} reported Xid {{ $labels.xid }} ({{ $value | humanize }} time(s) in the last "
             f"{t.critical_xid_window}); the Xid catalogue's action is {{{{ $labels.action }}}}."),
         AlertRule(
             "InferctlGpuLost", "max by (job, gpu, uuid) (inferctl_gpu_lost) == 1", "1m", "critical",
