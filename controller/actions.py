@@ -45,7 +45,8 @@ ACTIONS = ("degrade", "rollback", "drain", "undrain", "drain_restart", "restart"
 
 @dataclass
 class ActionResult:
-    """The outcome of one action: ``ok`` and a one-line ``message``; ``details`` are JSON data."""
+    """The outcome of one action: ``ok`` and a one-line ``message``; ``details`` are JSON data.
+    ``refused`` is True when a rail or precondition stopped it before it touched anything."""
 
     action: str
     target: str
@@ -53,6 +54,7 @@ class ActionResult:
     message: str
     details: dict = field(default_factory=dict)
     event_id: int | None = None
+    refused: bool = False
 
 
 class EngineSupervisor:
@@ -327,10 +329,11 @@ class Actions:
         sup = self.supervisors.get(name)
         if sup is None:
             return ActionResult(action, name, False, f"engine {name} was not launched by the controller:"
-                                " it cannot be restarted from here (restart it where it runs)")
+                                " it cannot be restarted from here (restart it where it runs)", refused=True)
         lock = self._engine_locks.setdefault(name, threading.Lock())
         if not lock.acquire(blocking=False):
-            return ActionResult(action, name, False, f"engine {name}: another restart is in progress")
+            return ActionResult(action, name, False, f"engine {name}: another restart is in progress",
+                                refused=True)
         try:
             try:
                 client.drain(True)
@@ -346,7 +349,7 @@ class Actions:
                 return ActionResult(action, name, False,
                                     f"engine {name}: in-flight requests did not finish within"
                                     f" {self.drain_timeout_seconds:g} s; restart postponed, engine undrained",
-                                    {"last_poll": seen})
+                                    {"last_poll": seen}, refused=True)
             old_pid = sup.pid
             try:
                 sup.restart()
@@ -397,7 +400,7 @@ class Actions:
         light = decision.inputs.get("light_model") or self.light_models.get(name)
         if to_light and not light:
             return ActionResult(action, name, False, f"engine {name}: no light model configured"
-                                " (policies.breaker.light_model)")
+                                " (policies.breaker.light_model)", refused=True)
         to = light if to_light else None      # None clears the route (the engine's contract)
         try:
             reply = client.route(model, to)
@@ -419,17 +422,18 @@ class Actions:
         index = self._gpu_index(target)
         if index is None:
             return ActionResult("reset_gpu", target, False, f"GPU {target} has no known index: reset refused",
-                                {"outcome": "refused"})
+                                {"outcome": "refused"}, refused=True)
         if self.resetter is None:
             return ActionResult("reset_gpu", target, False, "no GPU resetter configured: reset refused",
-                                {"outcome": "refused"})
+                                {"outcome": "refused"}, refused=True)
         dry = self.resetter.dry_run if dry_run is None else dry_run
         stopped: list[str] = []
         if not dry:
             why = self.resetter.precheck(index)
             if why is not None:   # let the resetter record the refusal with its reason
                 out = self.resetter.reset(index, reason=decision.reason, actor=decision.policy)
-                return ActionResult("reset_gpu", target, False, out.message, json_safe(out))
+                return ActionResult("reset_gpu", f"gpu:{index}", False, out.message, json_safe(out),
+                                    refused=out.outcome == "refused")
             for name, sup in self.supervisors.items():
                 if self.engine_gpus.get(name) == index and sup.running:
                     client = self.engines.get(name)
@@ -453,7 +457,7 @@ class Actions:
         details = json_safe(out)
         details.update({"stopped_engines": stopped, "restarted_engines": restarted})
         return ActionResult("reset_gpu", f"gpu:{index}", out.outcome in ("success", "dry_run"),
-                            out.message, details)
+                            out.message, details, refused=out.outcome == "refused")
 
     def _isolate(self, target: str, action: str, decision: Decision) -> ActionResult:
         index = self._gpu_index(target)

@@ -199,3 +199,39 @@ class FakeEngineClient:
     def inject_fault(self, kind: str = "oom", count: int = 1) -> dict:
         self.calls.append(("fault", kind, count))
         return {"kind": kind, "count": count}
+
+
+def make_controller(tmp_path: Path, clients: dict, gpu_source=None, intervals: dict | None = None,
+                    policies: dict | None = None, resetter_opts: dict | None = None, clock=time.time,
+                    hold_seconds: float = 2.0):
+    """A real Controller over engine client doubles: (controller, registry, event_log)."""
+    from controller.actions import Actions
+    from controller.config import parse_config
+    from controller.events import EventLog
+    from controller.loop import Controller
+    from controller.metrics import build_registry
+    from controller.policies.precision import PrecisionPolicy
+    from controller.reset import GpuResetter
+    from controller.signals import InvalidSampleCounter
+
+    cfg = parse_config({"engines": [{"name": n, "url": f"http://127.0.0.1:{9000 + i}", "gpu": 0}
+                                    for i, n in enumerate(clients)],
+                        "intervals": intervals or {"engine_poll_seconds": 0.2, "gpu_poll_seconds": 0.5,
+                                                   "reconcile_seconds": 0.5, "call_timeout_seconds": 0.15,
+                                                   "max_backoff_seconds": 5}})
+    registry, metrics = build_registry()
+    log = EventLog(tmp_path / "ev.db", metrics=metrics)
+    gpu_source = gpu_source or StaticGpuSource()
+    resetter = GpuResetter(gpu_source=gpu_source, event_log=log, metrics=metrics, clock=clock,
+                           verify_interval_seconds=0.0, **(resetter_opts or {}))
+    counter = InvalidSampleCounter()
+    acts = Actions(clients, event_log=log, metrics=metrics, resetter=resetter,
+                   confirm_timeout_seconds=0.5, poll_interval_seconds=0.01)
+    if policies is None:
+        policies = {n: {"precision": PrecisionPolicy({"hold_seconds": hold_seconds,
+                                                      "confirm_timeout_seconds": 5},
+                                                     engine=n, counter=counter)} for n in clients}
+    ctl = Controller(cfg, clients, gpu_source, policies, acts, log, metrics, registry=registry,
+                     counter=counter, resetter=resetter, clock=clock)
+    acts.gpu_index_of = ctl.gpu_index_of
+    return ctl, registry, log

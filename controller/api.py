@@ -1,0 +1,214 @@
+"""The controller's HTTP API (FastAPI).
+
+* ``GET /metrics`` — Prometheus text of the controller registry (mode gauge, switches,
+  resets, breaker state, signals, source health).
+* ``GET /status`` — JSON: controller, engines (mode, queue, memory, policy states), GPUs,
+  rails.
+* ``GET /events?since_id=&limit=&kind=&target=`` — the event log (``limit`` 1..1000, default
+  100; without ``since_id`` the latest events; with it the next ones after that id).
+* ``GET /health`` — ``{"status": "ok"}``.
+* ``POST /actions/degrade|rollback|drain|undrain|restart`` ``{"engine": "name"}``,
+  ``POST /actions/unpin`` ``{"engine": "name"}``,
+  ``POST /actions/reset-gpu`` ``{"gpu": 0, "dry_run": false}`` (``dry_run`` omitted: the
+  rails' default) — bearer token
+  (``Authorization: Bearer <token>``): 401 without it or with a wrong one, checked before
+  the body. Bodies are strict JSON objects (no NaN/Infinity, no unknown keys, no type
+  coercion); a bad one is 400 naming the field. An unknown engine is 404.
+
+Action answers: 200 when the action succeeded (or a dry run), 409 when a rail refused it,
+502 when the engine or device call failed — always ``{"ok", "action", "target", "message",
+"details", "event_id"}``. Errors are ``{"error": {"code", "message", "field"}}``. Every
+response is strict JSON (RFC 8259).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from controller.actions import ActionResult
+from controller.events import EVENT_KINDS, json_safe
+
+MAX_EVENTS = 1000
+MAX_BODY_BYTES = 64 * 1024
+ENGINE_ACTIONS = ("degrade", "rollback", "drain", "undrain", "restart")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class EngineActionBody(_Strict):
+    engine: str
+
+
+class ResetGpuBody(_Strict):
+    gpu: int
+    dry_run: bool | None = None     # None: the rails' default (rails.dry_run)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, field: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.field, self.headers = status, code, message, field, headers
+
+
+def _json(doc: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    body = json.dumps(json_safe(doc), allow_nan=False, separators=(",", ":"))
+    return Response(body, status_code=status, media_type="application/json", headers=headers)
+
+
+def _error(err: ApiError) -> Response:
+    return _json({"error": {"code": err.code, "message": err.message, "field": err.field}},
+                 err.status, err.headers)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+async def _body(request: Request, model: type[BaseModel]) -> Any:
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise ApiError(413, "body_too_large", f"body: {len(raw)} bytes > {MAX_BODY_BYTES}", "body")
+    try:
+        data = json.loads(raw or b"null", parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise ApiError(400, "invalid_json", f"body: not valid JSON ({exc})", "body") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "invalid_body", "body: must be a JSON object", "body")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        field = ".".join(str(p) for p in e["loc"]) or "body"
+        msg = "unknown field" if e["type"] == "extra_forbidden" else e["msg"]
+        raise ApiError(400, "invalid_field", f"{field}: {msg}", field) from None
+
+
+def _int_param(request: Request, name: str, default: int | None, lo: int, hi: int | None) -> int | None:
+    text = request.query_params.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ApiError(400, "invalid_parameter", f"{name}: {text!r} is not an integer", name) from None
+    if value < lo or (hi is not None and value > hi):
+        bound = f"between {lo} and {hi}" if hi is not None else f">= {lo}"
+        raise ApiError(400, "invalid_parameter", f"{name}: must be {bound}, got {value}", name)
+    return value
+
+
+def _result(res: ActionResult) -> Response:
+    status = 200 if res.ok else (409 if res.refused else 502)
+    return _json({"ok": res.ok, "action": res.action, "target": res.target, "message": res.message,
+                  "refused": res.refused, "details": res.details, "event_id": res.event_id}, status)
+
+
+def create_app(controller: Any, admin_token: str) -> FastAPI:
+    """The controller API over ``controller`` (a :class:`~controller.loop.Controller`).
+
+    Raises:
+        ValueError: ``admin_token`` empty (the actions would be open to anyone).
+    """
+    if not admin_token:
+        raise ValueError("admin_token: required (generate one; the actions must not be open)")
+    token = admin_token.encode()
+    app = FastAPI(title="inferctl controller", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError) -> Response:
+        return _error(exc)
+
+    @app.exception_handler(404)
+    async def _not_found(request: Request, _exc: Exception) -> Response:
+        return _error(ApiError(404, "not_found", f"no route {request.method} {request.url.path}"))
+
+    @app.exception_handler(405)
+    async def _method(request: Request, _exc: Exception) -> Response:
+        return _error(ApiError(405, "method_not_allowed", f"{request.method} not allowed on {request.url.path}"))
+
+    def auth(request: Request) -> str:
+        header = request.headers.get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not given:
+            raise ApiError(401, "unauthorized", "missing bearer token (Authorization: Bearer <token>)",
+                           headers={"WWW-Authenticate": "Bearer"})
+        if not hmac.compare_digest(given.strip().encode(), token):
+            raise ApiError(401, "unauthorized", "wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+        return request.headers.get("x-inferctl-actor") or "operator"
+
+    @app.get("/health")
+    def health() -> Response:
+        return _json({"status": "ok"})
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(controller.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/status")
+    def status() -> Response:
+        return _json(controller.status())
+
+    @app.get("/events")
+    def events(request: Request) -> Response:
+        since_id = _int_param(request, "since_id", None, 0, None)
+        limit = _int_param(request, "limit", 100, 1, MAX_EVENTS)
+        kind = request.query_params.get("kind") or None
+        if kind is not None and kind not in EVENT_KINDS:
+            raise ApiError(400, "invalid_parameter", f"kind: {kind!r} is not one of {', '.join(EVENT_KINDS)}",
+                           "kind")
+        target = request.query_params.get("target") or None
+        rows = controller.event_log.query(since_id=since_id, limit=limit, kind=kind, target=target)
+        return _json({"events": rows, "last_id": controller.event_log.last_id()})
+
+    def _engine(body: EngineActionBody) -> str:
+        if body.engine not in controller.engines:
+            raise ApiError(404, "engine_not_found", f"engine: {body.engine!r} is not a configured engine"
+                           f" (known: {', '.join(sorted(controller.engines)) or 'none'})", "engine")
+        return body.engine
+
+    for action in ENGINE_ACTIONS:
+        async def run_action(request: Request, action: str = action) -> Response:
+            actor = auth(request)
+            body = await _body(request, EngineActionBody)
+            name = _engine(body)
+            res = await run_in_threadpool(controller.manual, action, name, actor)
+            return _result(res)
+
+        app.add_api_route(f"/actions/{action}", run_action, methods=["POST"], name=f"action_{action}")
+
+    @app.post("/actions/unpin")
+    async def unpin(request: Request) -> Response:
+        actor = auth(request)
+        body = await _body(request, EngineActionBody)
+        name = _engine(body)
+        if "precision" not in controller.policies.get(name, {}):
+            raise ApiError(409, "no_precision_policy", f"engine {name} has no precision policy", "engine")
+        try:
+            decisions = controller.unpin(name, actor)
+        except ValueError as exc:   # PolicyError: not pinned
+            raise ApiError(409, "not_pinned", str(exc), "engine") from None
+        return _json({"ok": True, "action": "unpin", "target": name,
+                      "message": decisions[0].reason if decisions else "unpinned",
+                      "decisions": [json_safe(d) for d in decisions]})
+
+    @app.post("/actions/reset-gpu")
+    async def reset_gpu(request: Request) -> Response:
+        actor = auth(request)
+        body = await _body(request, ResetGpuBody)
+        if body.gpu < 0:
+            raise ApiError(400, "invalid_field", f"gpu: must be >= 0, got {body.gpu}", "gpu")
+        res = await run_in_threadpool(controller.reset_gpu, body.gpu, body.dry_run, actor)
+        return _result(res)
+
+    return app
