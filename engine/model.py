@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention import AttentionMetadata, KVCache, paged_attention
-from engine.quant import Int8Weight, int8_matmul, quantize_per_channel
+from engine.quant import Int8Weight, int8_matmul, int8_weight_nbytes, quantize_per_channel
 
 PRECISIONS = ("full", "int8")
 
@@ -113,7 +113,7 @@ class Linear(torch.nn.Module):
 
     @property
     def in_features(self) -> int:
-        return int(self.q.qweight.shape[1] if self.q is not None else self.weight_t.shape[0])
+        return int(self.q.in_features if self.q is not None else self.weight_t.shape[0])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.q is not None:
@@ -275,7 +275,8 @@ class LlamaModel(torch.nn.Module):
     def weight_bytes_by_mode(self) -> dict[str, int]:
         """Weight bytes of each precision, whatever the current one: {"full": b, "int8": b}.
 
-        int8 = 1 byte per quantized weight + 4 bytes (float32 scale) per output channel.
+        int8 = 1 byte per quantized weight (inner dim padded to 16) + 4 bytes (float32 scale)
+        + 2 bytes (bf16 unit scale for the CPU kernel) per output channel.
         """
         a = self.args
         elem = torch.empty((), dtype=self.dtype).element_size()
@@ -285,7 +286,7 @@ class LlamaModel(torch.nn.Module):
         mats += [(qkv_out, a.dim), (a.dim, a.n_heads * a.head_dim), (2 * a.hidden_dim, a.dim),
                  (a.dim, a.hidden_dim)] * a.n_layers
         full = norms + sum(o * i for o, i in mats) * elem
-        int8 = norms + sum(o * i + 4 * o for o, i in mats)
+        int8 = norms + sum(int8_weight_nbytes(o, i) for o, i in mats)
         return {"full": full, "int8": int8}
 
     # ---- weights out (conversion) -----------------------------------------------------
@@ -328,11 +329,11 @@ class LlamaModel(torch.nn.Module):
             return self.tok_embeddings.index_select(0, input_ids)
         if self.tok_embeddings_q is not None:
             q = self.tok_embeddings_q
-            return (q.qweight.index_select(0, input_ids).to(torch.float32)
+            return (q.qweight.index_select(0, input_ids)[:, : q.in_features].to(torch.float32)
                     * q.scales.index_select(0, input_ids)[:, None]).to(self.dtype)
         if self.output.q is not None:  # tied, int8: rows of the quantized classifier
             q = self.output.q
-            return (q.qweight.index_select(0, input_ids).to(torch.float32)
+            return (q.qweight.index_select(0, input_ids)[:, : q.in_features].to(torch.float32)
                     * q.scales.index_select(0, input_ids)[:, None]).to(self.dtype)
         return self.output.weight_t.index_select(1, input_ids).t()
 

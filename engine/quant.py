@@ -24,25 +24,32 @@ from dataclasses import dataclass
 import torch
 
 QMAX = 127.0
+K_ALIGN = 16
+"""``torch._weight_int8pack_mm`` on the project CPU (torch 2.13, AVX512 build) segfaults or
+returns wrong sums when the inner dimension K is not a multiple of 16 (probed for M 1..33,
+K 8..264, N 1..513: every K % 16 == 0 case was right, K ∈ {8, 20, 24, 40, 172, 264…} crashed or
+was wrong). Quantized weights are therefore zero-padded along K to a multiple of 16, and the
+activations padded to match; zero columns add nothing to the product."""
 
 
 @dataclass
 class Int8Weight:
-    """A quantized linear weight: ``qweight`` int8 [out, in], ``scales`` float32 [out].
+    """A quantized linear weight: ``qweight`` int8 [out, in_padded], ``scales`` float32 [out].
 
-    ``kernel`` caches whether ``torch._weight_int8pack_mm`` works for this weight's device
+    ``in_padded`` is ``in_features`` rounded up to a multiple of ``K_ALIGN`` with zero
+    columns (see ``K_ALIGN``); ``kernel`` caches whether ``torch._weight_int8pack_mm`` works for this weight's device
     (None = not tried yet); ``unit_scales`` are the bf16 ones handed to the kernel (the real
     float32 scales are applied to its output, so they are not rounded to bf16).
     """
 
     qweight: torch.Tensor
     scales: torch.Tensor
+    in_features: int = -1
     kernel: bool | None = None
     unit_scales: torch.Tensor | None = None
 
     def nbytes(self) -> int:
-        """int8 weight bytes + float32 scale bytes (the kernel's bf16 ones are not counted
-        when absent; they add 2 bytes per output channel once created)."""
+        """int8 weight bytes (with K padding) + float32 scales + bf16 unit scales (if any)."""
         n = self.qweight.numel() + self.scales.numel() * self.scales.element_size()
         if self.unit_scales is not None:
             n += self.unit_scales.numel() * self.unit_scales.element_size()
@@ -50,7 +57,12 @@ class Int8Weight:
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """W ≈ qweight · scales[:, None] as [out, in] in ``dtype``."""
-        return (self.qweight.to(torch.float32) * self.scales[:, None]).to(dtype)
+        q = self.qweight[:, : self.in_features]
+        return (q.to(torch.float32) * self.scales[:, None]).to(dtype)
+
+    def __post_init__(self) -> None:
+        if self.in_features < 0:
+            self.in_features = int(self.qweight.shape[1])
 
 
 def quantize_per_channel(w_out_in: torch.Tensor) -> Int8Weight:
@@ -64,8 +76,20 @@ def quantize_per_channel(w_out_in: torch.Tensor) -> Int8Weight:
     w = w_out_in.detach().to(torch.float32)
     absmax = w.abs().amax(dim=1)
     scales = torch.where(absmax > 0, absmax / QMAX, torch.ones_like(absmax))
-    q = torch.clamp(torch.round(w / scales[:, None]), -QMAX, QMAX).to(torch.int8).contiguous()
-    return Int8Weight(qweight=q, scales=scales.contiguous())
+    q = torch.clamp(torch.round(w / scales[:, None]), -QMAX, QMAX).to(torch.int8)
+    k = w.shape[1]
+    pad = (-k) % K_ALIGN
+    if pad:
+        q = torch.nn.functional.pad(q, (0, pad))
+    return Int8Weight(qweight=q.contiguous(), scales=scales.contiguous(), in_features=k,
+                      unit_scales=torch.ones(scales.shape[0], dtype=torch.bfloat16, device=w.device))
+
+
+def int8_weight_nbytes(out_features: int, in_features: int) -> int:
+    """Bytes of :func:`quantize_per_channel`'s result for an [out, in] weight: int8 weights
+    (K padded to ``K_ALIGN``) + float32 scales + the kernel's bf16 unit scales."""
+    k = in_features + (-in_features) % K_ALIGN
+    return out_features * k + out_features * 4 + out_features * 2
 
 
 def int8_matmul(x: torch.Tensor, w: Int8Weight, use_kernel: bool = True) -> torch.Tensor:
@@ -76,11 +100,18 @@ def int8_matmul(x: torch.Tensor, w: Int8Weight, use_kernel: bool = True) -> torc
     (with float32 activations it was 10–30× slower than fp32 matmul), so activations are
     rounded to bf16 for this product. Fallback: dequantize-then-matmul in x's dtype.
     """
+    if x.shape[-1] != w.in_features:
+        raise ValueError(f"int8_matmul: input has {x.shape[-1]} features, weight expects {w.in_features}")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     y = None
-    if use_kernel and w.kernel is not False and hasattr(torch, "_weight_int8pack_mm"):
-        xb = x2.to(torch.bfloat16).contiguous()
+    kpad = w.qweight.shape[1]
+    if (use_kernel and w.kernel is not False and kpad % K_ALIGN == 0
+            and hasattr(torch, "_weight_int8pack_mm")):
+        xb = x2.to(torch.bfloat16)
+        if kpad != w.in_features:
+            xb = torch.nn.functional.pad(xb, (0, kpad - w.in_features))
+        xb = xb.contiguous()
         if w.unit_scales is None or w.unit_scales.device != x2.device:
             w.unit_scales = torch.ones(w.scales.shape[0], dtype=torch.bfloat16, device=x2.device)
         if w.kernel is None:
@@ -97,7 +128,7 @@ def int8_matmul(x: torch.Tensor, w: Int8Weight, use_kernel: bool = True) -> torc
             if y.dtype != x.dtype:
                 y = y.to(x.dtype)
     if y is None:
-        y = (x2 @ w.qweight.to(x2.dtype).t()) * w.scales.to(x2.dtype)
+        y = (x2 @ w.qweight[:, : w.in_features].to(x2.dtype).t()) * w.scales.to(x2.dtype)
     return y.reshape(*lead, y.shape[-1])
 
 
