@@ -86,7 +86,7 @@ class Scheduler:
     def check_admission(self, prompt_len: int, max_tokens: int | None) -> int:
         """Validate a request's size; return the resolved ``max_tokens``.
 
-        ``max_tokens=None`` means "up to max_model_len". Raises :class:`AdmissionError`
+        ``max_tokens=None`` means "as many as fit" (max_model_len and the KV pool). Raises :class:`AdmissionError`
         (status 400) naming the numbers: ``prompt P + max_tokens M = S > max_model_len L``, or
         ``... needs B KV blocks of 16 tokens > N blocks in the KV cache``. Policy: reject, not
         clamp (see the module docstring).
@@ -95,7 +95,8 @@ class Scheduler:
         if prompt_len < 1:
             raise AdmissionError(400, "prompt", "prompt is empty: at least 1 token is needed")
         if max_tokens is None:
-            max_tokens = L - prompt_len
+            bm = self.block_manager
+            max_tokens = min(L - prompt_len, bm.num_blocks * bm.block_size - prompt_len + 1)
             if max_tokens < 1:
                 raise AdmissionError(400, "prompt", f"prompt {prompt_len} tokens leaves no room "
                                      f"to generate: max_model_len is {L}")
