@@ -302,7 +302,7 @@ class CompletionRequest(_SamplingFields):
     of top alternatives per generated token (0 = only the chosen token's logprob).
     """
 
-    prompt: Any = None
+    prompt: Any = Field(default=None, validate_default=True)
     echo: bool | None = False
     logprobs: JsonInt | None = Field(default=None, ge=0)
     suffix: str | None = None

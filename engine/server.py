@@ -124,13 +124,30 @@ class ServedModel:
 
     def precision(self) -> str | None:
         """The engine's current precision mode (``full``/``int8``), None if unknown."""
-        value = getattr(self.engine, "precision", None)
-        if isinstance(value, str):
-            return value
-        try:
-            return self.engine.stats()["engine"]["precision"]
-        except Exception:  # noqa: BLE001 - health must answer even if stats() fails
-            return None
+        for owner in (self.async_engine, self.engine):
+            value = getattr(owner, "precision", None)
+            if isinstance(value, str):
+                return value
+        return None
+
+    def request_precision(self, mode: str) -> None:
+        """Ask for a precision switch (applied by the stepping thread before its next step)."""
+        self.async_engine.request_precision(mode)
+
+    def inject_fault(self, kind: str, count: int) -> None:
+        """Make the next ``count`` steps run out of memory (ValueError for a bad kind)."""
+        self.async_engine.inject_fault(kind, count)
+
+    def set_draining(self, draining: bool) -> None:
+        """Stop or resume admitting requests; in-flight ones continue."""
+        self.async_engine.set_draining(draining)
+
+    async def stats(self) -> dict:
+        """The engine's ``/stats`` document, taken between steps without blocking the loop."""
+        get_stats = getattr(self.async_engine, "get_stats", None)
+        if get_stats is not None:
+            return await get_stats()
+        return self.engine.stats()
 
     def count_error(self, reason: str) -> None:
         """``inferctl_engine_request_errors_total{model, reason}`` += 1 (served names only)."""
@@ -301,7 +318,25 @@ def _engine_error_to_api(exc: Exception, served: ServedModel, retry_after: int) 
     if name == "SamplingParamsError":
         served.count_error("invalid_request")
         return APIError(400, str(exc), param=getattr(exc, "field", None), code="invalid_value")
+    if name == "EngineDeadError" or (isinstance(exc, RuntimeError) and "not started" in str(exc)):
+        served.count_error("overloaded")
+        return APIError(503, f"the engine is not running: {exc}", code="engine_unavailable",
+                        err_type="service_unavailable_error", headers={"Retry-After": str(retry_after)})
     return None
+
+
+async def _next_output(agen: AsyncIterator, served: ServedModel, retry_after: int) -> Any:
+    """``agen.__anext__()`` with engine exceptions mapped to APIError (500 for the unknown)."""
+    try:
+        return await agen.__anext__()
+    except (StopAsyncIteration, APIError, asyncio.CancelledError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - engine failures become clean HTTP errors
+        api = _engine_error_to_api(exc, served, retry_after)
+        if api is None:
+            log.error("engine stream failed: %s: %s", type(exc).__name__, exc)
+            api = APIError(500, f"engine error: {type(exc).__name__}: {exc}", code="engine_error")
+        raise api from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -405,27 +440,17 @@ def _output_failure(out: Any, retry_after: int) -> APIError | None:
     return APIError(status, message, code="engine_error", err_type="server_error")
 
 
-async def _first(agen: AsyncIterator) -> Any:
-    return await agen.__anext__()
-
-
 async def _start(served: ServedModel, job: _PromptJob, params: Any, retry_after: int) -> tuple[AsyncIterator, Any]:
     """Start one generation and wait for its first output (so admission errors surface
     before any response is sent). Returns ``(iterator, first output or None)``."""
     agen = served.async_engine.generate(job.request_id, job.token_ids, params)
     try:
-        first = await _first(agen)
+        first = await _next_output(agen, served, retry_after)
     except StopAsyncIteration:
         return agen, None
-    except APIError:
+    except BaseException:
         await _aclose(agen)
         raise
-    except Exception as exc:  # noqa: BLE001 - engine exceptions become clean HTTP errors
-        await _aclose(agen)
-        api = _engine_error_to_api(exc, served, retry_after)
-        if api is None:
-            raise
-        raise api from None
     return agen, first
 
 
@@ -452,7 +477,7 @@ async def _start_all(served: ServedModel, jobs: list[_PromptJob], params: list[A
     return started
 
 
-async def _collect(agen: AsyncIterator, first: Any, retry_after: int) -> _Collected:
+async def _collect(served: ServedModel, agen: AsyncIterator, first: Any, retry_after: int) -> _Collected:
     """Drain one generation into a :class:`_Collected`; 503/400 on an engine failure."""
     acc = _Collected()
     try:
@@ -465,7 +490,7 @@ async def _collect(agen: AsyncIterator, first: Any, retry_after: int) -> _Collec
             if getattr(out, "finished", False):
                 break
             try:
-                out = await agen.__anext__()
+                out = await _next_output(agen, served, retry_after)
             except StopAsyncIteration:
                 break
     finally:
@@ -666,7 +691,7 @@ def _install_routes(app: FastAPI) -> None:
     async def stats(request: Request) -> Response:
         state: ServerState = request.app.state.server
         served = state.lookup(request.query_params.get("model"))
-        doc = served.engine.stats()
+        doc = await served.stats()
         doc = dict(doc) if isinstance(doc, dict) else {"engine": {}}
         engine_part = dict(doc.get("engine") or {})
         engine_part["model"] = served.name
@@ -689,7 +714,10 @@ def _install_routes(app: FastAPI) -> None:
         body = validate_model(AdminPrecisionRequest, await read_json_body(request, state.max_body_bytes))
         targets = _admin_targets(state, body.model)
         for served in targets:
-            served.engine.request_precision(body.mode)
+            try:
+                served.request_precision(body.mode)
+            except ValueError as exc:
+                raise APIError(400, f"mode: {exc}", param="mode", code="invalid_value") from None
         main = targets[0]
         return _json({"requested": body.mode, "current": main.precision(), "models": [t.name for t in targets]})
 
@@ -699,7 +727,7 @@ def _install_routes(app: FastAPI) -> None:
         body = validate_model(AdminFaultRequest, await read_json_body(request, state.max_body_bytes))
         served = state.lookup(body.model)
         try:
-            served.engine.inject_fault(body.kind, body.count)
+            served.inject_fault(body.kind, body.count)
         except (ValueError, TypeError) as exc:
             raise APIError(400, f"kind: {exc}", param="kind", code="invalid_value") from None
         return _json({"injected": body.kind, "count": body.count, "model": served.name})
@@ -710,7 +738,7 @@ def _install_routes(app: FastAPI) -> None:
         body = validate_model(AdminDrainRequest, await read_json_body(request, state.max_body_bytes))
         targets = _admin_targets(state, body.model)
         for served in targets:
-            served.engine.set_draining(body.draining)
+            served.set_draining(body.draining)
             state.draining[served.name] = body.draining
         return _json({"draining": body.draining, "models": [t.name for t in targets]})
 
@@ -807,7 +835,7 @@ async def _completions(request: Request, state: ServerState) -> Response:
 async def _completion_body(served: ServedModel, req: CompletionRequest, jobs: list[_PromptJob],
                            params: list[Any], rid: str, created: int, retry_after: int) -> Response:
     started = await _start_all(served, jobs, params, retry_after)
-    results = await _gather_collect(started, retry_after)
+    results = await _gather_collect(served, started, retry_after)
     choices = []
     usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
     for job, acc in zip(jobs, results):
@@ -825,8 +853,9 @@ async def _completion_body(served: ServedModel, req: CompletionRequest, jobs: li
                   "choices": choices, "usage": usage})
 
 
-async def _gather_collect(started: list[tuple[AsyncIterator, Any]], retry_after: int) -> list[_Collected]:
-    tasks = [asyncio.ensure_future(_collect(agen, first, retry_after)) for agen, first in started]
+async def _gather_collect(served: ServedModel, started: list[tuple[AsyncIterator, Any]],
+                          retry_after: int) -> list[_Collected]:
+    tasks = [asyncio.ensure_future(_collect(served, agen, first, retry_after)) for agen, first in started]
     try:
         return list(await asyncio.gather(*tasks))
     except BaseException:
@@ -836,7 +865,8 @@ async def _gather_collect(started: list[tuple[AsyncIterator, Any]], retry_after:
         raise
 
 
-async def _merged(served: ServedModel, started: list[tuple[AsyncIterator, Any]]) -> AsyncIterator[tuple[int, Any]]:
+async def _merged(served: ServedModel, started: list[tuple[AsyncIterator, Any]],
+                  retry_after: int) -> AsyncIterator[tuple[int, Any]]:
     """Yield ``(prompt index, RequestOutput)`` from several generations as they come."""
     if len(started) == 1:
         agen, first = started[0]
@@ -846,7 +876,7 @@ async def _merged(served: ServedModel, started: list[tuple[AsyncIterator, Any]])
             if getattr(out, "finished", False):
                 return
             try:
-                out = await agen.__anext__()
+                out = await _next_output(agen, served, retry_after)
             except StopAsyncIteration:
                 return
         return
@@ -861,7 +891,7 @@ async def _merged(served: ServedModel, started: list[tuple[AsyncIterator, Any]])
                 if getattr(out, "finished", False):
                     break
                 try:
-                    out = await agen.__anext__()
+                    out = await _next_output(agen, served, retry_after)
                 except StopAsyncIteration:
                     break
         except Exception as exc:  # noqa: BLE001 - forwarded to the consumer
@@ -918,7 +948,7 @@ def _completion_stream(served: ServedModel, req: CompletionRequest, jobs: list[_
         offsets = {job.index: 0 for job in jobs}
         prompt_tokens = {job.index: len(job.token_ids) for job in jobs}
         completion_tokens = {job.index: 0 for job in jobs}
-        async for i, out in _merged(served, started):
+        async for i, out in _merged(served, started, retry_after):
             failure = _output_failure(out, retry_after)
             if failure is not None:
                 raise failure
@@ -979,7 +1009,7 @@ async def _chat(request: Request, state: ServerState) -> Response:
 async def _chat_body(served: ServedModel, req: ChatCompletionRequest, jobs: list[_PromptJob],
                      params: list[Any], rid: str, created: int, retry_after: int) -> Response:
     started = await _start_all(served, jobs, params, retry_after)
-    (acc,) = await _gather_collect(started, retry_after)
+    (acc,) = await _gather_collect(served, started, retry_after)
     lp = None
     if req.logprobs:
         lp = _chat_logprobs(served.tokenizer, acc.token_ids, acc.logprobs,
@@ -1006,7 +1036,7 @@ def _chat_stream(served: ServedModel, req: ChatCompletionRequest, jobs: list[_Pr
         prompt_tokens = len(jobs[0].token_ids)
         completion_tokens = 0
         yield chunk({"role": "assistant", "content": ""})
-        async for _i, out in _merged(served, started):
+        async for _i, out in _merged(served, started, retry_after):
             failure = _output_failure(out, retry_after)
             if failure is not None:
                 raise failure

@@ -1,0 +1,128 @@
+"""Helpers for the server and CLI tests: real engines, the ASGI client, SSE parsing.
+
+Engines are real: stories260K (``load_model`` on the llama2.c checkpoint) or the built-in demo
+model, each an ``LLMEngine`` wrapped in a started ``AsyncLLMEngine`` with one torch thread.
+Tests drive the FastAPI app in-process through ``httpx.ASGITransport`` (the ASGI transport
+buffers whole responses, so streaming bodies arrive complete) and run each coroutine with
+``asyncio.run``; the engine's stepping thread serves any event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from engine.async_engine import AsyncLLMEngine
+from engine.config import EngineConfig
+from engine.engine import LLMEngine
+from engine.loader import build_demo_model, load_model
+from engine.server import create_app
+
+STORIES = "stories260K"
+ADMIN_TOKEN = "test-admin-token"
+#: llama2.c's documented greedy continuation of "Once upon a time" (models/stories260K/README.md).
+REFERENCE = (", there was a little girl named Lily. She loved to play outside in the park. One day, she "
+             "saw a big, red ball. She wanted to play with it, but it was too high.")
+
+
+def stories_engine(stories_dir: Path, name: str = STORIES, **config) -> AsyncLLMEngine:
+    """A started AsyncLLMEngine over the real stories260K checkpoint (fp32, CPU)."""
+    bundle = load_model(str(Path(stories_dir) / "stories260K.bin"))
+    cfg = EngineConfig(num_threads=1, served_model_name=name, **config)
+    engine = AsyncLLMEngine(LLMEngine(bundle, cfg))
+    engine.start()
+    return engine
+
+
+def demo_engine(name: str = "light", **config) -> AsyncLLMEngine:
+    """A started AsyncLLMEngine over the built-in seeded demo model."""
+    bundle = build_demo_model(max_seq_len=512)
+    cfg = EngineConfig(num_threads=1, served_model_name=name, **config)
+    engine = AsyncLLMEngine(LLMEngine(bundle, cfg))
+    engine.start()
+    return engine
+
+
+@contextmanager
+def engines_running(*engines: AsyncLLMEngine):
+    """Shut the engines down on exit."""
+    try:
+        yield engines
+    finally:
+        for engine in engines:
+            engine.shutdown()
+
+
+def make_app(engines: dict, default: str | None = None, admin_token: str | None = ADMIN_TOKEN, **kwargs):
+    """``create_app`` with the test admin token and the first engine as default."""
+    return create_app(engines, admin_token=admin_token, default_model=default or next(iter(engines)), **kwargs)
+
+
+def client(app) -> httpx.AsyncClient:
+    """An in-process ASGI client (no network)."""
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://engine.test",
+                             timeout=60.0)
+
+
+def run(coro):
+    """Run one coroutine to completion on a fresh event loop."""
+    return asyncio.run(coro)
+
+
+def auth(token: str = ADMIN_TOKEN) -> dict:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def strict_json(text: str):
+    """``json.loads`` that refuses NaN/Infinity literals (RFC 8259 strict JSON)."""
+    def refuse(const: str):
+        raise ValueError(f"non-standard JSON constant {const}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def sse_events(text: str) -> list:
+    """Parse an SSE body into its ``data:`` payloads: dicts, and the string "[DONE]"."""
+    events = []
+    for block in text.split("\n\n"):
+        block = block.strip()
+        if not block:
+            continue
+        if not block.startswith("data: "):
+            raise ValueError(f"not an SSE data event: {block[:80]!r}")
+        payload = block[len("data: "):]
+        events.append(payload if payload == "[DONE]" else strict_json(payload))
+    return events
+
+
+async def wait_for(predicate, timeout: float = 10.0, interval: float = 0.01):
+    """Poll an async predicate until it returns a truthy value; raise TimeoutError otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"condition not met within {timeout} s (last value {value!r})")
+        await asyncio.sleep(interval)
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def metric_series(text: str) -> list[str]:
+    """The series lines (name + labels) of a Prometheus text exposition, comments excluded."""
+    out = []
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            out.append(line.rsplit(" ", 1)[0])
+    return out
