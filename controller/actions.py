@@ -9,8 +9,13 @@
   waiting requests (``drain_timeout_seconds``), restart the engine process the controller
   launched (:class:`EngineSupervisor`), and undrain. If in-flight work does not finish in
   time, the restart is postponed and the engine undrained: nothing is dropped.
-* ``route_light`` / ``route_main`` — send a model's traffic to the lightweight model and back
-  (engine ``/admin/route``).
+* ``route_light`` / ``route_main`` / ``probe`` — send a model's traffic to the lightweight
+  model and back (engine ``/admin/route``; ``to: null`` clears the route). The engine routes
+  whole models, so a half-open ``probe`` sends all new requests to the main model.
+* ``restart_engine`` (hardware policy, sticky CUDA errors) — like ``drain_restart`` but
+  restarts even when in-flight work does not finish (the engine is broken).
+* ``restart_crashed`` — restart a launched engine whose process exited.
+* ``compact`` — release the engine's allocator cache, where its client has ``compact()``.
 * ``reset_gpu`` — the rails of :class:`~controller.reset.GpuResetter`; engines the controller
   launched on that GPU are drained and stopped first and started again after.
 * ``isolate_gpu`` / ``reboot_node`` — drain the engines on the GPU and escalate to a person
@@ -39,8 +44,9 @@ from controller.reset import GpuResetter
 from controller.types import Decision
 
 PRECISION_FOR = {"degrade": "int8", "rollback": "full"}
-ACTIONS = ("degrade", "rollback", "drain", "undrain", "drain_restart", "restart", "restart_crashed",
-           "compact", "route_light", "route_main", "reset_gpu", "isolate_gpu", "reboot_node")
+ACTIONS = ("degrade", "rollback", "drain", "undrain", "drain_restart", "restart", "restart_engine",
+           "restart_crashed", "compact", "route_light", "route_main", "probe", "reset_gpu",
+           "isolate_gpu", "reboot_node")
 
 
 @dataclass
@@ -244,12 +250,14 @@ class Actions:
                 res = self._drain(decision.target, action == "drain", decision)
             elif action in ("drain_restart", "restart"):
                 res = self._drain_restart(decision.target, decision)
+            elif action == "restart_engine":      # hardware policy: a sticky CUDA error
+                res = self._drain_restart(decision.target, decision, force=True)
             elif action == "restart_crashed":
                 res = self._restart_crashed(decision.target, decision)
             elif action == "compact":
                 res = self._compact(decision.target, decision)
-            elif action in ("route_light", "route_main", "open_breaker", "close_breaker"):
-                res = self._route(decision.target, action in ("route_light", "open_breaker"), decision)
+            elif action in ("route_light", "route_main", "probe"):
+                res = self._route(decision.target, action == "route_light", decision)
             elif action == "reset_gpu":
                 res = self._reset_gpu(decision.target, decision, dry_run)
             elif action in ("isolate_gpu", "reboot_node"):
@@ -323,7 +331,9 @@ class Actions:
                 return False, last
             time.sleep(self.poll_interval_seconds)
 
-    def _drain_restart(self, name: str, decision: Decision) -> ActionResult:
+    def _drain_restart(self, name: str, decision: Decision, force: bool = False) -> ActionResult:
+        """Drain, wait for in-flight work, restart, undrain. ``force`` (a broken engine:
+        restart_engine) restarts even when in-flight work did not finish in time."""
         action = decision.action or "drain_restart"
         client = self._client(name)
         sup = self.supervisors.get(name)
@@ -341,7 +351,7 @@ class Actions:
                 return ActionResult(action, name, False, f"engine {name}: drain before restart failed: {exc}")
             self._inc("inferctl_engine_drains_total", engine=name)
             idle, seen = self._wait_idle(client, self.drain_timeout_seconds)
-            if not idle:
+            if not idle and not force:
                 try:
                     client.drain(False)
                 except Exception:
@@ -396,7 +406,7 @@ class Actions:
     def _route(self, name: str, to_light: bool, decision: Decision) -> ActionResult:
         client = self._client(name)
         action = decision.action or ("route_light" if to_light else "route_main")
-        model = decision.inputs.get("model") or name
+        model = decision.inputs.get("main_model") or decision.inputs.get("model") or name
         light = decision.inputs.get("light_model") or self.light_models.get(name)
         if to_light and not light:
             return ActionResult(action, name, False, f"engine {name}: no light model configured"
@@ -406,8 +416,11 @@ class Actions:
             reply = client.route(model, to)
         except Exception as exc:
             return ActionResult(action, name, False, f"engine {name}: route {model} → {to} failed: {exc}")
-        return ActionResult(action, name, True, f"engine {name}: model {model} now served by {to or model}",
-                            {"model": model, "to": to, "reply": json_safe(reply)})
+        msg = f"engine {name}: model {model} now served by {to or model}"
+        if action == "probe":
+            msg += (" (half-open probe: the engine routes whole models, so every new request"
+                    " probes the main model until the breaker decides)")
+        return ActionResult(action, name, True, msg, {"model": model, "to": to, "reply": json_safe(reply)})
 
     # ------------------------------------------------------------------ GPUs
     def _gpu_index(self, target: str) -> int | None:

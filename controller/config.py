@@ -19,6 +19,7 @@ DEFAULT_CONTROLLER_PORT = 8900
 DEFAULT_ENGINE_PORT = 8000
 DEFAULT_TOKEN_ENV = "INFERCTL_ADMIN_TOKEN"
 ENGINE_KINDS = ("bundled", "vllm", "tgi", "llamacpp")
+_FIELD_PREFIX = re.compile(r"^([a-z][a-z0-9_]*): ")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -96,44 +97,60 @@ class GpuConfig(_Model):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
-class PrecisionPolicyConfig(_Model):
-    """FULL → INT8 on an OOM fault; back to FULL after memory stayed free for the hold."""
+class PolicySection(BaseModel):
+    """One policy's settings: ``enabled`` plus the keys of that policy's own config dataclass
+    (``controller/policies``; e.g. precision ``hold_seconds``), passed through unchanged and
+    validated by it, so the defaults and limits live in one place."""
 
+    model_config = ConfigDict(extra="allow")
     enabled: bool = True
-    recovery_free_ratio: float = Field(0.2, gt=0, lt=1, description="free / budget needed to count as recovered")
-    hold_seconds: float = Field(60.0, ge=0, description="how long memory must stay recovered before rollback")
-    max_hold_seconds: float = Field(3600.0, gt=0, description="the flap guard's longest hold")
-    max_switches_per_hour: int = Field(6, ge=1, description="more switches than this pins the engine in int8")
+
+    def options(self) -> dict[str, Any]:
+        """The keys for the policy's config dataclass (everything but ``enabled``)."""
+        return dict(self.model_extra or {})
 
 
-class FragmentationPolicyConfig(_Model):
-    """Drain and restart an engine whose allocator fragmentation stays above the threshold."""
+class HardwarePolicySection(PolicySection):
+    xid_catalog_dir: str | None = Field(None, description="directory of NVIDIA's xid_catalog.csv;"
+                                        " None: the built-in table of well-known Xids")
 
-    enabled: bool = True
-    threshold_ratio: float = Field(0.30, gt=0, lt=1)
-    hold_seconds: float = Field(60.0, ge=0)
-    min_interval_seconds: float = Field(600.0, ge=0, description="least time between two restarts of one engine")
-
-
-class BreakerPolicyConfig(_Model):
-    """Route to a lightweight model while TTFT p99 is over the threshold."""
-
-    enabled: bool = True
-    ttft_threshold_seconds: float = Field(0.5, gt=0)
-    window_seconds: float = Field(30.0, gt=0)
-    open_seconds: float = Field(30.0, gt=0, description="time open before a half-open probe")
-    light_model: str | None = None
-
-
-class HardwarePolicyConfig(_Model):
-    enabled: bool = True
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
 
 
 class PoliciesConfig(_Model):
-    precision: PrecisionPolicyConfig = Field(default_factory=PrecisionPolicyConfig)
-    fragmentation: FragmentationPolicyConfig = Field(default_factory=FragmentationPolicyConfig)
-    breaker: BreakerPolicyConfig = Field(default_factory=BreakerPolicyConfig)
-    hardware: HardwarePolicyConfig = Field(default_factory=HardwarePolicyConfig)
+    """Per-policy sections; see docs/policies.md for every key and default.
+
+    The breaker needs ``light_model`` (the lightweight model the engine serves); without it the
+    breaker is off.
+    """
+
+    precision: PolicySection = Field(default_factory=PolicySection)
+    fragmentation: PolicySection = Field(default_factory=PolicySection)
+    breaker: PolicySection = Field(default_factory=PolicySection)
+    hardware: HardwarePolicySection = Field(default_factory=HardwarePolicySection)
+
+    @model_validator(mode="after")
+    def _validate_with_the_policies(self) -> "PoliciesConfig":
+        from controller.policies import (BreakerConfig, FragmentationConfig, HardwareConfig,
+                                         PrecisionConfig)
+        from controller.policies.common import config_from_mapping
+
+        checks = [("precision", PrecisionConfig, self.precision),
+                  ("fragmentation", FragmentationConfig, self.fragmentation),
+                  ("hardware", HardwareConfig, self.hardware)]
+        if self.breaker_active():
+            checks.append(("breaker", BreakerConfig, self.breaker))
+        for name, cls, section in checks:
+            try:
+                config_from_mapping(cls, section.options())
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{name}: {exc}") from None
+        return self
+
+    def breaker_active(self) -> bool:
+        """True when the breaker is enabled and has a ``light_model`` to route to."""
+        return self.breaker.enabled and bool(self.breaker.options().get("light_model"))
 
 
 class RailsConfig(_Model):
@@ -203,11 +220,15 @@ class ControllerConfig(_Model):
 def _format(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        loc = ".".join(str(p) for p in e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling; see docs/configuration.md)"
-        lines.append(f"{loc}: {msg}")
+        # a validator's "field: why" names a field below ``loc``: fold it into the path
+        while (m := _FIELD_PREFIX.match(msg)) is not None:
+            loc = f"{loc}.{m.group(1)}" if loc else m.group(1)
+            msg = msg[m.end():]
+        lines.append(f"{loc or '(top level)'}: {msg}")
     return "; ".join(lines)
 
 

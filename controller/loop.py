@@ -290,8 +290,10 @@ class Controller:
             telemetry_ok = bool(reading is not None and reading.ok)
             if reading is not None and self._reading_seq != self._reading_done:
                 self._reading_done = self._reading_seq
+                engines = dict(self._latest)
                 for pname, pol in self.gpu_policies.items():
-                    decisions += self._safe(pname, "gpu", lambda p=pol: p.observe(now, reading))
+                    decisions += self._safe(pname, "gpu", lambda p=pol: self._observe_gpu(
+                        pname, p, now, reading, engines))
             for name, snap in self._latest.items():
                 if self._seq[name] == self._done_seq[name]:
                     continue
@@ -311,6 +313,13 @@ class Controller:
         if kind == "precision":
             return policy.observe(now, snap, gpu, telemetry_ok)
         return policy.observe(now, snap)
+
+    @staticmethod
+    def _observe_gpu(kind: str, policy: Any, now: float, reading: GpuReading,
+                     engines: dict[str, EngineSnapshot]) -> list[Decision]:
+        if kind == "hardware":
+            return policy.observe(now, reading, engines)
+        return policy.observe(now, reading)
 
     def _safe(self, policy: str, target: str, fn: Callable[[], list[Decision]]) -> list[Decision]:
         try:
@@ -376,13 +385,18 @@ class Controller:
                 res = ActionResult(d.action or "", d.target, False, repr(exc))
             if res is None:
                 return
-            pol = self.policies.get(d.target, {}).get(d.policy) or self.gpu_policies.get(d.policy)
-            hook = getattr(pol, "record_action_result", None)
-            if hook is None:
-                return
             now = self.clock()
-            follow = self._safe(d.policy, d.target,
-                                lambda: hook(now, d.action or "", res.ok, res.message))
+            if d.policy in self.gpu_policies:      # GPU policies key results by GPU uuid
+                hook = getattr(self.gpu_policies[d.policy], "record_action_result", None)
+                call = None if hook is None else (lambda: hook(now, d.target, d.action or "", res.ok,
+                                                               res.message))
+            else:
+                pol = self.policies.get(d.target, {}).get(d.policy)
+                hook = getattr(pol, "record_action_result", None)
+                call = None if hook is None else (lambda: hook(now, d.action or "", res.ok, res.message))
+            if call is None:
+                return
+            follow = self._safe(d.policy, d.target, call)
             for f in follow:
                 self._handle(f, now)
 
@@ -603,14 +617,8 @@ class Controller:
             self._gauge("inferctl_gpu_ecc_errors", g.ecc_corrected, type="corrected", **lab)
             self._gauge("inferctl_gpu_ecc_errors", g.ecc_uncorrected, type="uncorrected", **lab)
             hw = self.gpu_policies.get("hardware")
-            healthy = None
-            if hw is not None and hasattr(hw, "healthy"):
-                try:
-                    healthy = hw.healthy(g.uuid)
-                except Exception:
-                    healthy = None
-            if healthy is None:
-                healthy = not g.lost
+            state = hw.gpu_state(g.uuid) if hw is not None and hasattr(hw, "gpu_state") else None
+            healthy = (state == "healthy") if state is not None else not g.lost
             self._gauge("inferctl_gpu_healthy", 1.0 if healthy else 0.0, **lab)
 
     def _export_policies(self, now: float) -> None:

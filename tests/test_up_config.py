@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import re
+
 import pytest
 
 from controller.config import ConfigError, load_config, parse_config
@@ -17,8 +19,10 @@ def test_example_file_loads_with_its_values():
     [main] = cfg.engines
     assert main.kind == "bundled" and main.url == "http://127.0.0.1:8000"
     assert main.launch.memory_budget == "64MB"
-    assert cfg.policies.fragmentation.threshold_ratio == 0.30
-    assert cfg.policies.breaker.ttft_threshold_seconds == 0.5
+    assert cfg.policies.fragmentation.options()["threshold_ratio"] == 0.30
+    assert cfg.policies.breaker.options()["ttft_threshold_seconds"] == 0.5
+    assert cfg.policies.breaker_active() is False          # no light_model
+    assert cfg.policies.precision.options()["hold_seconds"] == 60
     assert cfg.rails.reset_min_interval_seconds == 1800
     assert cfg.intervals.call_timeout_seconds < cfg.intervals.engine_poll_seconds
 
@@ -40,11 +44,13 @@ def test_defaults_listen_on_loopback():
     ({"gpu": {"kind": "quantum"}}, "gpu.kind"),
     ({"rails": {"reset_min_interval_seconds": -5}}, "rails.reset_min_interval_seconds"),
     ({"policies": {"fragmentation": {"threshold_ratio": 1.5}}}, "policies.fragmentation.threshold_ratio"),
-    ({"policies": {"precision": {"hold_secs": 3}}}, "policies.precision.hold_secs: unknown key"),
+    ({"policies": {"precision": {"hold_secs": 3}}}, "policies.precision: PrecisionConfig: unknown field(s) hold_secs"),
+    ({"policies": {"breaker": {"light_model": "l", "window_seconds": 0}}}, "policies.breaker.window_seconds"),
+    ({"rails": {"dryrun": True}}, "rails.dryrun: unknown key"),
     ({"listen": {"port": 70000}}, "listen.port"),
 ])
 def test_errors_name_the_field(data, field):
-    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=re.escape(field)):
         parse_config(data)
 
 
