@@ -285,6 +285,9 @@ def control_plane() -> DashboardSpec:
                 PanelSpec("GPU resets", "GPU reset attempts by outcome (success, failed, refused, dry_run), per window.", (
                     T(q.rate_sum("inferctl_gpu_resets_total", ("gpu", "outcome"), W, fn="increase"), "{{outcome}} gpu {{gpu}}"),
                 ), "short", width=8),
+                PanelSpec("Engines draining", "1 while an engine admits no new requests (drain before restart).", (
+                    T(q.gauge("inferctl_engine_draining", ("instance",)), "{{instance}}"),
+                ), "short", kind="state", width=24),
                 PanelSpec("OOM faults", "Out-of-memory faults per window, by kind (controller's and engine's count).", (
                     T(q.rate_sum("inferctl_engine_oom_events_total", ("engine", "kind"), W, fn="increase"), "{{kind}} {{engine}}"),
                     T(q.rate_sum("inferctl_engine_oom_total", ("instance", "kind"), W, fn="increase"), "engine {{kind}} {{instance}}"),
