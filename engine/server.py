@@ -968,8 +968,8 @@ def _completion_stream(served: ServedModel, req: CompletionRequest, jobs: list[_
             finished = bool(getattr(out, "finished", False))
             prompt_tokens[i] = int(getattr(out, "prompt_tokens", 0) or prompt_tokens[i])
             completion_tokens[i] = int(getattr(out, "completion_tokens", 0) or completion_tokens[i] + len(ids))
-            if not text and not finished and not ids:
-                continue
+            if not text and not finished and lp is None:
+                continue  # text held back (a possible stop string or a partial character)
             chunk = {"id": rid, "object": "text_completion", "created": created, "model": served.name,
                      "choices": [{"index": job.index, "text": text, "logprobs": lp,
                                   "finish_reason": getattr(out, "finish_reason", None) if finished else None}]}
