@@ -81,8 +81,10 @@ class HardwareConfig:
     after a reset; ``degraded_clear_seconds`` (600) of quiet to leave DEGRADED;
     ``restart_escalate_count`` (3) restart-class Xids within that time escalate to a reset;
     ``reset_min_interval_seconds`` (3600): another reset-worthy fault this soon after a reset
-    isolates the GPU instead; ``xid_dedupe_seconds`` (300): reports of one Xid (or of "lost")
-    for one PCI address within this time are one event (F09)."""
+    isolates the GPU instead; ``xid_dedupe_seconds`` (300): reports that a GPU is lost (Xid 79
+    line, newer driver's line, NVML GpuIsLost) for one PCI address within this time are one
+    event (F09); ``xid_duplicate_seconds`` (10): the same other Xid for one PCI address within
+    this time (kernel log and NVML/DCGM reporting one fault) is one event."""
 
     drain_timeout_seconds: float = 120.0
     reset_timeout_seconds: float = 300.0
@@ -91,11 +93,12 @@ class HardwareConfig:
     restart_escalate_count: int = 3
     reset_min_interval_seconds: float = 3600.0
     xid_dedupe_seconds: float = 300.0
+    xid_duplicate_seconds: float = 10.0
 
     def __post_init__(self) -> None:
         for name in ("drain_timeout_seconds", "reset_timeout_seconds", "verify_seconds",
                      "degraded_clear_seconds", "reset_min_interval_seconds",
-                     "xid_dedupe_seconds"):
+                     "xid_dedupe_seconds", "xid_duplicate_seconds"):
             check_number(name, getattr(self, name), minimum=0)
         check_number("restart_escalate_count", self.restart_escalate_count, minimum=1)
 
@@ -228,6 +231,8 @@ class HardwarePolicy:
             return []
         if ok:
             g.last_reset = now
+            # reports after a reset are new faults, whatever their code
+            g.seen_events = {k: v for k, v in g.seen_events.items() if k[0] == "exact"}
             return [self._move(now, g, GpuHealth.VERIFYING, None,
                                f"reset succeeded ({detail or 'no detail'}): verifying for "
                                f"{self.config.verify_seconds:g} s", {"detail": detail})]
@@ -294,7 +299,8 @@ class HardwarePolicy:
         if exact in g.seen_events:
             return None
         g.seen_events[exact] = t
-        if prev is not None and abs(t - prev) <= self.config.xid_dedupe_seconds:
+        window = self.config.xid_dedupe_seconds if lost else self.config.xid_duplicate_seconds
+        if prev is not None and abs(t - prev) <= window:
             return None           # the same fault reported again (another line / source)
         g.seen_events[key] = t
         inputs = {"xid": ev.xid, "message": ev.message, "pci_bus_id": pci,
