@@ -640,7 +640,7 @@ def latency_summary(hist: Any, quantiles: Iterable[float] = (0.5, 0.9, 0.95, 0.9
     Checks (each counted in ``counter`` under ``name``): ``_sum`` 0 with observations
     (F03a: every bucket 208 incl. le=0.001 and sum 0 → p50 0.0005 s, flagged); mean outside
     the non-empty buckets' range; ``_count`` ≠ the +Inf bucket; non-monotonic buckets; and,
-    when ``finished_total``/``running`` are given (cumulative histograms only),
+    when both ``finished_total`` and ``running`` are known (cumulative histograms only),
     observations > finished + running requests (F03b: 8060 > 3918 + 0). ``hist`` None or
     no observations (F04: an empty window) → every quantile None.
     """
@@ -678,8 +678,8 @@ def latency_summary(hist: Any, quantiles: Iterable[float] = (0.5, 0.9, 0.95, 0.9
                 flags.append("mean_outside_buckets")
     fin = validate_nonneg(finished_total, f"{name}.finished_total", counter)
     run = validate_nonneg(running, f"{name}.running", counter)
-    if fin.value is not None:
-        requests = fin.value + (run.value or 0.0)
+    if fin.value is not None and run.value is not None:   # both known, or no check
+        requests = fin.value + run.value
         if obs > requests:
             flags.append("count_exceeds_requests")
     for f in flags:

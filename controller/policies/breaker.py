@@ -196,7 +196,8 @@ class LatencyBreaker:
             "warning")]
 
     def _open(self, now: float, hist: Any, common: dict) -> list[Decision]:
-        if now - (self._opened_at or now) < self.config.open_seconds:
+        opened_for = 0.0 if self._opened_at is None else now - self._opened_at
+        if opened_for < self.config.open_seconds:
             return []
         self._probe_baseline = hist
         inputs = {**common, "probe_fraction": self.config.probe_fraction,
@@ -204,7 +205,7 @@ class LatencyBreaker:
                   "open_seconds": self.config.open_seconds}
         return [self._transition(
             now, BreakerState.HALF_OPEN, "probe",
-            f"open for {now - (self._opened_at or now):g} s: probe the main model with "
+            f"open for {opened_for:g} s: probe the main model with "
             f"{self.config.probe_fraction:.0%} of new requests (at most "
             f"{self.config.probe_max_requests})", inputs)]
 

@@ -154,7 +154,7 @@ class FragmentationPolicy:
                         "the engine", inputs, "warning")
 
     def _watch_restart(self, now: float, engine: EngineSnapshot, sig: Any) -> list[Decision]:
-        elapsed = now - (self._last_restart or now)
+        elapsed = 0.0 if self._last_restart is None else now - self._last_restart
         if engine.ok and sig is not None and sig.value is not None \
                 and sig.value <= self.config.threshold_ratio:
             return [self._back(now, f"engine answers with fragmentation {sig.value:.1%} <= "
