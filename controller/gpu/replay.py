@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 MODES = ("time", "step")
+TRACE_SUFFIXES = (".jsonl", ".ndjson")
 _SNAPSHOT_FIELDS = {f.name for f in dataclasses.fields(GpuSnapshot)}
 _MIG_FIELDS = {f.name for f in dataclasses.fields(MigInstance)}
 _PROC_FIELDS = {f.name for f in dataclasses.fields(GpuProcess)}
@@ -176,7 +177,7 @@ def _records_from_items(items: Iterable[Any], interval_s: float) -> list[_Record
         if isinstance(item, (str, Path)):
             p = Path(item)
             text = p.read_text(encoding="utf-8")
-            kind = detect_capture_format(text)
+            kind = "trace" if p.suffix in TRACE_SUFFIXES else detect_capture_format(text)
             if kind == "trace":
                 records.extend(load_trace(p))
                 continue
@@ -224,10 +225,7 @@ class ReplayGpuSource(GpuSource):
         if (path is None) == (captures is None):
             raise ValueError("replay needs exactly one of path or captures")
         if path is not None:
-            p = Path(path)
-            text = p.read_text(encoding="utf-8")
-            kind = detect_capture_format(text)
-            self._records = load_trace(p) if kind == "trace" else _records_from_items([p], interval_s)
+            self._records = _records_from_items([Path(path)], interval_s)
         else:
             self._records = _records_from_items(captures or [], interval_s)
         self.mode = mode
@@ -288,10 +286,12 @@ class ReplayGpuSource(GpuSource):
                 self._lost.add(key)    # a GPU that fell off the bus stays lost until a new state
         gpus: dict[str, GpuSnapshot] = {}
         for key, g in self._gpus.items():
-            snap = copy.deepcopy(g)
+            if key in self._lost:    # like NVML's GpuIsLost: identity only, no numbers
+                snap = GpuSnapshot(uuid=g.uuid, index=g.index, name=g.name, pci_bus_id=g.pci_bus_id,
+                                   lost=True, health="lost")
+            else:
+                snap = copy.deepcopy(g)
             snap.time = now
             snap.xid_events = delivered.get(key, [])
-            if key in self._lost:
-                snap.lost, snap.health = True, "lost"
             gpus[key] = snap
         return GpuReading(source=self.name, ok=True, gpus=gpus, time=now)
