@@ -446,6 +446,9 @@ async def _start(served: ServedModel, job: _PromptJob, params: Any, retry_after:
     agen = served.async_engine.generate(job.request_id, job.token_ids, params)
     try:
         first = await _next_output(agen, served, retry_after)
+        failure = _output_failure(first, retry_after)
+        if failure is not None:
+            raise failure
     except StopAsyncIteration:
         return agen, None
     except BaseException:
