@@ -38,6 +38,10 @@ def test_opens_when_p99_over_threshold_with_enough_requests():
     assert d.inputs["observations"] == 25 and d.inputs["window_seconds"] == 30.0
     assert d.inputs["p"] == pytest.approx(1.0 + 1.5 * (0.99 * 25 - 20) / 5)
     assert d.inputs["histogram_scope"] == "engine"
+    st = b.state()
+    assert st["state"] == "open" and st["trips"] == 1
+    assert st["ttft_p99_seconds"] == pytest.approx(d.inputs["p"])
+    assert st["ttft_p99_at_least"] is False
 
 
 def test_stays_closed_when_fast_or_too_few_requests():
@@ -50,6 +54,7 @@ def test_stays_closed_when_fast_or_too_few_requests():
     assert b.observe(60.0, eng(60.0, few)) == []
     assert b.current is BreakerState.CLOSED
     assert "10 observations < 20" in b.state()["last"]["reason"]
+    assert b.state()["ttft_p99_seconds"] is None
 
 
 def test_window_excludes_requests_older_than_the_window():

@@ -242,8 +242,13 @@ class LatencyBreaker:
                         inputs, severity)
 
     def state(self) -> dict[str, Any]:
-        """A plain dict for ``/status``."""
+        """A plain dict for ``/status``: state, since, trips, and the last judged window's
+        quantile as ``ttft_p99_seconds`` (None when the last window had no usable data) with
+        ``ttft_p99_at_least`` True when it is only a lower bound ("≥ bound")."""
+        last = self._last or {}
         return {"policy": POLICY, "engine": self.engine, "state": self._state.value,
                 "since": self._since, "opened_at": self._opened_at, "trips": self._trips,
                 "light_model": self.config.light_model,
-                "threshold_seconds": self.config.ttft_threshold_seconds, "last": self._last}
+                "threshold_seconds": self.config.ttft_threshold_seconds,
+                "ttft_p99_seconds": last.get("p"), "ttft_p99_at_least": last.get("p_at_least"),
+                "last": self._last}
