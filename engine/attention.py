@@ -47,6 +47,7 @@ class PrefillChunk:
     token_end: int
     slots: torch.Tensor
     mask: torch.Tensor | None
+    rows: torch.Tensor | None = None
 
 
 @dataclass
@@ -68,6 +69,8 @@ class AttentionMetadata:
       decode_valid     BoolTensor[Bd, Ld]
       prefills         list[PrefillChunk] the multi-token chunks
       all_decode       bool: every sequence is a decode, in packed order
+      decode_rows      LongTensor[Bd·Hkv·Ld] rows of the cache's [slots·Hkv, D] view, head-major
+                       (filled by the first layer's attention; see ``kv_rows``)
     """
 
     slot_mapping: torch.Tensor
@@ -82,6 +85,7 @@ class AttentionMetadata:
     decode_valid: torch.Tensor | None = None
     prefills: list[PrefillChunk] = field(default_factory=list)
     all_decode: bool = False
+    decode_rows: torch.Tensor | None = None
     _prepared: bool = False
 
     @property
@@ -294,16 +298,28 @@ class KVCache:
             kl.index_copy_(0, slot_mapping, k.to(kl.dtype))
             vl.index_copy_(0, slot_mapping, v.to(vl.dtype))
 
-    def gather(self, layer: int, slots: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V at ``slots`` (any shape S) → [*S, n_kv_heads, head_dim] in ``dtype``."""
-        kl = self.k[layer].view(-1, *self.k.shape[3:])
-        vl = self.v[layer].view(-1, *self.v.shape[3:])
-        k = kl[slots]
-        v = vl[slots]
+    def gather_rows(self, layer: int, rows: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V rows of the layer's [num_slots·n_kv_heads, head_dim] view → [len(rows), head_dim] in ``dtype``.
+
+        With ``rows`` from :func:`kv_rows` the result views as [..., n_kv_heads, L, head_dim]
+        (head-major), the layout attention matmuls read without another copy.
+        """
+        D = self.k.shape[4]
+        k = self.k[layer].view(-1, D).index_select(0, rows)
+        v = self.v[layer].view(-1, D).index_select(0, rows)
         if self.kv_int8:
-            k = dequantize_kv(k, self.k_scale[layer].view(-1, self.k.shape[3])[slots], dtype)
-            v = dequantize_kv(v, self.v_scale[layer].view(-1, self.v.shape[3])[slots], dtype)
+            k = dequantize_kv(k, self.k_scale[layer].reshape(-1).index_select(0, rows), dtype)
+            v = dequantize_kv(v, self.v_scale[layer].reshape(-1).index_select(0, rows), dtype)
+        elif k.dtype != dtype:
+            k, v = k.to(dtype), v.to(dtype)
         return k, v
+
+
+def kv_rows(slots: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
+    """Flat row indices [*S[:-1], n_kv_heads, L] → flattened, for slots [*S[:-1], L]:
+    row = slot · n_kv_heads + head."""
+    heads = torch.arange(n_kv_heads, device=slots.device)
+    return (slots.unsqueeze(-2) * n_kv_heads + heads[:, None]).reshape(-1)
 
 
 def paged_attention(q: torch.Tensor, kv_cache: KVCache, layer: int, meta: AttentionMetadata,
@@ -321,22 +337,24 @@ def paged_attention(q: torch.Tensor, kv_cache: KVCache, layer: int, meta: Attent
     T, H, D = q.shape
     Hkv = kv_cache.k.shape[3]
     g = H // Hkv
-    out: torch.Tensor | None = None
     dec_out = None
     if meta.decode_token_idx is not None:
         qd = q if meta.all_decode else q.index_select(0, meta.decode_token_idx)
-        k, v = kv_cache.gather(layer, meta.decode_slots, q.dtype)  # [Bd, L, Hkv, D]
-        Bd = qd.shape[0]
+        Bd, L = meta.decode_slots.shape
+        if meta.decode_rows is None or meta.decode_rows.numel() != Bd * Hkv * L:
+            meta.decode_rows = kv_rows(meta.decode_slots, Hkv)
+        k, v = kv_cache.gather_rows(layer, meta.decode_rows, q.dtype)
+        k = k.view(Bd, Hkv, L, D)
+        v = v.view(Bd, Hkv, L, D)
         if impl == "matmul":
-            qg = qd.view(Bd, Hkv, g, D)
-            scores = torch.matmul(qg, k.permute(0, 2, 3, 1))  # [Bd, Hkv, g, L]
+            scores = torch.matmul(qd.view(Bd, Hkv, g, D), k.transpose(-1, -2))  # [Bd, Hkv, g, L]
             scores = scores.float() * scale + meta.decode_bias[:, None, None, :]
             p = torch.softmax(scores, dim=-1).to(v.dtype)
-            dec_out = torch.matmul(p, v.permute(0, 2, 1, 3)).reshape(Bd, H, D)
+            dec_out = torch.matmul(p, v).reshape(Bd, H, D)
         else:
-            o = F.scaled_dot_product_attention(
-                qd.view(Bd, H, 1, D), k.transpose(1, 2), v.transpose(1, 2),
-                attn_mask=meta.decode_valid[:, None, None, :], scale=scale, enable_gqa=g > 1)
+            o = F.scaled_dot_product_attention(qd.view(Bd, H, 1, D), k, v,
+                                               attn_mask=meta.decode_valid[:, None, None, :], scale=scale,
+                                               enable_gqa=g > 1)
             dec_out = o.reshape(Bd, H, D)
         if meta.all_decode:
             return dec_out
@@ -345,9 +363,12 @@ def paged_attention(q: torch.Tensor, kv_cache: KVCache, layer: int, meta: Attent
         out.index_copy_(0, meta.decode_token_idx, dec_out)
     for pc in meta.prefills:
         qc = q[pc.token_start:pc.token_end].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
-        k, v = kv_cache.gather(layer, pc.slots, q.dtype)  # [L, Hkv, D]
-        kc = k.transpose(0, 1).unsqueeze(0)
-        vc = v.transpose(0, 1).unsqueeze(0)
+        L = pc.slots.shape[0]
+        if pc.rows is None or pc.rows.numel() != Hkv * L:
+            pc.rows = kv_rows(pc.slots, Hkv)
+        k, v = kv_cache.gather_rows(layer, pc.rows, q.dtype)
+        kc = k.view(1, Hkv, L, D)
+        vc = v.view(1, Hkv, L, D)
         if pc.mask is None:
             o = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, scale=scale, enable_gqa=g > 1)
         else:

@@ -71,3 +71,25 @@ def test_byte_tokenizer():
     assert t.decode(ids) == "hé"
     assert t.decode(ids[:-1]) == "h\ufffd"
     assert t.id_to_piece(3 + 0xC3) == "<0xC3>"
+
+
+def test_hf_byte_level_tokenizer(tmp_path):
+    """A GPT-2-style byte-level tokenizer.json (trained here) decodes through the byte table."""
+    from pathlib import Path
+
+    from tokenizers import ByteLevelBPETokenizer
+
+    from engine.tokenizer import HFTokenizer
+
+    text = (Path(__file__).parent / "data" / "eval_stories.txt").read_text(encoding="utf-8")
+    trainer = ByteLevelBPETokenizer()
+    trainer.train_from_iterator([text], vocab_size=400, min_frequency=2, special_tokens=["<s>", "</s>"])
+    trainer.save(str(tmp_path / "tokenizer.json"))
+    t = HFTokenizer(tmp_path / "tokenizer.json")
+    assert (t.bos_id, t.eos_id) == (0, 1) and not t.add_dummy_prefix
+    for s in ("Once upon a time, Lily", "Café 🎉 日本", " leading space"):
+        ids = t.encode(s)
+        assert ids[0] == t.bos_id and len(ids) > 1
+        assert t.decode(ids) == s
+    ids = t.encode("🎉", bos=False)
+    assert t.decode(ids[:-1]).endswith("\ufffd") or len(ids) == 1
