@@ -243,11 +243,13 @@ def create_app(engines: dict[str, Any], *, admin_token: str | None, default_mode
         async def lifespan(_app: FastAPI):
             for served in state.models.values():
                 served.async_engine.start()
+            log.info("engines started: %s", ", ".join(state.models))
             try:
                 yield
             finally:
                 for served in state.models.values():
                     served.async_engine.shutdown()
+                log.info("engines stopped: %s", ", ".join(state.models))
 
     app = FastAPI(title="inferctl engine", version=_version(), lifespan=lifespan,
                   docs_url=None, redoc_url=None)
