@@ -2,12 +2,31 @@
 
 The engine's own commands (``inferctl engine serve``, ``inferctl generate``) live in
 ``engine/cli.py`` and are attached here; every other command talks to a running controller
-or engine over HTTP.
+over HTTP (``--url``, default ``$INFERCTL_URL`` or ``http://127.0.0.1:8900``; admin token
+``--token`` or ``$INFERCTL_ADMIN_TOKEN``):
+
+* ``inferctl up`` — start an engine and the controller in the foreground (Ctrl-C stops both).
+* ``inferctl controller run --config FILE`` — run the controller from a configuration file.
+* ``inferctl status`` / ``inferctl events`` — what the controller sees and did.
+* ``inferctl degrade|rollback|drain|undrain|restart|unpin [--engine NAME]`` — engine actions.
+* ``inferctl reset-gpu N [--yes] [--dry-run]`` — a GPU reset through the rails.
+
+Errors are one line on stderr and exit code 1 (2 for bad usage); never a traceback.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import json
+import os
+import time
+from typing import Any, Optional
+
 import typer
+
+DEFAULT_URL = "http://127.0.0.1:8900"
+URL_ENV = "INFERCTL_URL"
+TOKEN_ENV = "INFERCTL_ADMIN_TOKEN"
 
 app = typer.Typer(
     name="inferctl",
@@ -15,6 +34,393 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+controller_app = typer.Typer(help="Run the controller.", no_args_is_help=True)
+app.add_typer(controller_app, name="controller")
+
+UrlOpt = typer.Option(None, "--url", help=f"Controller URL (default ${URL_ENV} or {DEFAULT_URL}).")
+TokenOpt = typer.Option(None, "--token", help=f"Admin token (default ${TOKEN_ENV}).")
+EngineOpt = typer.Option(None, "--engine", "-e", help="Engine name (default: the only engine).")
+
+
+# --------------------------------------------------------------------------- HTTP plumbing
+def _die(message: str, code: int = 1) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _base(url: Optional[str]) -> str:
+    return (url or os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/")
+
+
+def _request(method: str, url: Optional[str], path: str, *, token: Optional[str] = None,
+             params: dict | None = None, body: dict | None = None, timeout: float = 10.0,
+             ok_statuses: tuple[int, ...] = (200,)) -> tuple[int, Any]:
+    """One HTTP call to the controller: (status, JSON). Unreachable / bad answers → exit 1."""
+    import httpx
+
+    base = _base(url)
+    headers = {}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    try:
+        with httpx.Client(timeout=timeout) as client:
+            resp = client.request(method, f"{base}{path}", params=params, json=body, headers=headers)
+    except httpx.ConnectError:
+        _die(f"controller not reachable at {base} (is `inferctl up` or `inferctl controller run` running?"
+             f" set --url or ${URL_ENV})")
+    except httpx.TimeoutException:
+        _die(f"controller at {base} did not answer {method} {path} within {timeout:g} s")
+    except httpx.HTTPError as exc:
+        _die(f"controller at {base}: {type(exc).__name__}: {exc}")
+    try:
+        doc = resp.json()
+    except ValueError:
+        _die(f"controller at {base} answered {method} {path} with HTTP {resp.status_code} and no JSON")
+    if resp.status_code == 401:
+        _die(f"unauthorized: {_message(doc)} (pass --token or set ${TOKEN_ENV})")
+    if resp.status_code not in ok_statuses:
+        _die(f"{_message(doc)} (HTTP {resp.status_code})")
+    return resp.status_code, doc
+
+
+def _message(doc: Any) -> str:
+    if isinstance(doc, dict):
+        err = doc.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        if doc.get("message"):
+            return str(doc["message"])
+    return json.dumps(doc)[:300]
+
+
+def _token(token: Optional[str]) -> str:
+    tok = token or os.environ.get(TOKEN_ENV)
+    if not tok:
+        _die(f"an admin token is required: pass --token or set ${TOKEN_ENV}"
+             " (`inferctl up` prints it at start)")
+    return tok
+
+
+def _console():  # noqa: ANN202 - rich Console, imported lazily so --help stays fast
+    import sys
+
+    from rich.console import Console
+
+    # a pipe or a file gets wide lines rather than rich's 80-column default
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+
+
+def _when(t: Any) -> str:
+    if not isinstance(t, (int, float)):
+        return "-"
+    return dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
+def _bytes(v: Any) -> str:
+    if not isinstance(v, (int, float)):
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(v) < 1024 or unit == "TiB":
+            return f"{v:.0f} {unit}" if unit == "B" else f"{v:.1f} {unit}"
+        v /= 1024
+    return str(v)
+
+
+# --------------------------------------------------------------------------- read commands
+@app.command()
+def status(url: Optional[str] = UrlOpt,
+           as_json: bool = typer.Option(False, "--json", help="Print the raw /status JSON.")) -> None:
+    """Engines (mode, queue, memory, policy states), GPUs and rails, from the controller."""
+    _, doc = _request("GET", url, "/status")
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    from rich.table import Table
+
+    con = _console()
+    c = doc.get("controller", {})
+    con.print(f"controller {_base(url)}  up {_fmt(c.get('uptime_seconds'))} s, "
+              f"last event #{c.get('last_event_id')}, actions running: "
+              f"{', '.join(c.get('actions_in_flight') or []) or 'none'}")
+    t = Table(title="engines")
+    for col in ("engine", "url", "up", "precision", "draining", "running", "waiting", "memory free",
+                "policies"):
+        t.add_column(col)
+    for name, e in sorted((doc.get("engines") or {}).items()):
+        pols = ", ".join(f"{k}={(v or {}).get('state', '?')}" for k, v in sorted((e.get("policies") or {}).items()))
+        mem = e.get("memory") or {}
+        t.add_row(name, _fmt(e.get("url")), _fmt(e.get("up")), _fmt(e.get("precision")), _fmt(e.get("draining")),
+                  _fmt(e.get("running")), _fmt(e.get("waiting")), _bytes(mem.get("free_bytes")), pols or "-")
+    con.print(t)
+    g = doc.get("gpus") or {}
+    gt = Table(title=f"GPUs (source {g.get('source')}{', simulated' if g.get('simulated') else ''},"
+                     f" telemetry {'up' if g.get('ok') else 'DOWN' if g.get('ok') is False else '?'})")
+    for col in ("index", "uuid", "name", "used", "total", "lost", "health"):
+        gt.add_column(col)
+    hw = ((g.get("policies") or {}).get("hardware") or {}).get("gpus") or {}
+    for d in g.get("devices") or []:
+        health = (hw.get(d.get("uuid")) or {}).get("state") or d.get("health")
+        gt.add_row(_fmt(d.get("index")), _fmt(d.get("uuid")), _fmt(d.get("name")),
+                   _bytes(d.get("memory_used_bytes")), _bytes(d.get("memory_total_bytes")),
+                   _fmt(d.get("lost")), _fmt(health))
+    con.print(gt)
+    if g.get("error"):
+        con.print(f"GPU telemetry error: {g['error']}")
+    rails = doc.get("rails")
+    if rails:
+        con.print(f"rails: dry_run={_fmt(rails.get('dry_run'))}, one reset per GPU per "
+                  f"{_fmt(rails.get('min_interval_seconds'))} s, reset in progress: "
+                  f"{_fmt(rails.get('in_progress'))}, lost GPUs: {rails.get('lost') or 'none'}")
+
+
+def _event_table(events: list[dict]):  # noqa: ANN202
+    from rich.table import Table
+
+    t = Table()
+    for col in ("id", "time", "kind", "source", "target", "severity", "reason"):
+        t.add_column(col, overflow="fold")
+    for e in events:
+        sev = e.get("severity")
+        style = {"critical": "bold red", "warning": "yellow"}.get(sev, "")
+        t.add_row(str(e.get("id")), _when(e.get("time")), _fmt(e.get("kind")), _fmt(e.get("source")),
+                  _fmt(e.get("target")), f"[{style}]{sev}[/]" if style else _fmt(sev), _fmt(e.get("reason")))
+    return t
+
+
+@app.command()
+def events(url: Optional[str] = UrlOpt,
+           since_id: Optional[int] = typer.Option(None, "--since-id", min=0, help="Only events after this id."),
+           limit: int = typer.Option(50, "--limit", min=1, max=1000, help="At most this many (1..1000)."),
+           kind: Optional[str] = typer.Option(None, "--kind", help="observation, transition, decision, action,"
+                                              " step, refusal, error, escalation, lifecycle"),
+           target: Optional[str] = typer.Option(None, "--target", help="Engine name or gpu:N."),
+           as_json: bool = typer.Option(False, "--json", help="Print JSON lines, one event per line."),
+           follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new events (Ctrl-C stops).")) -> None:
+    """The controller's event log: transitions, actions with their inputs and outcomes, refusals."""
+    params: dict[str, Any] = {"limit": limit}
+    for k, v in (("since_id", since_id), ("kind", kind), ("target", target)):
+        if v is not None:
+            params[k] = v
+    con = None if as_json else _console()
+    try:
+        while True:
+            _, doc = _request("GET", url, "/events", params=params)
+            rows = doc.get("events") or []
+            if as_json:
+                for e in rows:
+                    typer.echo(json.dumps(e))
+            elif rows or not follow:
+                con.print(_event_table(rows))
+            if not follow:
+                return
+            if rows:
+                params["since_id"] = rows[-1]["id"]
+            elif "since_id" not in params:
+                params["since_id"] = doc.get("last_id") or 0
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        return
+
+
+# --------------------------------------------------------------------------- actions
+def _pick_engine(url: Optional[str], engine: Optional[str]) -> str:
+    if engine:
+        return engine
+    _, doc = _request("GET", url, "/status")
+    names = sorted((doc.get("engines") or {}).keys())
+    if len(names) == 1:
+        return names[0]
+    _die(f"--engine is required: the controller has {len(names)} engines"
+         f" ({', '.join(names) or 'none'})", code=2)
+    return ""  # unreachable
+
+
+def _print_result(doc: dict, status_code: int) -> None:
+    ok = bool(doc.get("ok"))
+    word = "ok" if ok else ("refused" if doc.get("refused") else "failed")
+    typer.echo(f"{word}: {doc.get('message')}" + (f"  (event #{doc['event_id']})" if doc.get("event_id") else ""),
+               err=not ok)
+    if not ok:
+        raise typer.Exit(1)
+
+
+def _engine_action(action: str, url: Optional[str], token: Optional[str], engine: Optional[str],
+                   timeout: float = 30.0) -> None:
+    tok = _token(token)
+    name = _pick_engine(url, engine)
+    code, doc = _request("POST", url, f"/actions/{action}", token=tok, body={"engine": name},
+                         timeout=timeout, ok_statuses=(200, 409, 502))
+    _print_result(doc, code)
+
+
+@app.command()
+def degrade(url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
+            engine: Optional[str] = EngineOpt) -> None:
+    """Switch an engine to int8 now (the precision policy rolls back after its hold)."""
+    _engine_action("degrade", url, token, engine)
+
+
+@app.command()
+def rollback(url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
+             engine: Optional[str] = EngineOpt) -> None:
+    """Switch an engine back to full precision now."""
+    _engine_action("rollback", url, token, engine)
+
+
+@app.command()
+def drain(url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
+          engine: Optional[str] = EngineOpt) -> None:
+    """Stop admitting new requests on an engine (in-flight requests finish)."""
+    _engine_action("drain", url, token, engine)
+
+
+@app.command()
+def undrain(url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
+            engine: Optional[str] = EngineOpt) -> None:
+    """Admit requests again on a drained engine."""
+    _engine_action("undrain", url, token, engine)
+
+
+@app.command()
+def restart(url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
+            engine: Optional[str] = EngineOpt,
+            timeout: float = typer.Option(300.0, "--timeout", min=1.0,
+                                          help="Seconds to wait (drain + restart + health).")) -> None:
+    """Drain, wait for in-flight requests, restart and undrain an engine the controller launched."""
+    _engine_action("restart", url, token, engine, timeout=timeout)
+
+
+@app.command()
+def unpin(url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
+          engine: Optional[str] = EngineOpt) -> None:
+    """Release the precision flap guard's int8 pin (rollback allowed again after the hold)."""
+    tok = _token(token)
+    name = _pick_engine(url, engine)
+    code, doc = _request("POST", url, "/actions/unpin", token=tok, body={"engine": name},
+                         ok_statuses=(200,))
+    typer.echo(f"ok: {doc.get('message')}")
+
+
+@app.command("reset-gpu")
+def reset_gpu(gpu: int = typer.Argument(..., min=0, help="GPU index (as nvidia-smi numbers it)."),
+              url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
+              yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+              dry_run: bool = typer.Option(False, "--dry-run", help="Check the rails and show the"
+                                           " nvidia-smi commands; run nothing."),
+              timeout: float = typer.Option(600.0, "--timeout", min=1.0)) -> None:
+    """Reset GPU N (nvidia-smi --gpu-reset) through the rails: never a lost GPU, one at a time,
+    at most one per GPU per interval, persistence mode restored, verified afterwards."""
+    tok = _token(token)
+    if not dry_run and not yes:
+        if not typer.confirm(f"Reset GPU {gpu}? Engines the controller launched on it are drained and"
+                             " restarted; other processes on it make the reset refuse.", default=False):
+            typer.echo("aborted: nothing done", err=True)
+            raise typer.Exit(1)
+    body: dict[str, Any] = {"gpu": gpu}
+    if dry_run:
+        body["dry_run"] = True
+    code, doc = _request("POST", url, "/actions/reset-gpu", token=tok, body=body, timeout=timeout,
+                         ok_statuses=(200, 409, 502))
+    details = doc.get("details") or {}
+    for step in details.get("steps") or []:
+        argv = " ".join(step.get("argv") or []) or step.get("step")
+        mark = "would run" if step.get("planned") else ("ok" if step.get("ok") else "FAILED")
+        typer.echo(f"  {mark:9} {argv}")
+    typer.echo(f"outcome: {details.get('outcome') or ('success' if doc.get('ok') else 'failed')}")
+    _print_result(doc, code)
+
+
+# --------------------------------------------------------------------------- running
+def _run_config(config, token: Optional[str], engine_log_dir: Optional[str]) -> None:  # noqa: ANN001
+    from controller.up import serve
+
+    src = "--token / $INFERCTL_ADMIN_TOKEN" if token else "the configuration"
+    tok = token or config.token()
+    code = serve(config, tok, token_source=src, echo=lambda s: typer.echo(s),
+                 engine_log_dir=engine_log_dir)
+    raise typer.Exit(code)
+
+
+def _load(config_path: Optional[str]):  # noqa: ANN202
+    from controller.config import ConfigError, load_config, parse_config
+
+    try:
+        return load_config(config_path) if config_path else parse_config({})
+    except ConfigError as exc:
+        _die(str(exc), code=2)
+
+
+@controller_app.command("run")
+def controller_run(config: str = typer.Option(..., "--config", "-c", help="YAML configuration file."),
+                   token: Optional[str] = typer.Option(None, "--token", envvar=TOKEN_ENV,
+                                                       help="Admin token (else the config's; else generated)."),
+                   engine_log_dir: Optional[str] = typer.Option(None, "--engine-log-dir",
+                                                                help="Write launched engines' output here.")) -> None:
+    """Run the controller from a configuration file until Ctrl-C (engines it launches stop with it)."""
+    _run_config(_load(config), token, engine_log_dir)
+
+
+@app.command()
+def up(model: Optional[str] = typer.Option(None, "--model", help="Model path (llama2.c .bin or HF dir);"
+                                           " default: the built-in demo model."),
+       config: Optional[str] = typer.Option(None, "--config", "-c", help="YAML configuration (engines, GPU"
+                                            " source, thresholds, holds, rails)."),
+       memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Engine memory budget, e.g. 64MiB."),
+       engine_port: Optional[int] = typer.Option(None, "--engine-port", min=1, max=65535),
+       controller_port: Optional[int] = typer.Option(None, "--controller-port", min=0, max=65535),
+       token: Optional[str] = typer.Option(None, "--token", envvar=TOKEN_ENV,
+                                           help="Admin token (default: generated and printed)."),
+       engine_log_dir: Optional[str] = typer.Option(None, "--engine-log-dir",
+                                                    help="Write the engine's output here (default: this terminal)."),
+       engine_arg: list[str] = typer.Option([], "--engine-arg", help="Extra `inferctl engine serve` argument"
+                                            " (repeatable), e.g. --engine-arg=--max-num-seqs=32.")) -> None:
+    """Start the bundled engine and the controller; print their URLs; run until Ctrl-C.
+
+    Without --config: one bundled engine named "main" (launched here), the GPU source "auto"
+    (NVML, else the simulated GPU), default policies. With --config: that file, with --model,
+    --memory-budget and --engine-port applied to its first launched engine.
+    """
+    from controller.config import ConfigError, parse_config
+
+    cfg = _load(config)
+    data = cfg.model_dump()
+    launched = [e for e in data["engines"] if e.get("launch") is not None]
+    if not launched:
+        if config and data["engines"]:
+            pass   # a config that only watches engines: run it as is
+        else:
+            data["engines"].append({"name": "main", "kind": "bundled", "url": None,
+                                    "launch": {"port": 8000}})
+            launched = [data["engines"][-1]]
+    if launched:
+        first = launched[0]
+        for key, value in (("model", model), ("memory_budget", memory_budget), ("port", engine_port)):
+            if value is not None:
+                first["launch"][key] = value
+        if engine_arg:
+            first["launch"]["args"] = list(first["launch"].get("args") or []) + list(engine_arg)
+        if engine_port is not None or first.get("url") is None:
+            first["url"] = None            # derived from launch.host/port again
+    elif model or memory_budget or engine_port:
+        _die("--model/--memory-budget/--engine-port need an engine to launch; the config launches none", code=2)
+    if controller_port is not None:
+        data["listen"]["port"] = controller_port
+    try:
+        final = parse_config(data)
+    except ConfigError as exc:
+        _die(str(exc), code=2)
+    _run_config(final, token, engine_log_dir)
+
 
 try:  # the engine's commands; absent only in a partial checkout
     from engine.cli import register as _register_engine_commands

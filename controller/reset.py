@@ -8,7 +8,7 @@ nvidia-smi(1), "-r, --gpu-reset"). Every command is an argv list run with
 The flow of :meth:`GpuResetter.reset`, each step an event (kind ``step``, source
 ``gpu_reset``, target ``gpu:N``) and the result one ``action`` or ``refusal`` event:
 
-1. Rails: one reset at a time (a lock; a concurrent call is refused), at most one reset per
+1. Rails: never a simulated GPU; one reset at a time (a lock; a concurrent call is refused), at most one reset per
    GPU per ``min_interval_seconds`` (default 1800 s; refused with the time left; attempts
    are read back from the event log, so the limit survives a controller restart), a GPU
    once seen lost is never reset again.
@@ -161,6 +161,8 @@ class GpuResetter:
 
     def _rails(self, n: int) -> tuple[tuple[str, bool, float | None] | None, GpuSnapshot | None]:
         """``((message, escalate, retry_after) or None when allowed, the GPU's snapshot)``."""
+        if getattr(self.gpu_source, "simulated", False):
+            return (f"GPU {n} is simulated (no NVIDIA driver): there is nothing to reset", False, None), None
         if n in self._lost:
             return (f"GPU {n} was found lost earlier: a reset cannot recover it; drain the node and"
                     " reboot it", True, None), None

@@ -252,3 +252,14 @@ def test_bad_gpu_index_raises(log, bad):
     r, _ = make(log)
     with pytest.raises(ValueError, match="gpu"):
         r.reset(bad, reason="t")
+
+
+def test_simulated_gpu_is_never_reset(tmp_path, monkeypatch, log):
+    smi = FakeNvidiaSmi(tmp_path, monkeypatch)
+    src = StaticGpuSource()
+    src.simulated = True
+    r, _ = make(log, source=src)
+    for dry in (True, False):
+        out = r.reset(0, reason="t", dry_run=dry)
+        assert out.outcome == "refused" and "simulated" in out.message
+    assert smi.calls() == []

@@ -1,0 +1,259 @@
+"""Assemble and run the whole controller: ``inferctl up`` and ``inferctl controller run``.
+
+:func:`build_runtime` turns a :class:`~controller.config.ControllerConfig` into running parts:
+the engines the controller launches (:class:`~controller.actions.EngineSupervisor`, started
+and healthy), engine clients for every engine (launched or only watched, e.g. a vLLM URL),
+the GPU source, the policies, the reset rails, the actions, the loop and the HTTP API.
+
+:func:`serve` runs it in the foreground: it binds the API socket, prints the engine and
+controller URLs, serves until SIGINT/SIGTERM, then shuts down in order — the API stops, the
+loop stops (running actions finish), each launched engine gets SIGTERM (SIGKILL after its
+``stop_timeout_seconds``). The controller never imports the engine: engines run as
+``python -m controller.cli engine serve ...`` subprocesses and are reached over HTTP.
+"""
+
+from __future__ import annotations
+
+import secrets
+import signal
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from controller.actions import Actions, EngineSupervisor, engine_serve_argv
+from controller.api import create_app
+from controller.config import ControllerConfig
+from controller.events import EventLog
+from controller.loop import Controller
+from controller.metrics import build_registry
+from controller.reset import GpuResetter
+
+TOKEN_BYTES = 24   # secrets.token_urlsafe(24): 32 characters, 192 bits
+
+
+def generate_token() -> str:
+    """A fresh admin token (URL-safe, 192 random bits from ``secrets``)."""
+    return secrets.token_urlsafe(TOKEN_BYTES)
+
+
+@dataclass
+class Runtime:
+    """Everything :func:`build_runtime` made; :meth:`close` undoes it (idempotent)."""
+
+    config: ControllerConfig
+    admin_token: str
+    controller: Controller
+    app: Any
+    event_log: EventLog
+    supervisors: dict[str, EngineSupervisor] = field(default_factory=dict)
+    clients: dict[str, Any] = field(default_factory=dict)
+    gpu_source: Any = None
+    closed: bool = False
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.controller.stop()
+        finally:
+            for name, sup in self.supervisors.items():
+                code = sup.stop()
+                self.event_log.append("lifecycle", "supervisor", f"engine {name} stopped (exit code {code})",
+                                      target=name, outcome={"exit_code": code})
+            for client in self.clients.values():
+                close = getattr(client, "close", None)
+                if close is not None:
+                    close()
+            close = getattr(self.gpu_source, "close", None)
+            if close is not None:
+                close()
+            self.event_log.close()
+
+
+def _gpu_source(config: ControllerConfig) -> Any:
+    from controller.gpu import make_gpu_source
+
+    opts = dict(config.gpu.options)
+    opts.setdefault("timeout_s", config.intervals.call_timeout_seconds)
+    if config.gpu.kind in ("auto", "sim") and "engine_stats_url" not in opts and "stats_fn" not in opts:
+        bundled = [e for e in config.engines if e.kind == "bundled"]
+        if bundled:
+            opts["engine_stats_url"] = f"{bundled[0].url}/stats"
+        elif config.gpu.kind == "sim":
+            raise ValueError("gpu.options.engine_stats_url: the simulated GPU needs a bundled engine's"
+                             " /stats URL (none is configured)")
+    return make_gpu_source(config.gpu.kind, **opts)
+
+
+def _policies(config: ControllerConfig, counter: Any) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    from controller.gpu.xid import XidCatalog
+    from controller.policies import (FragmentationPolicy, HardwarePolicy, LatencyBreaker,
+                                     PrecisionPolicy)
+
+    pc = config.policies
+    per_engine: dict[str, dict[str, Any]] = {}
+    for e in config.engines:
+        pols: dict[str, Any] = {}
+        frag = None
+        if pc.fragmentation.enabled:
+            frag = pols["fragmentation"] = FragmentationPolicy(pc.fragmentation.options(), engine=e.name,
+                                                               counter=counter)
+        if pc.precision.enabled and e.kind == "bundled":   # precision needs the admin API
+            pols["precision"] = PrecisionPolicy(pc.precision.options(), engine=e.name,
+                                                fragmentation=frag, counter=counter)
+        if pc.breaker_active() and e.kind == "bundled":
+            pols["breaker"] = LatencyBreaker(pc.breaker.options(), engine=e.name, counter=counter)
+        per_engine[e.name] = pols
+    gpu_policies: dict[str, Any] = {}
+    if pc.hardware.enabled:
+        gpu_engines: dict[str, list[str]] = {}
+        for e in config.engines:
+            if e.gpu is not None:
+                gpu_engines.setdefault(str(e.gpu), []).append(e.name)
+        catalog = XidCatalog.from_dir(pc.hardware.xid_catalog_dir)
+        gpu_policies["hardware"] = HardwarePolicy(catalog.action, pc.hardware.options(),
+                                                  gpu_engines=gpu_engines)
+    return per_engine, gpu_policies
+
+
+def build_runtime(config: ControllerConfig, admin_token: str, *, engine_log_dir: str | Path | None = None,
+                  on_engine_started: Callable[[str, EngineSupervisor], None] | None = None) -> Runtime:
+    """Launch the configured engines (waiting for their ``/health``), then build the loop and
+    the API. Raises ``RuntimeError`` (an engine did not start; already-started ones are
+    stopped) or ``ValueError`` (a bad option for a source or policy)."""
+    from controller.engines import make_engine_client
+    from controller.signals import InvalidSampleCounter
+
+    registry, metrics = build_registry()
+    event_log = EventLog(config.event_log, metrics=metrics)
+    supervisors: dict[str, EngineSupervisor] = {}
+    tokens: dict[str, str | None] = {}
+    try:
+        for e in config.engines:
+            tokens[e.name] = e.token()
+            if e.launch is None:
+                continue
+            tokens[e.name] = tokens[e.name] or admin_token
+            argv = engine_serve_argv(e.launch.port, e.launch.host, e.launch.model, e.launch.memory_budget,
+                                     e.launch.args)
+            log_path = None if engine_log_dir is None else Path(engine_log_dir) / f"engine-{e.name}.log"
+            sup = EngineSupervisor(e.name, argv, e.url or "", env={"INFERCTL_ADMIN_TOKEN": tokens[e.name] or ""},
+                                   health_timeout_seconds=e.launch.health_timeout_seconds,
+                                   stop_timeout_seconds=e.launch.stop_timeout_seconds, log_path=log_path)
+            sup.start()
+            supervisors[e.name] = sup
+            event_log.append("lifecycle", "supervisor", f"engine {e.name} started (pid {sup.pid})",
+                             target=e.name, inputs={"argv": argv, "url": e.url})
+            if on_engine_started is not None:
+                on_engine_started(e.name, sup)
+        timeout = config.intervals.call_timeout_seconds
+        clients = {e.name: make_engine_client(e.kind, e.name, e.url or "", admin_token=tokens[e.name],
+                                              timeout_s=timeout) for e in config.engines}
+        gpu_source = _gpu_source(config)
+        counter = InvalidSampleCounter()
+        policies, gpu_policies = _policies(config, counter)
+        rails = config.rails
+        resetter = GpuResetter(rails.nvidia_smi, gpu_source, event_log,
+                               min_interval_seconds=rails.reset_min_interval_seconds, dry_run=rails.dry_run,
+                               allowed_pids=lambda: [s.pid for s in supervisors.values() if s.pid is not None],
+                               command_timeout_seconds=rails.command_timeout_seconds, metrics=metrics)
+        light = {e.name: config.policies.breaker.options().get("light_model") for e in config.engines}
+        actions = Actions(clients, supervisors, resetter, event_log, metrics,
+                          engine_gpus={e.name: e.gpu for e in config.engines},
+                          drain_timeout_seconds=rails.drain_timeout_seconds, light_models=light)
+        controller = Controller(config, clients, gpu_source, policies, actions, event_log, metrics,
+                                registry=registry, gpu_policies=gpu_policies, supervisors=supervisors,
+                                resetter=resetter, counter=counter)
+        actions.gpu_index_of = controller.gpu_index_of
+        app = create_app(controller, admin_token)
+    except BaseException:
+        for sup in supervisors.values():
+            sup.stop()
+        event_log.close()
+        raise
+    return Runtime(config, admin_token, controller, app, event_log, supervisors, clients, gpu_source)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise RuntimeError(f"listen: cannot bind {host}:{port} ({exc.strerror or exc})") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def serve(config: ControllerConfig, admin_token: str | None = None, *, token_source: str = "config",
+          echo: Callable[[str], None] = print, engine_log_dir: str | Path | None = None) -> int:
+    """Run the controller (and its launched engines) until SIGINT/SIGTERM. Returns 0 on a clean
+    stop, 1 when startup failed (the reason is echoed, not raised)."""
+    import uvicorn
+
+    stop = {"signal": None}
+
+    def interrupt(signum: int, _frame: Any) -> None:   # during startup: unwind at once
+        stop["signal"] = signum
+        raise KeyboardInterrupt
+
+    def note(signum: int, _frame: Any) -> None:        # after uvicorn: just remember it
+        stop["signal"] = signum
+
+    old = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    token = admin_token or generate_token()
+    runtime: Runtime | None = None
+    sock: socket.socket | None = None
+    try:
+        sock = _bind(config.listen.host, config.listen.port)
+        port = sock.getsockname()[1]
+
+        def started(name: str, sup: EngineSupervisor) -> None:
+            echo(f"engine:     {sup.base_url}  ({name}, pid {sup.pid})")
+
+        runtime = build_runtime(config, token, engine_log_dir=engine_log_dir, on_engine_started=started)
+        for e in config.engines:
+            if e.launch is None:
+                echo(f"watching:   {e.url}  ({e.name}, {e.kind})")
+        runtime.controller.start()
+        echo(f"controller: {_url(config.listen.host, port)}  (/status /events /metrics; actions need the token)")
+        if admin_token is None:
+            echo(f"admin token: {token}")
+            echo(f"  use it:   export INFERCTL_ADMIN_TOKEN={token}; inferctl status"
+                 f" --url {_url(config.listen.host, port)}")
+        else:
+            echo(f"admin token: from {token_source}")
+        echo("Ctrl-C to stop")
+        server = uvicorn.Server(uvicorn.Config(runtime.app, log_level="warning", access_log=False,
+                                               lifespan="off"))
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, note)
+        server.run(sockets=[sock])
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    except (RuntimeError, ValueError, OSError) as exc:
+        echo(f"error: {exc}")
+        return 1
+    finally:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, note)          # a second Ctrl-C must not break the shutdown
+        if runtime is not None:
+            echo("stopping: controller, then engine(s)")
+            runtime.close()
+        if sock is not None:
+            sock.close()
+        for s, h in old.items():
+            signal.signal(s, h)
+        if runtime is not None:
+            echo("stopped")
+        sys.stdout.flush()
