@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Sequence
 
 from controller.types import EngineSnapshot
@@ -916,8 +917,9 @@ def perplexity_summary(recent_requests: Iterable[Mapping[str, Any]],
 
 
 # --------------------------------------------------------------------------- OOM records
-_UNITS = {"b": 1, "byte": 1, "bytes": 1, "kib": 1 << 10, "mib": MIB, "gib": GIB, "tib": 1 << 40,
-          "kb": 1 << 10, "mb": MIB, "gb": GIB, "tb": 1 << 40}
+_UNITS = MappingProxyType({"b": 1, "byte": 1, "bytes": 1, "kib": 1 << 10, "mib": MIB,
+                           "gib": GIB, "tib": 1 << 40, "kb": 1 << 10, "mb": MIB, "gb": GIB,
+                           "tb": 1 << 40})
 _SIZE = r"([0-9]+(?:\.[0-9]+)?)\s*(bytes|byte|B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)"
 
 
@@ -953,13 +955,13 @@ class OomNumbers:
     reserved_unallocated_bytes: int | None = None
 
 
-_OOM_PATTERNS = {
-    "requested_bytes": [r"Tried to allocate " + _SIZE],
-    "total_bytes": [r"total capacity of " + _SIZE, _SIZE + r" total capacity"],
-    "free_bytes": [r"of which " + _SIZE + r" is free", _SIZE + r" free"],
-    "allocated_bytes": [_SIZE + r" is allocated by PyTorch", _SIZE + r" already allocated"],
-    "reserved_unallocated_bytes": [_SIZE + r" is reserved by PyTorch but unallocated"],
-}
+_OOM_PATTERNS = MappingProxyType({
+    "requested_bytes": (r"Tried to allocate " + _SIZE,),
+    "total_bytes": (r"total capacity of " + _SIZE, _SIZE + r" total capacity"),
+    "free_bytes": (r"of which " + _SIZE + r" is free", _SIZE + r" free"),
+    "allocated_bytes": (_SIZE + r" is allocated by PyTorch", _SIZE + r" already allocated"),
+    "reserved_unallocated_bytes": (_SIZE + r" is reserved by PyTorch but unallocated",),
+})
 
 
 def parse_oom_message(text: str | None) -> OomNumbers:

@@ -161,9 +161,11 @@ class FragmentationPolicy:
                                     f"{self.config.threshold_ratio:.0%}: restart done",
                                {"fragmentation_ratio": sig.value, "elapsed_seconds": elapsed})]
         if elapsed >= self.config.restart_timeout_seconds:
+            value = None if sig is None else sig.value
+            shown = "no data" if value is None else f"{value:.1%}"
             return [self._back(now, f"restart not confirmed after {elapsed:g} s "
-                                    f"(fragmentation {'no data' if sig is None or sig.value is None else f'{sig.value:.1%}'}); "
-                                    "watching again, the rate limit still applies",
+                                    f"(fragmentation {shown}); watching again, the rate limit "
+                                    "still applies",
                                {"elapsed_seconds": elapsed,
                                 "fragmentation_ratio": None if sig is None else sig.value},
                                severity="warning")]

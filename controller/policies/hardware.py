@@ -55,11 +55,12 @@ DEFAULT_XID_ACTIONS: Mapping[int, str] = MappingProxyType({
 #: does not raise them twice).
 SEEN_RETENTION_SECONDS = 86400.0
 
-_ALIASES = {"restart_app": RESTART_ENGINE, "restart_application": RESTART_ENGINE,
+_ALIASES = MappingProxyType({
+            "restart_app": RESTART_ENGINE, "restart_application": RESTART_ENGINE,
             "restart": RESTART_ENGINE, "reset": RESET_GPU, "drain_and_reset": RESET_GPU,
             "restart_bm": REBOOT_NODE, "restart_vm": REBOOT_NODE, "reboot": REBOOT_NODE,
-            "none": IGNORE, "no_action": IGNORE}
-_KNOWN = {RESTART_ENGINE, RESET_GPU, REBOOT_NODE, IGNORE}
+            "none": IGNORE, "no_action": IGNORE})
+_KNOWN = frozenset({RESTART_ENGINE, RESET_GPU, REBOOT_NODE, IGNORE})
 _LOST_TEXT = re.compile(r"fallen off the bus|gpu ?is ?lost|gpuislost", re.IGNORECASE)
 _XID_TEXT = re.compile(r"\bxid\b\D{0,40}?(\d{1,3})\b", re.IGNORECASE)
 _ECC_TEXT = re.compile(r"uncorrectable ecc|double bit ecc|uncorrectable error", re.IGNORECASE)
@@ -142,8 +143,8 @@ class _Finding:
     inputs: dict[str, Any]
 
 
-_RANK = {"lost": 6, REBOOT_NODE: 5, "isolate": 4, RESET_GPU: 3, RESTART_ENGINE: 2, UNKNOWN: 1,
-         IGNORE: 0}
+_RANK = MappingProxyType({"lost": 6, REBOOT_NODE: 5, "isolate": 4, RESET_GPU: 3,
+                          RESTART_ENGINE: 2, UNKNOWN: 1, IGNORE: 0})
 
 
 class HardwarePolicy:
