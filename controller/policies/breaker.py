@@ -241,7 +241,7 @@ class LatencyBreaker:
         return Decision(POLICY, self.engine or "", action, frm.value, to.value, reason,
                         inputs, severity)
 
-    def state(self) -> dict[str, Any]:
+    def state(self, now: float | None = None) -> dict[str, Any]:
         """A plain dict for ``/status``: state, since, trips, and the last judged window's
         quantile as ``ttft_p99_seconds`` (None when the last window had no usable data) with
         ``ttft_p99_at_least`` True when it is only a lower bound ("≥ bound")."""

@@ -259,8 +259,9 @@ class HardwarePolicy:
         g = self._gpus.get(gpu_uuid)
         return None if g is None else g.state.value
 
-    def state(self) -> dict[str, Any]:
-        """A plain dict for ``/status``: telemetry and every GPU's state."""
+    def state(self, now: float | None = None) -> dict[str, Any]:
+        """A plain dict for ``/status``: telemetry and every GPU's state (``now`` unused; every
+        policy's ``state`` takes it)."""
         down = self._telemetry_down_since is not None
         return {
             "policy": POLICY,
