@@ -210,7 +210,6 @@ def generate(
     device: str = typer.Option("cpu", "--device", help="auto | cpu | cuda"),
 ) -> None:
     """Generate one completion in-process and print only its text to stdout."""
-    from engine.engine import LLMEngine
     from engine.sampling_params import SamplingParams, SamplingParamsError
 
     if prompt == "":
@@ -220,6 +219,8 @@ def generate(
                                 top_k=top_k, repetition_penalty=repetition_penalty)
     except SamplingParamsError as exc:
         _die(f"--{exc.field.replace('_', '-')}: {exc.message}")
+    from engine.engine import LLMEngine
+
     bundle = _load(model, tokenizer, device)
     config = _config(max_model_len=max_model_len)
     llm = LLMEngine(bundle, config)
