@@ -198,8 +198,13 @@ class LLMEngine:
                 f"budget {format_size(budget)} cannot hold the weights ({format_size(weights)}) "
                 f"and {num_blocks} KV blocks ({format_size(num_blocks * bpb)})")) from err
         self.num_kv_blocks = num_blocks
-        self.kv_cache = KVCache.allocate(a.n_layers, num_blocks, cfg.block_size, a.n_kv_heads,
-                                         a.head_dim, model.dtype, self.device, kv_int8=kv_int8)
+        try:
+            self.kv_cache = KVCache.allocate(a.n_layers, num_blocks, cfg.block_size, a.n_kv_heads,
+                                             a.head_dim, model.dtype, self.device, kv_int8=kv_int8)
+        except torch.OutOfMemoryError as err:   # CUDA: the device itself could not hold it
+            raise ConfigError("num_kv_blocks", (
+                f"{num_blocks} KV blocks ({format_size(num_blocks * bpb)}) do not fit on "
+                f"{self.device}: {err}")) from err
 
     # ------------------------------------------------------------------ requests
     def make_sequence(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,

@@ -203,13 +203,10 @@ class Scheduler:
                 self.waiting.appendleft(seq)
 
     def finish(self, seq: Sequence) -> None:
-        """Remove a finished sequence from its queue and free its blocks."""
-        if seq.status is SequenceStatus.RUNNING or seq in self.running:
-            try:
-                self.running.remove(seq)
-            except ValueError:
-                pass
-        else:
+        """Remove a finished sequence from whichever queue holds it and free its blocks."""
+        try:
+            self.running.remove(seq)
+        except ValueError:
             try:
                 self.waiting.remove(seq)
             except ValueError:

@@ -374,3 +374,40 @@ def test_int8_kv_cache_serves(bundle):
     s = engine.stats()
     assert s["engine"]["kv_cache_dtype"] == "int8"
     assert s["kv_cache"]["bytes_per_block"] == 2 * 5 * 16 * 4 * 8 + 2 * 5 * 16 * 4 * 4
+
+
+class FailingModel:
+    """Wraps the real model; raises ``errors`` (one per call) before running it."""
+
+    def __init__(self, model, errors):
+        self.model = model
+        self.errors = list(errors)
+
+    def __call__(self, *args):
+        if self.errors:
+            raise self.errors.pop(0)
+        return self.model(*args)
+
+
+def test_cuda_oom_codes_requeue_and_hardware_errors_fail_the_step(bundle):
+    ids = bundle.tokenizer.encode("Once upon a time")
+    engine = LLMEngine(bundle, EngineConfig(oom_backoff_seconds=0.0))
+    engine.runner.model = FailingModel(bundle.model, [RuntimeError("CUDA error: operation not permitted")])
+    engine.add_request("r", ids, greedy(12))
+    tokens, final = drain(engine)
+    assert final["r"].finish_reason == "length" and len(tokens["r"]) == 12
+    f = engine.stats()["faults"]["last_oom"]
+    assert (f["source"], f["kind"], f["requeued_requests"]) == ("cuda", "exhaustion", 1)
+    assert f["requested_bytes"] is None and f["free_bytes"] is None     # the message had no numbers
+    # a sticky CUDA error is a hardware fault: never an OOM, the step's requests fail with 500
+    engine.runner.model = FailingModel(bundle.model, [RuntimeError("CUDA error: an illegal memory access was encountered")])
+    engine.add_request("h", ids, greedy(12))
+    _, final = drain(engine)
+    assert final["h"].finish_reason == "error" and final["h"].error_status == 500
+    assert "hardware" in final["h"].error
+    s = engine.stats()
+    assert s["faults"]["oom_total"] == 1 and s["faults"]["hardware_errors_total"] == 1
+    assert s["kv_cache"]["blocks_used"] == 0
+    engine.add_request("ok", ids, greedy(3))
+    assert drain(engine)[1]["ok"].finish_reason == "length"
+    assert metric(engine, "inferctl_engine_request_errors_total", {"model": "stories260K", "reason": "internal"}) == 1
