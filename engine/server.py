@@ -7,8 +7,9 @@ Routes (FastAPI):
   ``stream_options.include_usage`` a last chunk carries ``usage`` and no choices.
 * ``GET /v1/models`` — the served models (never the route table).
 * ``GET /health`` — always 200 while the process serves: ``{"status": "ok"|"degraded"|
-  "draining", "precision": <main model's mode>, "models": {...}}``. ``degraded`` while any
-  served model runs int8 or a route sends one model's traffic to another.
+  "draining", "precision": <main model's mode>, "models": {...}, "routes": {...}}``.
+  ``degraded`` while any served model runs int8, a route sends one model's traffic to
+  another, or an engine's stepping thread is not running; ``draining`` wins over both.
 * ``GET /stats[?model=NAME]`` — the engine's ``stats()`` (docs/architecture.md), made strictly
   valid JSON with :func:`engine.quality.json_safe`; ``engine.models`` lists the served set and
   ``routes`` the active routes (an additive key).
@@ -681,11 +682,14 @@ def _install_routes(app: FastAPI) -> None:
         state: ServerState = request.app.state.server
         per_model = {}
         for name, served in state.models.items():
-            per_model[name] = {"precision": served.precision(), "draining": bool(state.draining.get(name))}
+            running = getattr(served.async_engine, "is_running", True)
+            per_model[name] = {"precision": served.precision(), "draining": bool(state.draining.get(name)),
+                               "engine_running": bool(running)}
         main = per_model[state.default_model]
         if any(m["draining"] for m in per_model.values()):
             status = "draining"
-        elif any(m["precision"] == "int8" for m in per_model.values()) or state.routes:
+        elif (any(m["precision"] == "int8" or not m["engine_running"] for m in per_model.values())
+              or state.routes):
             status = "degraded"
         else:
             status = "ok"
