@@ -88,7 +88,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None
     memory_budget_bytes: int | None = None
     gpu_memory_utilization: float = 0.9
-    cpu_kv_cache_bytes: int = 1 << 30
+    cpu_kv_cache_bytes: int = 128 << 20
     kv_cache_dtype: str = "auto"
     device: str = "auto"
     dtype: str = "auto"
@@ -174,10 +174,11 @@ class EngineConfig:
             raise ConfigError("device", f"{device!r} asked for but torch.cuda.is_available() is False")
         dtype = self.dtype
         if model_dtype is not None:
-            mname = next(k for k, v in _DTYPES.items() if v == model_dtype and len(k) > 5)
+            mname = next((k for k, v in _DTYPES.items() if v == model_dtype and len(k) > 5),
+                         str(model_dtype).replace("torch.", ""))
             if dtype == "auto":
                 dtype = mname
-            elif _DTYPES[dtype] != model_dtype:
+            elif _DTYPES.get(dtype) != model_dtype:
                 raise ConfigError("dtype", f"{dtype!r} asked for, but the model was loaded in "
                                   f"{mname!r}; load it with that dtype")
         if dtype == "auto":
