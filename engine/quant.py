@@ -97,7 +97,8 @@ def int8_matmul(x: torch.Tensor, w: Int8Weight, use_kernel: bool = True) -> torc
 
     Kernel path (``use_kernel``, where it runs): ``_weight_int8pack_mm(x.bf16, qweight, ones)
     · scales``. On the project CPU the kernel is vectorized only for bf16/fp16 activations
-    (with float32 activations it was 10–30× slower than fp32 matmul), so activations are
+    (with float32 activations it was 5–30× slower than an fp32 matmul: 250 µs vs 19 µs for
+    [1×384]@[384×1024], 8.4 ms vs 0.29 ms at batch 32), so activations are
     rounded to bf16 for this product. Fallback: dequantize-then-matmul in x's dtype.
     """
     if x.shape[-1] != w.in_features:
