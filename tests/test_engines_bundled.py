@@ -158,3 +158,27 @@ def test_bundled_client_over_real_http() -> None:
     with pytest.raises(EngineAdminError) as err:
         dead.drain(True)
     assert err.value.status == 0 and "ConnectError" in err.value.message
+
+
+def test_latency_histograms_come_from_metrics_for_the_stats_model() -> None:
+    metrics = "".join(
+        f'inferctl_engine_time_to_first_token_seconds_bucket{{le="{le}",model="{m}"}} {n}\n'
+        for m, counts in (("stories260K", (2, 5, 5)), ("light", (0, 0, 9))) for le, n in zip(("0.01", "0.1", "+Inf"), counts))
+    metrics += ('inferctl_engine_time_to_first_token_seconds_count{model="stories260K"} 5\n'
+                'inferctl_engine_time_to_first_token_seconds_sum{model="stories260K"} 0.2\n'
+                'inferctl_engine_time_to_first_token_seconds_count{model="light"} 9\n')
+    stats = {k: v for k, v in STATS.items()}
+    stats["requests"] = {k: v for k, v in STATS["requests"].items() if k != "ttft_seconds"}
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        if req.url.path == "/stats":
+            return httpx.Response(200, json=stats)
+        return httpx.Response(200, text=metrics)
+
+    s = BundledEngineClient("main", "http://e:1", transport=httpx.MockTransport(handler)).poll(1.0)
+    assert s.ttft_histogram["buckets"] == [(0.01, 2.0), (0.1, 5.0), (float("inf"), 5.0)]   # light's 9 excluded
+    assert (s.ttft_histogram["count"], s.ttft_histogram["sum"]) == (5.0, 0.2)
+    assert "ttft_histogram" not in s.missing and "e2e_histogram" in s.missing
+    off = BundledEngineClient("main", "http://e:1", scrape_metrics=False,
+                              transport=httpx.MockTransport(handler)).poll(1.0)
+    assert off.ttft_histogram is None and "ttft_histogram" in off.missing

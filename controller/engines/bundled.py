@@ -10,17 +10,23 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from typing import Any
 
 import httpx
 
 from controller.engines.base import EngineAdminError, EngineClient, failed_snapshot
-from controller.engines.promtext import CORE_FIELDS
+from controller.engines.promtext import CORE_FIELDS, histogram_from_samples, parse_prometheus_text
 from controller.types import EngineSnapshot
 
 log = logging.getLogger(__name__)
 
 PRECISION_MODES = ("full", "int8")
+
+#: The engine's latency histograms on /metrics (engine/metrics.py ENGINE_METRICS), by snapshot field.
+METRIC_HISTOGRAMS = {"ttft_histogram": "inferctl_engine_time_to_first_token_seconds",
+                     "itl_histogram": "inferctl_engine_inter_token_latency_seconds",
+                     "e2e_histogram": "inferctl_engine_e2e_request_latency_seconds"}
 
 
 class BundledEngineClient(EngineClient):
@@ -28,17 +34,23 @@ class BundledEngineClient(EngineClient):
 
     ``admin_token``: bearer token for ``/admin/*`` (the engine's ``INFERCTL_ADMIN_TOKEN``);
     ``None`` sends no Authorization header (the engine will answer 401 if it wants one).
+    ``scrape_metrics``: also read the TTFT / ITL / e2e histograms from ``/metrics`` (``/stats``
+    carries only quantiles), within what is left of ``timeout_s``; a failing ``/metrics`` only
+    leaves the histograms missing.
     """
 
     kind = "bundled"
 
     def __init__(self, name: str, base_url: str, admin_token: str | None = None, *,
-                 timeout_s: float = 2.0, transport: httpx.BaseTransport | None = None) -> None:
+                 timeout_s: float = 2.0, scrape_metrics: bool = True,
+                 transport: httpx.BaseTransport | None = None) -> None:
         super().__init__(name, base_url, timeout_s=timeout_s, transport=transport)
         self._admin_token = admin_token
+        self.scrape_metrics = scrape_metrics
 
     # ------------------------------------------------------------------ polling
     def poll(self, now: float) -> EngineSnapshot:
+        started = time.monotonic()
         try:
             resp = self._client.get("/stats")
         except httpx.HTTPError as exc:
@@ -51,25 +63,49 @@ class BundledEngineClient(EngineClient):
             return failed_snapshot(self, now, f"GET /stats: body is not JSON ({exc})")
         if not isinstance(doc, dict):
             return failed_snapshot(self, now, "GET /stats: body is not a JSON object")
-        return snapshot_from_stats(doc, name=self.name, now=now)
+        snap = snapshot_from_stats(doc, name=self.name, now=now)
+        if self.scrape_metrics:
+            left = self.timeout_s - (time.monotonic() - started)
+            if left > 0.05:
+                self._add_metric_histograms(snap, left)
+            snap.missing = [f for f in CORE_FIELDS if getattr(snap, f) is None]
+        return snap
+
+    def _add_metric_histograms(self, snap: EngineSnapshot, timeout_s: float) -> None:
+        try:
+            resp = self._client.get("/metrics", timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            log.info("engine %s: GET /metrics failed (%s); latency histograms missing", self.name, exc)
+            return
+        if resp.status_code != 200:
+            return
+        samples, _ = parse_prometheus_text(resp.text)
+        # /metrics merges every served model: keep the series of the model /stats describes
+        samples = [s for s in samples if snap.model is None or s.labels.get("model", snap.model) == snap.model]
+        for field, base in METRIC_HISTOGRAMS.items():
+            if getattr(snap, field) is None:
+                hist, invalid = histogram_from_samples(samples, base)
+                setattr(snap, field, hist)
+                snap.invalid.extend(invalid)
 
     # ------------------------------------------------------------------ admin
-    def set_precision(self, mode: str) -> dict[str, Any]:
-        """``POST /admin/precision {"mode"}`` -> e.g. ``{"requested": "int8", "current": "full"}``.
+    def set_precision(self, mode: str, model: str | None = None) -> dict[str, Any]:
+        """``POST /admin/precision {"mode"[, "model"]}`` -> e.g. ``{"requested": "int8",
+        "current": "full"}``; without ``model`` the engine applies it to every served model.
         Raises ``ValueError`` for a mode other than full/int8, :class:`EngineAdminError` on failure."""
         if mode not in PRECISION_MODES:
             raise ValueError(f"precision mode {mode!r} is not one of {', '.join(PRECISION_MODES)}")
-        return self._admin("/admin/precision", {"mode": mode})
+        return self._admin("/admin/precision", _with_model({"mode": mode}, model))
 
-    def inject_fault(self, kind: str = "oom", count: int = 1) -> dict[str, Any]:
-        """``POST /admin/fault {"kind", "count"}``: the next ``count`` steps fail with ``kind``."""
+    def inject_fault(self, kind: str = "oom", count: int = 1, model: str | None = None) -> dict[str, Any]:
+        """``POST /admin/fault {"kind", "count"[, "model"]}``: the next ``count`` steps fail with ``kind``."""
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             raise ValueError(f"fault count must be an integer >= 1, got {count!r}")
-        return self._admin("/admin/fault", {"kind": kind, "count": count})
+        return self._admin("/admin/fault", _with_model({"kind": kind, "count": count}, model))
 
-    def drain(self, draining: bool = True) -> dict[str, Any]:
-        """``POST /admin/drain {"draining"}``: stop (True) or resume (False) admitting requests."""
-        return self._admin("/admin/drain", {"draining": bool(draining)})
+    def drain(self, draining: bool = True, model: str | None = None) -> dict[str, Any]:
+        """``POST /admin/drain {"draining"[, "model"]}``: stop (True) or resume (False) admitting."""
+        return self._admin("/admin/drain", _with_model({"draining": bool(draining)}, model))
 
     def route(self, model: str, to: str | None) -> dict[str, Any]:
         """``POST /admin/route {"model", "to"}``: serve requests for ``model`` with model ``to``
@@ -91,6 +127,12 @@ class BundledEngineClient(EngineClient):
         if not isinstance(data, dict):
             raise EngineAdminError(resp.status_code, "response body is not a JSON object", path=path)
         return data
+
+
+def _with_model(body: dict[str, Any], model: str | None) -> dict[str, Any]:
+    if model is not None:
+        body["model"] = model
+    return body
 
 
 def _error_message(data: Any, text: str) -> str:

@@ -232,6 +232,14 @@ class _Builder:
         return None
 
 
+def histogram_from_samples(samples: list[PromSample], base: str) -> tuple[dict[str, Any] | None, list[str]]:
+    """The cumulative histogram ``base`` (``_bucket``/``_sum``/``_count``) summed over all label
+    sets in ``samples`` -> ``({"buckets", "sum", "count", "metric"} or None, invalid samples)``."""
+    b = _Builder(_Index(samples))
+    b.histogram("h", base)
+    return b.fields.get("h"), b.invalid
+
+
 def _hist_sum(b: _Builder, field: str, base: str) -> None:
     vals = [s.value for s in b.idx.by_name.get(base + "_sum", []) if b._valid(s, "count")]
     if vals:
