@@ -568,7 +568,8 @@ def check_max_tokens(max_tokens: int | None, prompt_len: int, max_model_len: int
 
 
 # ---------------------------------------------------------------------------------------------
-# Responses
+# Responses: the schema of record for what the server sends (the server builds plain dicts on
+# the hot path; tests validate its documents against these models).
 
 
 class UsageInfo(BaseModel):

@@ -10,6 +10,7 @@ import math
 
 import pytest
 
+from engine.protocol import ChatCompletionChunk, ChatCompletionResponse, CompletionResponse
 from server_helpers import (
     REFERENCE,
     STORIES,
@@ -65,6 +66,7 @@ def _completion(app, **body):
 
 def test_greedy_completion_is_the_llama2c_reference(app):
     doc = _completion(app, max_tokens=60)
+    CompletionResponse.model_validate(doc)
     assert doc["object"] == "text_completion" and doc["model"] == STORIES
     assert doc["id"].startswith("cmpl-")
     choice = doc["choices"][0]
@@ -85,6 +87,8 @@ def test_streaming_equals_non_streaming_with_usage(app):
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
     assert all(c["object"] == "text_completion" for c in chunks)
+    for c in chunks:
+        CompletionResponse.model_validate(c)
     text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
     assert text == plain
     finals = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
@@ -100,6 +104,7 @@ def test_chat_equals_completion_for_plain_template(app):
                                             "temperature": 0, "max_completion_tokens": 25})
     assert r.status_code == 200, r.text
     doc = strict_json(r.text)
+    ChatCompletionResponse.model_validate(doc)
     assert doc["object"] == "chat.completion" and doc["id"].startswith("chatcmpl-")
     assert doc["choices"][0]["message"] == {"role": "assistant", "content": plain}
     assert doc["usage"]["completion_tokens"] == 25
@@ -114,6 +119,8 @@ def test_chat_streaming(app):
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    for c in chunks:
+        ChatCompletionChunk.model_validate(c)
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert text == plain
@@ -167,6 +174,7 @@ def test_chat_logprobs(app):
     r = _post(app, "/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}], "temperature": 0,
                                             "max_tokens": 5, "logprobs": True, "top_logprobs": 2})
     doc = strict_json(r.text)
+    ChatCompletionResponse.model_validate(doc)
     content = doc["choices"][0]["logprobs"]["content"]
     assert len(content) == 5
     assert "".join(t["token"] for t in content) == doc["choices"][0]["message"]["content"]
