@@ -476,17 +476,18 @@ class LLMEngine:
         m, name = self.metrics, self.model_name
         m["inferctl_engine_requests_total"].labels(name, reason).inc()
         m["inferctl_engine_e2e_request_latency_seconds"].labels(name).observe(e2e)
-        bucket = quality.prompt_len_bucket
-        m["inferctl_engine_outputs_total"].labels(name, bucket).inc()
-        if quality.degenerate:
-            m["inferctl_engine_degenerate_outputs_total"].labels(name, bucket).inc()
-        for n, v in quality.seq_rep.items():
-            if v is not None:
-                m["inferctl_engine_output_repetition_ratio"].labels(name, n).observe(v)
-        if quality.perplexity is not None:
-            m["inferctl_engine_output_perplexity"].labels(name).observe(quality.perplexity)
-        if quality.nonfinite_logprobs:
-            m["inferctl_engine_nonfinite_logprobs_total"].inc(quality.nonfinite_logprobs)
+        if seq.output_token_ids:   # an output with no token has no quality to score
+            bucket = quality.prompt_len_bucket
+            m["inferctl_engine_outputs_total"].labels(name, bucket).inc()
+            if quality.degenerate:
+                m["inferctl_engine_degenerate_outputs_total"].labels(name, bucket).inc()
+            for n, v in quality.seq_rep.items():
+                if v is not None:
+                    m["inferctl_engine_output_repetition_ratio"].labels(name, n).observe(v)
+            if quality.perplexity is not None:
+                m["inferctl_engine_output_perplexity"].labels(name).observe(quality.perplexity)
+            if quality.nonfinite_logprobs:
+                m["inferctl_engine_nonfinite_logprobs_total"].inc(quality.nonfinite_logprobs)
         if reason == "error":
             err_reason = "oom" if (seq.error or "").startswith("out of memory") else "internal"
             m["inferctl_engine_request_errors_total"].labels(name, err_reason).inc()

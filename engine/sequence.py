@@ -69,7 +69,7 @@ class Sequence:
                  "arrival_wall", "first_token_time", "last_token_time", "finish_time", "logprobs",
                  "top_logprobs", "generator", "detokenizer", "itl", "oom_retries",
                  "num_preemptions", "error", "error_status", "precision", "stop_token_ids",
-                 "ignore_eos", "repetition_stop", "pending_text")
+                 "ignore_eos", "repetition_stop")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: "SamplingParams",
                  max_tokens: int, arrival_time: float, arrival_wall: float,
@@ -101,7 +101,6 @@ class Sequence:
         self.stop_token_ids: frozenset[int] = frozenset()
         self.ignore_eos = False
         self.repetition_stop = False
-        self.pending_text = ""
 
     @property
     def num_prompt_tokens(self) -> int:
