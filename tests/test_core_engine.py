@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from core_helpers import drain, gutenberg_text
 from engine.config import ConfigError, EngineConfig
@@ -411,3 +412,22 @@ def test_cuda_oom_codes_requeue_and_hardware_errors_fail_the_step(bundle):
     engine.add_request("ok", ids, greedy(3))
     assert drain(engine)[1]["ok"].finish_reason == "length"
     assert metric(engine, "inferctl_engine_request_errors_total", {"model": "stories260K", "reason": "internal"}) == 1
+
+
+def test_fragmentation_oom_empties_the_cache_and_retries(bundle):
+    from engine.memory import GiB, MiB, format_oom_message
+    msg = format_oom_message(2 * MiB, 80 * GiB, 1 * MiB, 10 * GiB, 3 * MiB)   # U 3 MiB >= R 2 MiB
+    engine = LLMEngine(bundle, EngineConfig())
+    engine.runner.model = FailingModel(bundle.model, [torch.OutOfMemoryError(msg)])
+    emptied = []
+    real_empty = engine.accountant.empty_cache
+    engine.accountant.empty_cache = lambda: emptied.append(1) or real_empty()
+    engine.add_request("r", bundle.tokenizer.encode("Tom"), greedy(8))
+    tokens, final = drain(engine)
+    assert final["r"].finish_reason == "length" and len(tokens["r"]) == 8
+    f = engine.stats()["faults"]["last_oom"]
+    assert (f["kind"], f["action"], f["source"]) == ("fragmentation", "empty_cache", "cuda")
+    assert f["reserved_unallocated_bytes"] == 3 * MiB and f["requested_bytes"] == 2 * MiB
+    assert round(100 * f["fragmentation_ratio"], 2) == round(100 * 3 / (10 * 1024 + 3), 2)
+    assert emptied == [1]
+    assert engine.backoff_remaining() == 0.0          # no backoff for fragmentation
