@@ -178,3 +178,14 @@ def test_auto_picks_nvml_when_init_works_and_sim_otherwise(caplog: pytest.LogCap
 def test_factory_rejects_unknown_kind() -> None:
     with pytest.raises(ValueError, match="gpu source kind 'cuda'"):
         make_gpu_source("cuda")
+
+
+def test_missing_binding_function_is_one_field_not_telemetry_down(caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeNvml([FakeGpu(uuid="GPU-0", remapped=(0, 0, 1, 1))])
+    fake.nvmlDeviceGetRemappedRows = None          # an older nvidia-ml-py without the call
+    src = NvmlGpuSource(fake)
+    with caplog.at_level(logging.INFO, logger="controller.gpu.nvml"):
+        r1, r2 = src.poll(0.0), src.poll(1.0)
+    assert r1.ok and r2.ok and r2.gpus["GPU-0"].remapped_rows_pending is None
+    assert r2.gpus["GPU-0"].power_watts == 100.0
+    assert sum("remapped_rows" in r.getMessage() for r in caplog.records) == 1

@@ -247,10 +247,10 @@ class NvmlGpuSource(GpuSource):
         nv = self._nvml
         label = f"GPU {dev.index}"
         try:
-            dev.handle = self._call(label, "handle", nv.nvmlDeviceGetHandleByIndex, dev.index, core=True)
-            dev.uuid = _text(self._call(label, "uuid", nv.nvmlDeviceGetUUID, dev.handle, core=True))
-            dev.name = _text(self._call(label, "name", nv.nvmlDeviceGetName, dev.handle))
-            pci = self._call(label, "pci_bus_id", nv.nvmlDeviceGetPciInfo, dev.handle)
+            dev.handle = self._call(label, "handle", "nvmlDeviceGetHandleByIndex", dev.index, core=True)
+            dev.uuid = _text(self._call(label, "uuid", "nvmlDeviceGetUUID", dev.handle, core=True))
+            dev.name = _text(self._call(label, "name", "nvmlDeviceGetName", dev.handle))
+            pci = self._call(label, "pci_bus_id", "nvmlDeviceGetPciInfo", dev.handle)
             dev.pci_bus_id = normalize_pci_bus_id(_text(getattr(pci, "busId", None))) if pci else None
         except _GpuLost:
             dev.handle = None
@@ -259,10 +259,12 @@ class NvmlGpuSource(GpuSource):
             self._uuid_by_index[dev.index] = dev.uuid
         if self.xid_events and dev.handle is not None:
             try:
-                es = self._call(self._label(dev), "xid_events", nv.nvmlEventSetCreate)
-                if es is not None:
-                    ok = self._call(self._label(dev), "xid_events", nv.nvmlDeviceRegisterEvents,
+                es = self._call(self._label(dev), "xid_events", "nvmlEventSetCreate")
+                if es is not None and es is not _FAILED:
+                    ok = self._call(self._label(dev), "xid_events", "nvmlDeviceRegisterEvents",
                                     dev.handle, nv.nvmlEventTypeXidCriticalError, es, ret_none_ok=True)
+                    if ok is _FAILED:
+                        self._call(self._label(dev), "xid_events", "nvmlEventSetFree", es, quiet=True)
                     dev.event_set = es if ok is not _FAILED else None
             except _GpuLost:
                 dev.event_set = None
@@ -291,11 +293,8 @@ class NvmlGpuSource(GpuSource):
     def _collect(self, now: float) -> dict[str, GpuSnapshot]:
         out: dict[str, GpuSnapshot] = {}
         for dev in self._state.devices:
-            if dev.handle is None:
-                try:
-                    self._open_device(dev)
-                except _LibraryDown:
-                    raise
+            if dev.handle is None:          # lost at init or earlier: try again each poll
+                self._open_device(dev)
             uuid = dev.uuid or self._uuid_by_index.get(dev.index) or f"GPU-unknown-index-{dev.index}"
             snap = GpuSnapshot(uuid=uuid, index=dev.index, name=dev.name, pci_bus_id=dev.pci_bus_id,
                                time=now)
@@ -325,54 +324,54 @@ class NvmlGpuSource(GpuSource):
         c = self._call
         mem = None
         if not dev.memory_v1:
-            mem = c(lab, "memory_v2", nv.nvmlDeviceGetMemoryInfo, h, version=nv.nvmlMemory_v2,
+            mem = c(lab, "memory_v2", "nvmlDeviceGetMemoryInfo", h, version=nv.nvmlMemory_v2,
                     core=True, quiet=True)
             if mem is _FAILED:
                 dev.memory_v1 = True
                 self._log_once(lab, "memory_reserved_bytes",
                                "memory info v2 unsupported; using v1 (used includes reserved)")
         if dev.memory_v1:
-            mem = c(lab, "memory", nv.nvmlDeviceGetMemoryInfo, h, core=True)
+            mem = c(lab, "memory", "nvmlDeviceGetMemoryInfo", h, core=True)
             if mem is not _FAILED and mem is not None:
                 s.memory_total_bytes, s.memory_free_bytes = int(mem.total), int(mem.free)
                 s.memory_used_bytes = int(mem.used)
         elif mem is not None and mem is not _FAILED:
             s.memory_total_bytes, s.memory_free_bytes = int(mem.total), int(mem.free)
             s.memory_used_bytes, s.memory_reserved_bytes = int(mem.used), int(mem.reserved)
-        util = c(lab, "utilization", nv.nvmlDeviceGetUtilizationRates, h)
+        util = c(lab, "utilization", "nvmlDeviceGetUtilizationRates", h)
         if util is not _FAILED and util is not None:
             s.utilization_ratio = _pct(getattr(util, "gpu", None))
             s.memory_bandwidth_utilization_ratio = _pct(getattr(util, "memory", None))
-        s.temperature_celsius = _num(c(lab, "temperature_celsius", nv.nvmlDeviceGetTemperature, h,
+        s.temperature_celsius = _num(c(lab, "temperature_celsius", "nvmlDeviceGetTemperature", h,
                                        nv.NVML_TEMPERATURE_GPU))
-        s.power_watts = _milli(c(lab, "power_watts", nv.nvmlDeviceGetPowerUsage, h))
-        s.power_limit_watts = _milli(c(lab, "power_limit_watts", nv.nvmlDeviceGetEnforcedPowerLimit, h))
-        s.fan_ratio = _pct(c(lab, "fan_ratio", nv.nvmlDeviceGetFanSpeed, h))
-        ps = _num(c(lab, "pstate", nv.nvmlDeviceGetPerformanceState, h))
+        s.power_watts = _milli(c(lab, "power_watts", "nvmlDeviceGetPowerUsage", h))
+        s.power_limit_watts = _milli(c(lab, "power_limit_watts", "nvmlDeviceGetEnforcedPowerLimit", h))
+        s.fan_ratio = _pct(c(lab, "fan_ratio", "nvmlDeviceGetFanSpeed", h))
+        ps = _num(c(lab, "pstate", "nvmlDeviceGetPerformanceState", h))
         s.pstate = None if ps is None or int(ps) == PSTATE_UNKNOWN else f"P{int(ps)}"
-        s.clocks_sm_mhz = _num(c(lab, "clocks_sm_mhz", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM))
-        s.clocks_mem_mhz = _num(c(lab, "clocks_mem_mhz", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM))
-        s.ecc_corrected = _int(c(lab, "ecc_corrected", nv.nvmlDeviceGetTotalEccErrors, h,
+        s.clocks_sm_mhz = _num(c(lab, "clocks_sm_mhz", "nvmlDeviceGetClockInfo", h, nv.NVML_CLOCK_SM))
+        s.clocks_mem_mhz = _num(c(lab, "clocks_mem_mhz", "nvmlDeviceGetClockInfo", h, nv.NVML_CLOCK_MEM))
+        s.ecc_corrected = _int(c(lab, "ecc_corrected", "nvmlDeviceGetTotalEccErrors", h,
                                  nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_VOLATILE_ECC))
-        s.ecc_uncorrected = _int(c(lab, "ecc_uncorrected", nv.nvmlDeviceGetTotalEccErrors, h,
+        s.ecc_uncorrected = _int(c(lab, "ecc_uncorrected", "nvmlDeviceGetTotalEccErrors", h,
                                    nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC))
-        rows = c(lab, "remapped_rows", nv.nvmlDeviceGetRemappedRows, h)
+        rows = c(lab, "remapped_rows", "nvmlDeviceGetRemappedRows", h)
         if rows is not _FAILED and rows is not None:
             s.remapped_rows_pending, s.remapped_rows_failure = bool(rows[2]), bool(rows[3])
-        pm = _num(c(lab, "persistence_mode", nv.nvmlDeviceGetPersistenceMode, h))
+        pm = _num(c(lab, "persistence_mode", "nvmlDeviceGetPersistenceMode", h))
         s.persistence_mode = None if pm is None else pm == nv.NVML_FEATURE_ENABLED
-        mig = c(lab, "mig_enabled", nv.nvmlDeviceGetMigMode, h)
+        mig = c(lab, "mig_enabled", "nvmlDeviceGetMigMode", h)
         if mig is not _FAILED and mig is not None:
             s.mig_enabled = int(mig[0]) == 1
         s.recovery_action = self._recovery_action(lab, h)
-        procs = c(lab, "processes", nv.nvmlDeviceGetComputeRunningProcesses, h)
+        procs = c(lab, "processes", "nvmlDeviceGetComputeRunningProcesses", h)
         if procs is not _FAILED and procs is not None:
             s.processes = [self._process(p) for p in procs]
         if dev.event_set is not None:
             s.xid_events = self._drain_xids(dev, now)
 
     def _recovery_action(self, lab: str, h: Any) -> int | None:
-        vals = self._call(lab, "recovery_action", self._nvml.nvmlDeviceGetFieldValues, h,
+        vals = self._call(lab, "recovery_action", "nvmlDeviceGetFieldValues", h,
                           [FIELD_RECOVERY_ACTION])
         if vals is _FAILED or vals is None or len(vals) < 1:
             return None
@@ -428,26 +427,38 @@ class NvmlGpuSource(GpuSource):
         return {n: getattr(self._nvml, f"NVML_ERROR_{n}") for n in names
                 if hasattr(self._nvml, f"NVML_ERROR_{n}")}
 
-    def _call(self, label: str, field: str, fn: Callable[..., Any], *args: Any, core: bool = False,
+    def _call(self, label: str, field: str, fn_name: str, *args: Any, core: bool = False,
               quiet: bool = False, ret_none_ok: bool = False, **kwargs: Any) -> Any:
-        """Call one NVML function. Returns its result, or ``_FAILED`` for a per-field failure
-        (logged once per (GPU, field) unless ``quiet``). Raises ``_GpuLost`` for GpuIsLost and
-        ``_LibraryDown`` for library-level errors (and for Unknown on ``core`` calls)."""
+        """Call the NVML function ``fn_name``. Returns its result, or ``_FAILED`` for a per-field
+        failure (logged once per (GPU, field) unless ``quiet``): an NVML error other than the
+        ones below, a function this nvidia-ml-py lacks, or any other exception from the binding.
+        Raises ``_GpuLost`` for GpuIsLost and ``_LibraryDown`` for library-level errors (and for
+        Unknown on ``core`` calls)."""
         codes = self._codes
+        fn = getattr(self._nvml, fn_name, None)
+        if fn is None:
+            if core:
+                raise _LibraryDown(f"{fn_name} is missing from this nvidia-ml-py")
+            if not quiet:
+                self._log_once(label, field, f"{fn_name} is missing from this nvidia-ml-py")
+            return _FAILED
         try:
             result = fn(*args, **kwargs)
             return True if (ret_none_ok and result is None) else result
         except self._nvml.NVMLError as exc:
             code = getattr(exc, "value", None)
             if code == codes.get("GPU_IS_LOST"):
-                raise _GpuLost(f"{getattr(fn, '__name__', field)}: {_describe(exc)}") from None
+                raise _GpuLost(f"{fn_name}: {_describe(exc)}") from None
             library = {codes.get(k) for k in ("UNINITIALIZED", "DRIVER_NOT_LOADED", "LIBRARY_NOT_FOUND",
                                               "LIB_RM_VERSION_MISMATCH")}
             if code in library or (core and code == codes.get("UNKNOWN")):
-                raise _LibraryDown(f"{getattr(fn, '__name__', field)} on {label}: {_describe(exc)}") from None
-            if not quiet:
-                self._log_once(label, field, _describe(exc))
-            return _FAILED
+                raise _LibraryDown(f"{fn_name} on {label}: {_describe(exc)}") from None
+            why = _describe(exc)
+        except (TypeError, ValueError, AttributeError, OSError) as exc:   # binding-level surprises
+            why = f"{fn_name}: {_describe(exc)}"
+        if not quiet:
+            self._log_once(label, field, why)
+        return _FAILED
 
     def _log_once(self, label: str, field: str, why: str) -> None:
         key = (label, field)
