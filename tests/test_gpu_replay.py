@@ -106,7 +106,7 @@ def test_time_going_backwards_is_rejected(tmp_path: Path) -> None:
 
 def test_sim_gpu_is_the_engine_accounting() -> None:
     stats = {"memory": {"budget_bytes": 8_000_000, "reserved_bytes": 3_000_000}}
-    src = SimGpuSource(stats_fn=lambda: stats)
+    src = SimGpuSource(lambda: stats)
     assert src.simulated is True
     s = src.poll(5.0).gpus[SIM_UUID]
     assert (s.name, s.index, s.health) == ("inferctl simulated GPU", 0, "ok")

@@ -295,3 +295,7 @@ class ReplayGpuSource(GpuSource):
             snap.xid_events = delivered.get(key, [])
             gpus[key] = snap
         return GpuReading(source=self.name, ok=True, gpus=gpus, time=now)
+
+
+#: The name the issue uses.
+ReplaySource = ReplayGpuSource

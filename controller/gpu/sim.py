@@ -31,16 +31,19 @@ SIM_NAME = "inferctl simulated GPU"
 
 class SimGpuSource(GpuSource):
     """``engine_stats_url``: the engine's ``/stats`` URL (e.g. ``http://127.0.0.1:8000/stats``),
-    or ``stats_fn``: a callable returning the ``/stats`` dict (tests, in-process use). Exactly
-    one is required (``ValueError`` otherwise)."""
+    or ``stats_fn``: a callable returning the ``/stats`` dict (tests, in-process use; a callable
+    passed as the first argument is taken as ``stats_fn``). Exactly one is required
+    (``ValueError`` otherwise)."""
 
     name = "sim"
     simulated = True
     OPTIONS = ("engine_stats_url", "stats_fn", "timeout_s", "transport")
 
-    def __init__(self, engine_stats_url: str | None = None, *,
+    def __init__(self, engine_stats_url: str | Callable[[], dict[str, Any]] | None = None, *,
                  stats_fn: Callable[[], dict[str, Any]] | None = None, timeout_s: float = 2.0,
                  transport: httpx.BaseTransport | None = None) -> None:
+        if callable(engine_stats_url) and stats_fn is None:
+            engine_stats_url, stats_fn = None, engine_stats_url
         if (engine_stats_url is None) == (stats_fn is None):
             raise ValueError("simulated GPU needs exactly one of engine_stats_url or stats_fn")
         self._url = engine_stats_url
