@@ -108,6 +108,7 @@ class ServedModel:
     tokenizer: Any
     max_model_len: int
     vocab_size: int
+    kv_capacity_tokens: int | None
     registry: CollectorRegistry | None
     metrics: dict
 
@@ -119,8 +120,11 @@ class ServedModel:
         config = llm.config
         max_model_len = int(config.max_model_len)
         vocab = int(getattr(tokenizer, "vocab_size", 0) or bundle.args.vocab_size)
+        blocks = getattr(llm, "num_kv_blocks", None)
+        kv_tokens = int(blocks) * int(config.block_size) if blocks else None
         return cls(name=name, async_engine=async_engine, engine=llm, tokenizer=tokenizer,
                    max_model_len=max_model_len, vocab_size=min(vocab, int(bundle.args.vocab_size)),
+                   kv_capacity_tokens=kv_tokens,
                    registry=getattr(llm, "registry", None), metrics=getattr(llm, "metrics", {}) or {})
 
     def precision(self) -> str | None:
@@ -641,6 +645,12 @@ async def _prepare_jobs(served: ServedModel, prompts: list, req_id: str, request
             check_max_tokens(requested_max, len(ids), served.max_model_len, param=max_param)
             max_tokens = requested_max
         else:
+            # default: as many as fit in the context and the KV pool (the cache holds
+            # prompt + max_tokens - 1 tokens), capped by default_max; the engine rejects a
+            # prompt that alone does not fit the pool
+            if served.kv_capacity_tokens is not None:
+                room = min(room, served.kv_capacity_tokens - len(ids) + 1)
+            room = max(1, room)
             max_tokens = room if default_max is None else min(default_max, room)
         rid = req_id if len(prompts) == 1 else f"{req_id}-{i}"
         jobs.append(_PromptJob(index=i, request_id=rid, token_ids=ids, echo_text=echo, max_tokens=max_tokens))

@@ -390,3 +390,32 @@ def test_stopped_engine_answers_503_and_health_degraded(stories_dir):
     assert health.status_code == 200
     assert health.json()["status"] == "degraded"
     assert health.json()["models"][STORIES]["engine_running"] is False
+
+
+def test_kv_pool_admission_is_the_engines_400_and_defaults_fit_the_pool(stories_dir):
+    # 4 blocks of 16 tokens: max_model_len (512) allows more than the pool holds (F14 c).
+    eng = stories_engine(stories_dir, num_kv_blocks=4)
+    with engines_running(eng):
+        app = make_app({STORIES: eng})
+
+        async def go():
+            async with client(app) as c:
+                too_big = await c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 100})
+                too_big_stream = await c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 100,
+                                                                       "stream": True})
+                default = await c.post("/v1/chat/completions", json={
+                    "messages": [{"role": "user", "content": PROMPT}], "ignore_eos": True})
+                long_prompt = await c.post("/v1/completions", json={"prompt": "story " * 100})
+                health = await c.get("/health")
+                return too_big, too_big_stream, default, long_prompt, health
+        too_big, too_big_stream, default, long_prompt, health = run(go())
+    for r in (too_big, too_big_stream):
+        assert r.status_code == 400
+        err = r.json()["error"]
+        assert err["param"] == "max_tokens"
+        assert "needs 7 KV blocks of 16 tokens > 4 blocks in the KV cache" in err["message"]
+    assert default.status_code == 200
+    assert default.json()["usage"]["completion_tokens"] == 64 - 5 + 1
+    assert long_prompt.status_code == 400 and long_prompt.json()["error"]["param"] == "prompt"
+    assert "KV blocks" in long_prompt.json()["error"]["message"]
+    assert health.json()["status"] == "ok"
