@@ -206,6 +206,9 @@ class AsyncLLMEngine:
                 continue
             if outputs:
                 self._dispatch(outputs)
+            elif engine.last_step_idle and engine.has_unfinished_requests():
+                with self._cv:   # nothing could be scheduled: do not spin
+                    self._cv.wait(0.001)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}

@@ -136,6 +136,7 @@ class LLMEngine:
         self._draining = False
         self._consecutive_ooms = 0
         self._backoff_until = 0.0
+        self.last_step_idle = True
         self.hardware_errors_total = 0
         self.last_hardware_error: str | None = None
         self._init_metrics()
@@ -363,6 +364,7 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.preempted:
             self.metrics["inferctl_engine_preemptions_total"].inc(len(sched.preempted))
+        self.last_step_idle = sched.is_empty
         if sched.is_empty:
             self._update_gauges()
             return outputs
