@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from pydantic import BaseModel
 
 from engine.protocol import ChatCompletionChunk, ChatCompletionResponse, CompletionResponse
 from server_helpers import (
@@ -407,3 +408,29 @@ def test_fastapi_validation_errors_use_the_openai_shape(app):
     method, missing = run(go())
     assert method.status_code == 405 and "error" in method.json()
     assert missing.status_code == 404 and "error" in missing.json()
+
+
+class _CountBody(BaseModel):
+    count: int
+
+
+def test_request_validation_error_handler_gives_400_openai_shape(engine):
+    # Routes declared with a pydantic body (FastAPI's own validation) get the same 400 shape.
+    app = make_app({STORIES: engine})
+
+    @app.post("/test-only")
+    async def _route(body: _CountBody) -> dict:
+        return {"count": body.count}
+
+    async def go():
+        async with client(app) as c:
+            return (await c.post("/test-only", json={"count": "many"}),
+                    await c.post("/test-only", content=b"{oops", headers={"content-type": "application/json"}),
+                    await c.post("/test-only", json={"count": 3}))
+    bad_type, bad_json, good = run(go())
+    for r in (bad_type, bad_json):
+        assert r.status_code == 400
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error" and "detail" not in r.json()
+    assert bad_type.json()["error"]["param"] == "count"
+    assert good.json() == {"count": 3}
