@@ -439,12 +439,26 @@ class Controller:
     # ------------------------------------------------------------------ operator entry points
     def manual(self, action: str, engine: str, actor: str = "operator") -> ActionResult:
         """Run an operator action now (synchronously). Raises ``KeyError`` for an unknown
-        engine and ``ValueError`` for an unknown action."""
+        engine and ``ValueError`` for an unknown action.
+
+        For ``degrade``/``rollback`` the precision policy is told first through its
+        ``operator_switch(now, mode, who)`` when it has one; without it the policy sees the
+        change in the next poll (it adopts a manual int8 and rolls back after its hold, and
+        re-applies int8 after a manual rollback while it holds int8)."""
         if engine not in self.engines:
             raise KeyError(engine)
         if action not in MANUAL_ACTIONS:
             raise ValueError(f"action: {action!r} is not one of {', '.join(MANUAL_ACTIONS)}")
         d = Decision(actor, engine, action, None, None, f"{action} requested by {actor}", {})
+        pol = self.policies.get(engine, {}).get("precision")
+        hook = getattr(pol, "operator_switch", None)
+        if hook is not None and action in ("degrade", "rollback"):
+            # tell the precision policy first, so it does not undo the operator's switch
+            mode = "int8" if action == "degrade" else "full"
+            with self._lock:
+                now = self.clock()
+                for follow in self._safe("precision", engine, lambda: hook(now, mode, actor)):
+                    self._handle(follow, now)
         res = self.actions.execute(d)
         self.poll_engine(engine, force=True)
         return res

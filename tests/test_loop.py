@@ -214,3 +214,31 @@ def test_no_data_removes_gauges_instead_of_zero(tmp_path):
     client.memory = {"memory_reserved_bytes": None, "memory_allocated_bytes": None}
     ctl.tick()
     assert registry.get_sample_value("inferctl_fragmentation_ratio", {"engine": "main"}) is None
+
+
+def test_manual_switch_is_told_to_the_precision_policy_first(tmp_path):
+    from controller.types import Decision
+
+    class Pol:
+        def __init__(self):
+            self.calls = []
+
+        def observe(self, now, snap, gpu=None, telemetry_ok=True):
+            return []
+
+        def operator_switch(self, now, mode, who):
+            self.calls.append((mode, who))
+            return [Decision("precision", "main", None, "int8", "full", f"operator {who} forced {mode}", {})]
+
+        def state(self, now=None):
+            return {"state": "x"}
+
+    client = FakeEngineClient()
+    pol = Pol()
+    ctl, _, log = build(tmp_path, {"main": client}, policies={"main": {"precision": pol}})
+    assert ctl.manual("rollback", "main", actor="alice").ok
+    assert pol.calls == [("full", "alice")]
+    assert client.calls == [("precision", "full")]
+    [t] = log.query(kind="transition")
+    assert t["reason"] == "operator alice forced full"
+    assert t["id"] < log.query(kind="action")[-1]["id"]        # the policy hears it first
