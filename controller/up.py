@@ -85,7 +85,14 @@ def _gpu_source(config: ControllerConfig) -> Any:
         elif config.gpu.kind == "sim":
             raise ValueError("gpu.options.engine_stats_url: the simulated GPU needs a bundled engine's"
                              " /stats URL (none is configured)")
-    return make_gpu_source(config.gpu.kind, **opts)
+    try:
+        return make_gpu_source(config.gpu.kind, **opts)
+    except ValueError as exc:
+        if config.gpu.kind == "auto" and "simulated" in str(exc):
+            raise ValueError("gpu.kind: auto found no NVIDIA driver and there is no bundled engine to"
+                             " simulate a GPU from; set gpu.kind to dcgm (options.url) or replay"
+                             " (options.path)") from None
+        raise
 
 
 def _policies(config: ControllerConfig, counter: Any) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:

@@ -1,0 +1,79 @@
+"""The runtime assembly watching an engine it did not start (a vLLM URL) with a replayed GPU."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+
+import pytest
+
+from controller.config import parse_config
+from controller.up import build_runtime
+
+VLLM_METRICS = b"""# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="M"} 3.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="M"} 1.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{model_name="M"} 0.41
+"""
+
+
+@pytest.fixture
+def fake_vllm():
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = VLLM_METRICS if self.path == "/metrics" else b"not found"
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+def test_watch_a_vllm_engine_with_a_replayed_gpu(tmp_path, fake_vllm, fixtures_dir):
+    from prometheus_client import generate_latest
+
+    capture = fixtures_dir / "gpu" / "linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01__load__querygpu.csv"
+    cfg = parse_config({"event_log": str(tmp_path / "ev.db"),
+                        "engines": [{"name": "vllm-a", "kind": "vllm", "url": fake_vllm}],
+                        "gpu": {"kind": "replay", "options": {"path": str(capture)}}})
+    rt = build_runtime(cfg, "tok")
+    try:
+        assert rt.supervisors == {}
+        assert set(rt.controller.policies["vllm-a"]) == {"fragmentation"}   # no admin API: no precision
+        rt.controller.tick()
+        st = rt.controller.status()
+        e = st["engines"]["vllm-a"]
+        assert (e["up"], e["running"], e["waiting"], e["kv_usage_ratio"]) == (True, 3, 1, 0.41)
+        assert e["supervised"] is False
+        [gpu] = st["gpus"]["devices"]
+        assert gpu["name"] == "NVIDIA H100 80GB HBM3" and gpu["lost"] is False
+        text = generate_latest(rt.controller.registry).decode()
+        assert 'inferctl_kv_cache_usage_ratio{engine="vllm-a"} 0.41' in text
+        assert 'inferctl_engine_up{engine="vllm-a"} 1.0' in text
+        res = rt.controller.manual("restart", "vllm-a")
+        assert res.refused and "not launched by the controller" in res.message
+    finally:
+        rt.close()
+    assert rt.closed
+
+
+def test_auto_gpu_without_driver_or_bundled_engine_is_a_clear_error(tmp_path, fake_vllm, monkeypatch):
+    from controller.gpu import nvml
+
+    monkeypatch.setattr(nvml, "probe_nvml", lambda module=None: "no driver (test)")
+    cfg = parse_config({"event_log": str(tmp_path / "ev.db"),
+                        "engines": [{"name": "vllm-a", "kind": "vllm", "url": fake_vllm}]})
+    with pytest.raises(ValueError, match="gpu.kind: auto found no NVIDIA driver"):
+        build_runtime(cfg, "tok")
