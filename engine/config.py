@@ -97,7 +97,7 @@ class EngineConfig:
     oom_backoff_seconds: float = 0.05
     oom_backoff_max_seconds: float = 2.0
     repetition_stop_default: bool = False
-    repetition_stop_max_ngram: int = 8
+    repetition_stop_max_ngram: int = 32
     repetition_stop_min_repeats: int = 4
     repetition_stop_min_span: int = 16
     served_model_name: str | None = None

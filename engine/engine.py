@@ -89,6 +89,17 @@ class RequestOutput:
     error_status: int | None = None
 
 
+#: Below this many weight bytes the engine runs torch with one CPU thread unless
+#: ``EngineConfig.num_threads`` says otherwise (see ``LLMEngine.__init__``).
+TINY_MODEL_BYTES = 16 * 2**20
+
+
+def _weights_nbytes(model) -> int:
+    """Bytes of the model's parameters in the current precision (0 if it cannot tell)."""
+    fn = getattr(model, "weight_bytes", None)
+    return int(fn()) if callable(fn) else 0
+
+
 class LLMEngine:
     """The bundled inference engine (see the module docstring).
 
@@ -108,6 +119,11 @@ class LLMEngine:
         self.config = cfg
         if cfg.num_threads is not None:
             torch.set_num_threads(cfg.num_threads)
+        elif cfg.device == "cpu" and _weights_nbytes(model) < TINY_MODEL_BYTES:
+            # A tiny model's per-step matmuls are far too small to split across threads: on the
+            # 2-core CI machine, 2 intra-op threads ran stories260K 4-30x slower than 1 thread
+            # while anything else used a core (measured, docs/benchmarks.md). Process-wide.
+            torch.set_num_threads(1)
         self.bundle = bundle
         self.model = model
         self.tokenizer = bundle.tokenizer
@@ -115,6 +131,11 @@ class LLMEngine:
         self.model_name = cfg.served_model_name or bundle.name
         self.device = torch.device(cfg.device)
         self._eos_id = getattr(self.tokenizer, "eos_id", None)
+        # EOS plus the bundle's own end-of-text ids (BOS for llama2.c checkpoints); ignore_eos
+        # turns all of them off.
+        self._end_ids = frozenset(
+            {i for i in (self._eos_id,) if i is not None} | set(getattr(bundle, "stop_token_ids", ()))
+        )
         self._vocab = self.args.vocab_size
         self.started_wall = time.time()
 
@@ -402,7 +423,7 @@ class LLMEngine:
                         outputs: list[RequestOutput]) -> None:
         toks, lps, tops = sample.token_ids, sample.logprobs, sample.top_logprobs
         dead = set(sample.nonfinite_rows) if sample.nonfinite_rows else ()
-        eos = self._eos_id
+        end_ids = self._end_ids
         prec = self.precision
         st = self.stats_
         h_ttft = self.m_ttft
@@ -437,7 +458,7 @@ class LLMEngine:
                 reason = "error"
                 seq.error = "the model's logits had no finite value (NaN/inf); output stopped"
                 seq.error_status = 500
-            elif tok == eos and not seq.ignore_eos:
+            elif tok in end_ids and not seq.ignore_eos:
                 reason = "stop"
             elif tok in seq.stop_token_ids:
                 reason = "stop"

@@ -32,6 +32,11 @@ class ModelBundle:
     tokenizer: BaseTokenizer
     args: ModelArgs
     source_path: str | None = None
+    #: Extra token ids that end a generation besides the tokenizer's EOS. llama2.c's TinyStories
+    #: checkpoints delimit stories with BOS (id 1), and llama2.c's ``run.c`` stops generating when
+    #: it samples BOS ("data-dependent terminating condition: the BOS (=1) token delimits
+    #: sequences"), so ``load_llama2c`` sets ``(bos_id,)``. ``ignore_eos`` disables these too.
+    stop_token_ids: tuple[int, ...] = ()
 
 
 def _tensor(buf: bytes, offset: int, shape: tuple[int, ...], path: Path, what: str) -> tuple[torch.Tensor, int]:
@@ -153,7 +158,8 @@ def load_llama2c(path: str | Path, tokenizer_path: str | Path | None = None, dev
     if tok.vocab_size != vocab:
         raise ValueError(f"{tok_path}: tokenizer has {tok.vocab_size} tokens, checkpoint {p} has vocab_size {vocab}")
     model = LlamaModel(args, w, device=device, dtype=dtype)
-    return ModelBundle(name=name or p.stem, model=model, tokenizer=tok, args=args, source_path=str(p))
+    return ModelBundle(name=name or p.stem, model=model, tokenizer=tok, args=args, source_path=str(p),
+                       stop_token_ids=(tok.bos_id,))
 
 
 # ---- Hugging Face ------------------------------------------------------------------------

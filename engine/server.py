@@ -601,10 +601,16 @@ def _chat_logprobs(tokenizer: Any, token_ids: list[int], lps: list, tops: list) 
 # Request preparation
 
 
-def _sampling_params(req: Any, max_tokens: int, logprobs: int | None) -> Any:
-    from engine.sampling_params import SamplingParams
+def _sampling_params(req: Any, max_tokens: int, logprobs: int | None, limits: ProtocolLimits) -> Any:
+    from engine.sampling_params import SamplingLimits, SamplingParams
 
+    # The protocol layer already enforced these bounds; SamplingParams re-checks against the same
+    # numbers so an operator who raises a protocol limit is not refused one layer further down.
+    sampling_limits = SamplingLimits(max_stop_strings=limits.max_stop_sequences,
+                                     max_stop_string_chars=limits.max_stop_chars,
+                                     max_logprobs=max(limits.max_logprobs, limits.max_top_logprobs))
     kwargs: dict[str, Any] = {"max_tokens": max_tokens, "stop": req.stop_list(), "logprobs": logprobs,
+                              "limits": sampling_limits,
                               "ignore_eos": bool(req.ignore_eos), "repetition_stop": bool(req.repetition_stop)}
     for name in ("temperature", "top_k", "top_p", "seed", "repetition_penalty", "presence_penalty",
                  "frequency_penalty"):
@@ -657,11 +663,12 @@ async def _prepare_jobs(served: ServedModel, prompts: list, req_id: str, request
     return jobs
 
 
-def _params_for(req: Any, jobs: list[_PromptJob], served: ServedModel, logprobs: int | None) -> list[Any]:
+def _params_for(req: Any, jobs: list[_PromptJob], served: ServedModel, logprobs: int | None,
+                limits: ProtocolLimits) -> list[Any]:
     from engine.sampling_params import SamplingParamsError
 
     try:
-        return [_sampling_params(req, job.max_tokens, logprobs) for job in jobs]
+        return [_sampling_params(req, job.max_tokens, logprobs, limits) for job in jobs]
     except SamplingParamsError as exc:
         raise _engine_error_to_api(exc, served, 0) from None
 
@@ -840,7 +847,7 @@ async def _completions(request: Request, state: ServerState) -> Response:
     except APIError:
         served.count_error("invalid_request")
         raise
-    params = _params_for(req, jobs, served, req.logprobs)
+    params = _params_for(req, jobs, served, req.logprobs, state.limits)
     created = now_s()
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -1014,7 +1021,7 @@ async def _chat(request: Request, state: ServerState) -> Response:
         served.count_error("invalid_request")
         raise
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    params = _params_for(req, jobs, served, logprobs)
+    params = _params_for(req, jobs, served, logprobs, state.limits)
     created = now_s()
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)

@@ -1,0 +1,33 @@
+"""llama2.c checkpoints end a story with BOS (id 1): generation stops there, as llama2.c's run.c does."""
+
+from engine.config import EngineConfig
+from engine.engine import LLMEngine
+from engine.loader import load_model
+from engine.sampling_params import SamplingParams
+
+
+def _run(engine, ids, **params):
+    engine.add_request("r", ids, SamplingParams(**params))
+    tokens, reason = [], None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens.extend(out.new_token_ids)
+            if out.finished:
+                reason = out.finish_reason
+    return tokens, reason
+
+
+def test_story_ends_at_bos_unless_ignore_eos(stories_dir):
+    bundle = load_model(str(stories_dir / "stories260K.bin"))
+    assert bundle.stop_token_ids == (bundle.tokenizer.bos_id,) == (1,)
+    engine = LLMEngine(bundle, EngineConfig())
+    prompt = bundle.tokenizer.encode("Once upon a time", bos=True)
+
+    tokens, reason = _run(engine, prompt, max_tokens=400, temperature=0)
+    assert reason == "stop"
+    assert tokens[-1] == 1 and 1 not in tokens[:-1]
+    assert len(tokens) < 400
+
+    more, reason = _run(engine, prompt, max_tokens=400, temperature=0, ignore_eos=True)
+    assert reason == "length" and len(more) == 400
+    assert more[: len(tokens)] == tokens          # same greedy path up to the story's end
