@@ -630,12 +630,15 @@ class Controller:
                 self._gauge(metric, None if g.lost else value, **lab)
             self._gauge("inferctl_gpu_ecc_errors", g.ecc_corrected, type="corrected", **lab)
             self._gauge("inferctl_gpu_ecc_errors", g.ecc_uncorrected, type="uncorrected", **lab)
-            hw = self.gpu_policies.get("hardware")
-            state = hw.gpu_state(g.uuid) if hw is not None and hasattr(hw, "gpu_state") else None
-            healthy = (state == "healthy") if state is not None else not g.lost
-            self._gauge("inferctl_gpu_healthy", 1.0 if healthy else 0.0, **lab)
 
     def _export_policies(self, now: float) -> None:
+        reading = self._reading
+        if reading is not None and reading.ok:
+            hw = self.gpu_policies.get("hardware")
+            for g in reading.gpus.values():
+                state = hw.gpu_state(g.uuid) if hw is not None and hasattr(hw, "gpu_state") else None
+                healthy = (state == "healthy") if state is not None else not g.lost
+                self._gauge("inferctl_gpu_healthy", 1.0 if healthy else 0.0, gpu=str(g.index), uuid=g.uuid)
         for name, pols in self.policies.items():
             prec = pols.get("precision")
             if prec is not None:

@@ -242,3 +242,37 @@ def test_manual_switch_is_told_to_the_precision_policy_first(tmp_path):
     [t] = log.query(kind="transition")
     assert t["reason"] == "operator alice forced full"
     assert t["id"] < log.query(kind="action")[-1]["id"]        # the policy hears it first
+
+
+def test_supervise_restarts_a_crashed_engine(tmp_path):
+    import os
+    import signal
+    import sys
+
+    from controller.actions import EngineSupervisor
+    from tests.controller_helpers import FAKE_ENGINE_SRC, free_port
+
+    port = free_port()
+    sup = EngineSupervisor("main", [sys.executable, "-c", FAKE_ENGINE_SRC, str(port)],
+                           f"http://127.0.0.1:{port}", health_timeout_seconds=15)
+    sup.start()
+    client = FakeEngineClient()
+    ctl, registry, log = build(tmp_path, {"main": client})
+    ctl.supervisors["main"] = sup
+    ctl.actions.supervisors["main"] = sup
+    try:
+        ctl.supervise()
+        assert log.query(kind="error") == []            # alive: nothing to do
+        old = sup.pid
+        os.kill(old, signal.SIGKILL)
+        deadline = time.time() + 5
+        while sup.exited_unexpectedly() is None and time.time() < deadline:
+            time.sleep(0.05)
+        ctl.supervise()
+        assert ctl.wait_for_actions(20)
+        assert sup.running and sup.pid != old
+        [err] = log.query(kind="error")
+        assert "exited with code -9" in err["reason"]
+        assert registry.get_sample_value("inferctl_engine_restarts_total", {"engine": "main", "reason": "crash"}) == 1
+    finally:
+        sup.stop()
