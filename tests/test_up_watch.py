@@ -77,3 +77,55 @@ def test_auto_gpu_without_driver_or_bundled_engine_is_a_clear_error(tmp_path, fa
                         "engines": [{"name": "vllm-a", "kind": "vllm", "url": fake_vllm}]})
     with pytest.raises(ValueError, match="gpu.kind: auto found no NVIDIA driver"):
         build_runtime(cfg, "tok")
+
+
+@pytest.mark.e2e
+def test_controller_run_watches_and_stops_on_sigterm(tmp_path, fake_vllm, fixtures_dir):
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import httpx
+    import yaml
+
+    from tests.controller_helpers import free_port, port_is_free
+
+    port = free_port()
+    capture = fixtures_dir / "gpu" / "linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01__idle__querygpu.csv"
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({
+        "listen": {"port": port}, "event_log": str(tmp_path / "ev.db"),
+        "engines": [{"name": "vllm-a", "kind": "vllm", "url": fake_vllm}],
+        "gpu": {"kind": "replay", "options": {"path": str(capture)}}}))
+    out = tmp_path / "out.txt"
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "INFERCTL_ADMIN_TOKEN": "tok"}
+    with open(out, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "controller.cli", "controller", "run", "--config",
+                                 str(tmp_path / "c.yaml")], stdout=f, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+    try:
+        deadline = time.time() + 60
+        while "controller:" not in out.read_text():
+            assert proc.poll() is None and time.time() < deadline, out.read_text()
+            time.sleep(0.1)
+        text = out.read_text()
+        assert re.search(r"^watching:\s+http://127\.0\.0\.1:\d+\s+\(vllm-a, vllm\)$", text, re.MULTILINE)
+        assert "admin token: from --token / $INFERCTL_ADMIN_TOKEN" in text   # never printed when given
+        assert "tok\n" not in text
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(50):
+            st = httpx.get(f"{base}/status", timeout=5).json()
+            if st["engines"]["vllm-a"]["up"]:
+                break
+            time.sleep(0.1)
+        assert st["engines"]["vllm-a"]["kv_usage_ratio"] == 0.41
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert port_is_free(port)
