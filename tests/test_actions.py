@@ -143,7 +143,7 @@ def test_route_light_and_back(env):
     assert acts.execute(decision("route_light", policy="breaker", model="stories")).ok
     assert client.routes == {"stories": "light"}
     assert acts.execute(decision("route_main", policy="breaker", model="stories")).ok
-    assert client.routes == {"stories": "stories"}
+    assert client.routes == {"stories": None}
     no_light = make_actions(env, {"main": FakeEngineClient()})
     assert "no light model" in no_light.execute(decision("route_light")).message
 
