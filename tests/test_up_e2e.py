@@ -120,7 +120,7 @@ def test_oom_degrades_once_no_request_fails_then_rolls_back(tmp_path, stories_di
         load_seconds = time.time() - t0
         statuses = [s for s, _ in results]
         assert statuses == [200] * 16, [b for s, b in results if s != 200][:2]
-        assert all(b["choices"][0]["finish_reason"] == "length" for _, b in results)
+        assert all(b["choices"][0]["finish_reason"] in ("length", "stop") for _, b in results)
 
         stats = http.get(f"{engine}/stats").json()
         assert stats["faults"]["oom_total"] >= 1
