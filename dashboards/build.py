@@ -166,7 +166,7 @@ def gpu() -> DashboardSpec:
                     T(q.gauge("inferctl_gpu_ecc_errors", ("gpu", "type")), "{{type}} gpu {{gpu}}"),
                 ), "short", width=8),
                 PanelSpec("Xid events", "Xid events per window by code and the catalogue's action.", (
-                    T(q.rate_sum("inferctl_gpu_xid_events_total", ("gpu", "xid", "action"), W, fn="increase"), "gpu {{gpu}} Xid {{xid}} ({{action}})"),
+                    T(q.window_increase("inferctl_gpu_xid_events_total", ("gpu", "xid", "action"), W), "gpu {{gpu}} Xid {{xid}} ({{action}})"),
                 ), "short", width=8),
                 PanelSpec("GPU telemetry up", "1 when the GPU source's last poll succeeded (NVML, dcgm, replay, sim).", (
                     T(q.gauge("inferctl_gpu_telemetry_up", ("source",), how="min"), "{{source}}"),
@@ -265,11 +265,11 @@ def control_plane() -> DashboardSpec:
                     T(q.gauge("inferctl_engine_precision_mode", ("instance", "mode")), "engine {{instance}} {{mode}}"),
                 ), "short", kind="state", width=24),
                 PanelSpec("Precision switches", "Switches per window by target mode (int8 = degrade, full = rollback).", (
-                    T(q.rate_sum("inferctl_precision_switches_total", ("engine", "to"), W, fn="increase"), "to {{to}} {{engine}}"),
-                    T(q.rate_sum("inferctl_engine_precision_switches_total", ("instance", "to"), W, fn="increase"), "engine to {{to}} {{instance}}"),
+                    T(q.window_increase("inferctl_precision_switches_total", ("engine", "to"), W), "to {{to}} {{engine}}"),
+                    T(q.window_increase("inferctl_engine_precision_switches_total", ("instance", "to"), W), "engine to {{to}} {{instance}}"),
                 ), "short", width=8),
                 PanelSpec("Rollbacks", "Rollbacks to full precision per window.", (
-                    T(q.rate_sum("inferctl_precision_switches_total", e, W, matchers='to="full"', fn="increase"), "{{engine}}"),
+                    T(q.window_increase("inferctl_precision_switches_total", e, W, matchers='to="full"'), "{{engine}}"),
                 ), "short", width=8),
                 PanelSpec("Degraded time and rollback hold", "Seconds in int8 since the degradation; the hold required before rollback; flap-guard pin.", (
                     T(q.gauge("inferctl_degraded_seconds", e), "degraded {{engine}}"),
@@ -279,18 +279,18 @@ def control_plane() -> DashboardSpec:
             )),
             ("Actions", (
                 PanelSpec("Engine restarts and drains", "Restarts by reason and drains, per window.", (
-                    T(q.rate_sum("inferctl_engine_restarts_total", ("engine", "reason"), W, fn="increase"), "restart {{reason}} {{engine}}"),
-                    T(q.rate_sum("inferctl_engine_drains_total", e, W, fn="increase"), "drain {{engine}}"),
+                    T(q.window_increase("inferctl_engine_restarts_total", ("engine", "reason"), W), "restart {{reason}} {{engine}}"),
+                    T(q.window_increase("inferctl_engine_drains_total", e, W), "drain {{engine}}"),
                 ), "short", width=8),
                 PanelSpec("GPU resets", "GPU reset attempts by outcome (success, failed, refused, dry_run), per window.", (
-                    T(q.rate_sum("inferctl_gpu_resets_total", ("gpu", "outcome"), W, fn="increase"), "{{outcome}} gpu {{gpu}}"),
+                    T(q.window_increase("inferctl_gpu_resets_total", ("gpu", "outcome"), W), "{{outcome}} gpu {{gpu}}"),
                 ), "short", width=8),
                 PanelSpec("Engines draining", "1 while an engine admits no new requests (drain before restart).", (
                     T(q.gauge("inferctl_engine_draining", ("instance",)), "{{instance}}"),
                 ), "short", kind="state", width=24),
                 PanelSpec("OOM faults", "Out-of-memory faults per window, by kind (controller's and engine's count).", (
-                    T(q.rate_sum("inferctl_engine_oom_events_total", ("engine", "kind"), W, fn="increase"), "{{kind}} {{engine}}"),
-                    T(q.rate_sum("inferctl_engine_oom_total", ("instance", "kind"), W, fn="increase"), "engine {{kind}} {{instance}}"),
+                    T(q.window_increase("inferctl_engine_oom_events_total", ("engine", "kind"), W), "{{kind}} {{engine}}"),
+                    T(q.window_increase("inferctl_engine_oom_total", ("instance", "kind"), W), "engine {{kind}} {{instance}}"),
                 ), "short", width=8),
             )),
             ("Latency breaker", (
@@ -298,7 +298,7 @@ def control_plane() -> DashboardSpec:
                     T(q.gauge("inferctl_breaker_state", ("engine", "state")), "{{engine}} {{state}}"),
                 ), "short", kind="state", width=12),
                 PanelSpec("Breaker trips and TTFT P99", "Trips per window; TTFT P99 over the breaker window (controller).", (
-                    T(q.rate_sum("inferctl_breaker_trips_total", e, W, fn="increase"), "trips {{engine}}"),
+                    T(q.window_increase("inferctl_breaker_trips_total", e, W), "trips {{engine}}"),
                     T(q.gauge("inferctl_ttft_p99_seconds", e), "ttft p99 {{engine}}"),
                 ), "short", width=12),
             )),
@@ -368,9 +368,10 @@ def _with_uncharted(specs: list[DashboardSpec]) -> list[DashboardSpec]:
 def _annotations() -> list[db.AnnotationQuery]:
     return [
         db.AnnotationQuery().name("Controller events").datasource(DATASOURCE).enable(True).icon_color("orange")
-        .expr('sum by (kind) (changes(inferctl_events_total{kind=~"transition|action|escalation|refusal|error"}[$__interval])) > 0'),
+        .expr(q.counter_increased("inferctl_events_total", ("kind",), "$__interval",
+                                  'kind=~"transition|action|escalation|refusal|error"')),
         db.AnnotationQuery().name("Precision switches").datasource(DATASOURCE).enable(True).icon_color("red")
-        .expr("sum by (engine, to) (changes(inferctl_precision_switches_total[$__interval])) > 0"),
+        .expr(q.counter_increased("inferctl_precision_switches_total", ("engine", "to"), "$__interval")),
     ]
 
 

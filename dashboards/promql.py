@@ -7,7 +7,8 @@ The builders encode three rules that real outages taught (see ``/work/shared/cas
   window gives *no data* instead of ``NaN`` or ``+Inf``: ``sum(rate(a)) / (sum(rate(b)) > 0)``.
 - **No traffic is no data** (F04, prometheus #6645): ``histogram_quantile`` over all-zero bucket
   rates returns ``NaN``; :func:`quantile` keeps only groups whose ``_count`` rate is > 0.
-- **Gauges aggregate with max/avg/min, never sum** (a summed utilisation or ratio is meaningless).
+- **Gauges aggregate with max/avg/min, never sum** (a summed utilisation or ratio is meaningless),
+  and NaN readings are dropped before aggregating (:func:`gauge`).
 
 Every function returns PromQL text; label lists are tuples of label names.
 """
@@ -31,10 +32,16 @@ def rate_sum(name: str, labels: tuple[str, ...], window: str, matchers: str = ""
 
 
 def gauge(name: str, labels: tuple[str, ...], how: str = "max", matchers: str = "") -> str:
-    """``max by (labels) (name{matchers})``. Raises ValueError for ``how`` = ``sum``."""
+    """``max by (labels) (name{matchers} >= 0)``. Raises ValueError for ``how`` = ``sum``.
+
+    ``>= 0`` drops NaN samples (every comparison with NaN is false) and negative ones: the
+    engine exposes "no data" on an unlabelled gauge as NaN (prometheus-client cannot remove
+    the sample; e.g. KV waste with no block in use), and no catalog gauge is negative. So an
+    invalid reading is no data on the dashboard, never a NaN line or an aggregate poisoned by it.
+    """
     if how not in ("max", "min", "avg"):
         raise ValueError(f"how: gauges aggregate with max, min or avg, not {how!r}")
-    return f"{how} {by(labels)} ({selector(name, matchers)})"
+    return f"{how} {by(labels)} ({selector(name, matchers)} >= 0)"
 
 
 def ratio(numerator: str, denominator: str, zero_fill: bool = False) -> str:
@@ -68,14 +75,26 @@ def histogram_mean(histogram: str, labels: tuple[str, ...], window: str, matcher
                  rate_sum(f"{histogram}_count", labels, window, matchers))
 
 
-def counter_increased(name: str, labels: tuple[str, ...], window: str, matchers: str = "") -> str:
-    """Events of a counter within ``window``, including a series *born* within it.
+def window_increase(name: str, labels: tuple[str, ...], window: str, matchers: str = "") -> str:
+    """Events counted by a counter within ``window``, by ``labels`` — also for a series *born*
+    inside the window.
 
-    ``increase()`` cannot see the first increment of a labelled counter whose series is
-    created by that increment (its first sample is already 1). The second arm counts series
-    that did not exist ``window`` ago: ``sum(x unless x offset w)``. Result: > 0 where at least
-    one event happened in the window (a value, not a boolean: use ``> 0`` on it).
+    A labelled counter whose series is created by its first event (prometheus-client creates
+    ``x{engine="a",to="int8"}`` on the first ``inc()``) starts at 1: ``increase()`` over a
+    window holding its birth sees 1 → 1 and reports 0, so the first switch, Xid or failed
+    reset would be invisible. Here series that existed ``window`` ago use ``increase()``;
+    series born since count their current value (every event since birth)::
+
+        sum by (labels) ((increase(x[w]) and x offset w) or (x unless x offset w))
+
+    Caveat: on a Prometheus with an empty database, every counter looks born in its first
+    ``window`` (its whole value counts once).
     """
     sel = selector(name, matchers)
-    return (f"(sum {by(labels)} (increase({sel}[{window}])) > 0)"
-            f" or (sum {by(labels)} ({sel} unless {sel} offset {window}) > 0)")
+    return (f"sum {by(labels)} ((increase({sel}[{window}]) and {sel} offset {window})"
+            f" or ({sel} unless {sel} offset {window}))")
+
+
+def counter_increased(name: str, labels: tuple[str, ...], window: str, matchers: str = "") -> str:
+    """At least one event in ``window`` (see :func:`window_increase`); the value is the count."""
+    return f"{window_increase(name, labels, window, matchers)} > 0"

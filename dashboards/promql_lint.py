@@ -10,8 +10,8 @@ that finds, in one expression:
 Lexical rules follow the PromQL reference
 (https://prometheus.io/docs/prometheus/latest/querying/basics/): identifiers
 ``[a-zA-Z_:][a-zA-Z0-9_:]*``, strings in ``"``, ``'`` or backticks, label matchers in ``{}``,
-ranges/subqueries in ``[]``. Grafana's ``$__rate_interval``-style variables only appear inside
-``[]`` here and are skipped with the range.
+ranges/subqueries in ``[]``. Grafana's ``$__rate_interval``-style variables are skipped inside
+``[]`` and lexed as a duration after ``offset``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ OTHER_KEYWORDS = frozenset({"and", "or", "unless", "bool", "offset", "atan2", "i
 _IDENT = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _NUMBER = re.compile(r"(?:0x[0-9a-fA-F]+|\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)(?:ms|s|m|h|d|w|y)*")
 _MATCHER = re.compile(r"\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*(\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|`[^`]*`)\s*,?")
+_VARIABLE = re.compile(r"\$(?:\{[A-Za-z0-9_:.]+\}|[A-Za-z_][A-Za-z0-9_]*)")   # Grafana: $__interval, ${x}
 _OPS = ("==", "!=", ">=", "<=", "=~", "!~")
 
 
@@ -128,6 +129,12 @@ def tokenize(expr: str) -> list[Token]:
         elif _IDENT.match(expr, i):
             m = _IDENT.match(expr, i)
             tokens.append(Token("ident", m.group(0), i))
+            i = m.end()
+        elif ch == "$":
+            m = _VARIABLE.match(expr, i)
+            if m is None:
+                raise PromQLSyntaxError(f"bad Grafana variable at {i} in {expr!r}")
+            tokens.append(Token("variable", m.group(0), i))
             i = m.end()
         elif expr[i:i + 2] in _OPS:
             tokens.append(Token("op", expr[i:i + 2], i))

@@ -133,9 +133,9 @@ def test_latency_panels_are_p50_p90_p99_and_no_data_without_traffic(committed):
 def test_fragmentation_panel_is_reserved_unallocated_over_reserved_not_free_memory(committed):
     panel = next(p for p in committed["inferctl-gpu"]["panels"] if p["title"] == "Allocator fragmentation")
     engine_expr = panel["targets"][1]["expr"]
-    assert engine_expr == ("(max by (job, instance) (inferctl_engine_memory_reserved_bytes) - max by (job, instance) "
-                           "(inferctl_engine_memory_allocated_bytes)) / (max by (job, instance) "
-                           "(inferctl_engine_memory_reserved_bytes) > 0)")
+    assert engine_expr == ("(max by (job, instance) (inferctl_engine_memory_reserved_bytes >= 0) - max by (job, instance) "
+                           "(inferctl_engine_memory_allocated_bytes >= 0)) / (max by (job, instance) "
+                           "(inferctl_engine_memory_reserved_bytes >= 0) > 0)")
     assert "inferctl_gpu_memory_used_bytes" not in json.dumps(panel)
 
 

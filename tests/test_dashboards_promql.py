@@ -52,7 +52,12 @@ def test_keywords_numbers_offsets_and_strings_are_not_metrics():
     assert a.divisions == [(a.divisions[0][0], True)]     # division by the constant 2
 
 
-@pytest.mark.parametrize("expr", ["rate(x[5m]", "x{job=\"a}", "x @ 5"])
+def test_grafana_variables_after_offset_are_durations():
+    a = analyze("x unless x offset $__rate_interval")
+    assert [s.name for s in a.selectors] == ["x", "x"]
+
+
+@pytest.mark.parametrize("expr", ["rate(x[5m]", "x{job=\"a}", "x @ 5", "x offset $"])
 def test_bad_syntax_is_reported(expr):
     with pytest.raises(PromQLSyntaxError):
         analyze(expr)
@@ -106,7 +111,12 @@ def test_quantile_builder_drops_groups_without_traffic():
             q.quantile(bad, "h", ("model",), "5m")
 
 
-def test_counter_increased_sees_a_series_born_inside_the_window():
-    expr = q.counter_increased("c_total", ("gpu",), "30m", 'outcome="failed"')
-    assert "increase(c_total{outcome=\"failed\"}[30m])" in expr
-    assert 'c_total{outcome="failed"} unless c_total{outcome="failed"} offset 30m' in expr
+def test_window_increase_counts_a_series_born_inside_the_window():
+    sel = 'c_total{outcome="failed"}'
+    assert q.window_increase("c_total", ("gpu",), "30m", 'outcome="failed"') == (
+        f"sum by (gpu) ((increase({sel}[30m]) and {sel} offset 30m) or ({sel} unless {sel} offset 30m))")
+    assert q.counter_increased("c_total", ("gpu",), "30m").endswith(" > 0")
+
+
+def test_gauge_builder_drops_nan_and_negative_readings():
+    assert q.gauge("inferctl_engine_kv_cache_waste_ratio", ("job",)) == "max by (job) (inferctl_engine_kv_cache_waste_ratio >= 0)"
