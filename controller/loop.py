@@ -77,6 +77,7 @@ class SourceJob:
         self.polls = 0
         self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"poll-{name}")
         self._future: cf.Future | None = None
+        self._run_lock = threading.Lock()
 
     def run(self, now: float | None = None, force: bool = False) -> Any | None:
         """Poll once unless backing off (``force`` ignores the backoff). Returns the result
@@ -84,6 +85,16 @@ class SourceJob:
         now = self.clock() if now is None else now
         if not force and now < self.next_attempt:
             return None
+        # one caller at a time (the scheduler's job, a forced poll after an operator action):
+        # a second caller waits for the first (forced) or skips (scheduled), never fails
+        if not self._run_lock.acquire(timeout=2 * self.timeout if force else 0):
+            return None
+        try:
+            return self._run_locked(now)
+        finally:
+            self._run_lock.release()
+
+    def _run_locked(self, now: float) -> Any:
         if self._future is not None and not self._future.done():
             return self._fail(now, f"previous call still running (more than {self.timeout:g} s)")
         t0 = time.monotonic()

@@ -276,3 +276,27 @@ def test_supervise_restarts_a_crashed_engine(tmp_path):
         assert registry.get_sample_value("inferctl_engine_restarts_total", {"engine": "main", "reason": "crash"}) == 1
     finally:
         sup.stop()
+
+
+def test_concurrent_callers_of_one_source_never_record_a_false_failure():
+    import threading as th
+
+    _, metrics = build_registry()
+    gate = th.Event()
+
+    def fn(now):
+        gate.wait(2)
+        return GpuReading(source="x", ok=True, time=now)
+
+    job = SourceJob("gpu", fn, lambda now, err: GpuReading(source="x", ok=False, error=err, time=now),
+                    interval=5.0, timeout=1.0, max_backoff=10.0, metrics=metrics)
+    first = {}
+    t = th.Thread(target=lambda: first.setdefault("r", job.run()))
+    t.start()
+    time.sleep(0.1)
+    assert job.run() is None                      # scheduled caller: skips while the first runs
+    gate.set()
+    forced = job.run(force=True)                  # forced caller: waits its turn, then polls
+    t.join()
+    assert first["r"].ok and forced.ok
+    assert job.failures == 0 and job.polls == 2
