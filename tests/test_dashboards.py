@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -228,3 +230,65 @@ def test_recorded_series_names_follow_level_metric_operations():
     for name in recorded_series():
         level, metric, ops = name.split(":")
         assert level and metric.startswith("inferctl_engine_") and ops
+
+
+def _panel_expr(uid: str, title: str, ref: str = "A") -> str:
+    doc = json.loads((ROOT / "dashboards" / f"{uid}.json").read_text())
+    expr = next(e for t, r, e in panel_queries(doc) if t == title and r == ref)
+    return expr.replace("$__rate_interval", "5m")
+
+
+def _promtool_eval(tmp_path: Path, series: list[dict], expr: str, expected: list[dict]) -> subprocess.CompletedProcess:
+    """Evaluate a real panel expression on synthetic scrapes with ``promtool test rules``."""
+    (tmp_path / "empty.rules.yaml").write_text("groups: []\n")
+    test = {"rule_files": ["empty.rules.yaml"], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": series,
+                       "promql_expr_test": [{"expr": expr, "eval_time": "10m", "exp_samples": expected}]}]}
+    (tmp_path / "panel_test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool not installed (.ci/run installs the Debian prometheus package)")
+    return subprocess.run([promtool, "test", "rules", "panel_test.yaml"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_f05_padding_ratio_panel_divides_aggregates_and_is_blank_for_an_idle_engine(tmp_path):
+    a, b = 'job="inferctl-engine",instance="a:8000"', 'job="inferctl-engine",instance="b:8000"'
+    series = [
+        {"series": f"inferctl_engine_step_real_tokens_total{{{a}}}", "values": "0+50x10"},
+        {"series": f"inferctl_engine_step_padded_tokens_total{{{a}}}", "values": "0+50x10"},
+        {"series": f"inferctl_engine_step_real_tokens_total{{{b}}}", "values": "0x10"},      # 0 of 0
+        {"series": f"inferctl_engine_step_padded_tokens_total{{{b}}}", "values": "0x10"},
+    ]
+    expr = _panel_expr("inferctl-batching", "Padding ratio")
+    ok = _promtool_eval(tmp_path, series, expr, [{"labels": f"{{{a}}}", "value": 0.5}])
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    wrong = _promtool_eval(tmp_path, series, expr, [{"labels": f"{{{a}}}", "value": 0.5}, {"labels": f"{{{b}}}", "value": 0}])
+    assert wrong.returncode != 0     # B is no data, not 0
+
+
+def test_error_ratio_panel_is_zero_with_traffic_and_blank_without(tmp_path):
+    series = [
+        {"series": 'inferctl_engine_requests_total{job="inferctl-engine",instance="a:8000",model="busy",finish_reason="length"}', "values": "0+60x10"},
+        {"series": 'inferctl_engine_requests_total{job="inferctl-engine",instance="a:8000",model="idle",finish_reason="length"}', "values": "9x10"},
+        {"series": 'inferctl_engine_request_errors_total{job="inferctl-engine",instance="a:8000",model="flaky",reason="oom"}', "values": "0+6x10"},
+        {"series": 'inferctl_engine_requests_total{job="inferctl-engine",instance="a:8000",model="flaky",finish_reason="stop"}', "values": "0+60x10"},
+    ]
+    out = _promtool_eval(tmp_path, series, _panel_expr("inferctl-service", "Error ratio"),
+                         [{"labels": '{model="busy"}', "value": 0}, {"labels": '{model="flaky"}', "value": 0.1}])
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_f04_latency_panels_show_no_data_for_flat_histograms(tmp_path):
+    lbl = 'job="inferctl-engine",instance="a:8000",model="m"'
+    h = "inferctl_engine_e2e_request_latency_seconds"
+    series = [{"series": f'{h}_bucket{{{lbl},le="1"}}', "values": "40x10"},
+              {"series": f'{h}_bucket{{{lbl},le="+Inf"}}', "values": "50x10"},
+              {"series": f"{h}_count{{{lbl}}}", "values": "50x10"}]
+    for ref in ("A", "B", "C"):
+        out = _promtool_eval(tmp_path, series, _panel_expr("inferctl-service", "End-to-end latency P50 / P90 / P99", ref), [])
+        assert out.returncode == 0, (ref, out.stdout + out.stderr)
+    # with traffic the same panel has data (the test above is not vacuous)
+    series = [dict(s, values=s["values"].replace("40x10", "0+4x10").replace("50x10", "0+5x10")) for s in series]
+    out = _promtool_eval(tmp_path, series, _panel_expr("inferctl-service", "End-to-end latency P50 / P90 / P99", "C"), [])
+    assert out.returncode != 0 and "got" in out.stdout + out.stderr
