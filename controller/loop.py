@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 PRECISION_MODES = ("full", "int8")
 BREAKER_STATES = ("closed", "open", "half_open")
-#: actions that may take long (drain waits, process restarts, nvidia-smi): never inline
+#: engine actions an operator may run (POST /actions/<name>, inferctl <name>)
 MANUAL_ACTIONS = ("degrade", "rollback", "drain", "undrain", "restart")
 _LABELS = {spec["name"]: tuple(spec["labels"]) for spec in CONTROLLER_METRICS}
 
