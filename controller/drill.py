@@ -143,7 +143,7 @@ def load_passages(data: str | Path, long_chars: int, short_chars: int, encoding:
             for w in words:
                 cur.append(w)
                 n += len(w) + 1
-                if n >= size:
+                if n - 1 >= size:
                     out.append(" ".join(cur))
                     cur, n, made = [], 0, made + 1
                     if made >= per_file:
@@ -888,7 +888,7 @@ def register(app: Any) -> None:
         err = Console(stderr=True)
 
         def die(msg: str, code: int) -> None:
-            err.print(f"error: {msg}", markup=False, highlight=False)
+            err.print(f"error: {msg}", markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(code)
 
         try:
@@ -907,7 +907,7 @@ def register(app: Any) -> None:
                     die(f"--model: {model} does not exist", 2)
                 conf = stack_config(model, workdir, memory_budget, engine_arg, hold_seconds, controller_poll)
                 err.print(f"starting inferctl up (model {model or 'demo'}, budget "
-                          f"{conf['engines'][0]['launch'].get('memory_budget')}; log {workdir})", highlight=False)
+                          f"{conf['engines'][0]['launch'].get('memory_budget')}; log {workdir})", highlight=False, soft_wrap=True)
                 stack = start_stack(conf, workdir)
                 engine_name, engine_url, ctl_url, tok = "main", stack.engine_url, stack.controller_url, stack.token
             else:
@@ -930,7 +930,7 @@ def register(app: Any) -> None:
             if stack is not None:
                 code = stack.stop()
                 if code not in (0, None):
-                    err.print(f"note: inferctl up exited with code {code} (log {stack.log})", highlight=False)
+                    err.print(f"note: inferctl up exited with code {code} (log {stack.log})", highlight=False, soft_wrap=True)
         if stack is not None:
             report.stack = {"started_by_drill": True, "log": str(stack.log), "workdir": str(workdir)}
         out.mkdir(parents=True, exist_ok=True)
@@ -944,6 +944,6 @@ def register(app: Any) -> None:
         else:
             Console().print(summary_table(report))
         for n in report.notes:
-            err.print(f"note: {n}", markup=False, highlight=False)
-        err.print(f"wrote {json_path} and {png}", highlight=False)
+            err.print(f"note: {n}", markup=False, highlight=False, soft_wrap=True)
+        err.print(f"wrote {json_path} and {png}", highlight=False, soft_wrap=True)
         raise typer.Exit(0 if summary["ok"] else 1)

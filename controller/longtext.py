@@ -795,7 +795,7 @@ def register(app: Any) -> None:
             text = read_book(book, encoding)
         except LongTextError as exc:
             err.print(f"error: --{exc.field.replace('_', '-')}: {exc.message}" if exc.field and exc.field != "book"
-                      else f"error: {exc}", markup=False, highlight=False)
+                      else f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(2)
         sup = None
         backend = None
@@ -808,14 +808,14 @@ def register(app: Any) -> None:
             def progress(stage: str, done: int, total: int) -> None:
                 if time.monotonic() - last["t"] > 2 or done == total:
                     last["t"] = time.monotonic()
-                    err.print(f"{stage}: {done}/{total} windows", highlight=False)
+                    err.print(f"{stage}: {done}/{total} windows", highlight=False, soft_wrap=True)
 
             report = run_longtext(text, backend, cfg, progress)
         except LongTextError as exc:
-            err.print(f"error: {exc}", markup=False, highlight=False)
+            err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(2)
         except RuntimeError as exc:   # the engine did not start
-            err.print(f"error: {exc}", markup=False, highlight=False)
+            err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(1)
         finally:
             if backend is not None:
@@ -826,10 +826,10 @@ def register(app: Any) -> None:
         for t in (tables[1:] if quiet else tables):
             console.print(t)
         for note in report.notes:
-            err.print(f"note: {note}", markup=False, highlight=False)
+            err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
         prefix = out if out is not None else Path(f"longtext-{book.stem}")
         csv_path, json_path = write_outputs(report, prefix)
-        err.print(f"wrote {csv_path} and {json_path}", markup=False, highlight=False)
+        err.print(f"wrote {csv_path} and {json_path}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _start_engine(model: str | None, max_model_len: int | None, err: Any) -> tuple[Any, str]:
@@ -847,6 +847,6 @@ def _start_engine(model: str | None, max_model_len: int | None, err: Any) -> tup
     log = Path(tempfile.gettempdir()) / f"inferctl-longtext-engine-{port}.log"
     sup = EngineSupervisor("longtext", engine_serve_argv(port, model=model, extra=extra), url,
                            health_timeout_seconds=120.0, log_path=log)
-    err.print(f"starting an engine for {model or 'the demo model'} on {url} (log: {log})", highlight=False)
+    err.print(f"starting an engine for {model or 'the demo model'} on {url} (log: {log})", highlight=False, soft_wrap=True)
     sup.start()
     return sup, url
