@@ -416,6 +416,11 @@ class LLMEngine:
         m["inferctl_engine_step_real_tokens_total"].inc(res.num_tokens)
         if res.sampled:
             m["inferctl_engine_generation_tokens_total"].labels(self.model_name).inc(len(res.sampled))
+        if not self._seqs:
+            # Idle: hand cached activation segments back (torch.cuda.empty_cache on CUDA), so
+            # an idle engine reports its real free memory and no allocator "fragmentation" —
+            # the controller's rollback and fragmentation policies read these numbers.
+            self.accountant.empty_cache()
         self._update_gauges()
         return outputs
 
