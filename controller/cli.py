@@ -429,6 +429,11 @@ except ImportError:  # pragma: no cover
 if _register_engine_commands is not None:
     _register_engine_commands(app)
 
+# `inferctl dashboards build|check`: dashboards, rules and Alertmanager config from the catalogs.
+from dashboards.cli import register as _register_dashboards  # noqa: E402
+
+_register_dashboards(app)
+
 
 if __name__ == "__main__":  # pragma: no cover
     app()

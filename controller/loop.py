@@ -122,7 +122,7 @@ class SourceJob:
         self.last_duration = seconds
         h = self.metrics.get("inferctl_poll_duration_seconds")
         if h is not None:
-            h.labels(job=self.name).observe(seconds)
+            h.labels(poller=self.name).observe(seconds)
 
     def _backoff(self, now: float, error: str) -> None:
         self.failures += 1
@@ -131,7 +131,7 @@ class SourceJob:
         self.next_attempt = now + delay
         c = self.metrics.get("inferctl_poll_errors_total")
         if c is not None:
-            c.labels(job=self.name).inc()
+            c.labels(poller=self.name).inc()
 
     def _fail(self, now: float, error: str) -> Any:
         self.polls += 1

@@ -106,9 +106,9 @@ CONTROLLER_METRICS: list[dict] = [
     {"name": "inferctl_events_total", "type": "counter", "unit": "events",
      "help": "Events appended to the event log, by kind (Grafana annotations read these).", "labels": ("kind",)},
     {"name": "inferctl_poll_duration_seconds", "type": "histogram", "unit": "seconds",
-     "help": "Duration of one poll of a source or engine.", "labels": ("job",), "buckets": DURATION_BUCKETS},
+     "help": "Duration of one poll of a source or engine, by poller (gpu or the engine name).", "labels": ("poller",), "buckets": DURATION_BUCKETS},
     {"name": "inferctl_poll_errors_total", "type": "counter", "unit": "errors",
-     "help": "Failed polls, by job.", "labels": ("job",)},
+     "help": "Failed polls, by poller (gpu or the engine name).", "labels": ("poller",)},
 ]
 
 _KINDS = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}

@@ -310,9 +310,9 @@ def control_plane() -> DashboardSpec:
                 PanelSpec("Events per second", "Event-log appends by kind.", (
                     T(q.rate_sum("inferctl_events_total", ("kind",), W), "{{kind}}"),
                 ), "short", width=8),
-                PanelSpec("Poll duration P99 and errors", "P99 duration of one poll, and failed polls per second, by poll job (the catalog label job, stored as exported_job).", (
-                    T(q.quantile(0.99, "inferctl_poll_duration_seconds", ("exported_job",), W), "p99 {{exported_job}}"),
-                    T(q.rate_sum("inferctl_poll_errors_total", ("exported_job",), W), "errors/s {{exported_job}}"),
+                PanelSpec("Poll duration P99 and errors", "P99 duration of one poll, and failed polls per second, by poller (gpu or the engine name).", (
+                    T(q.quantile(0.99, "inferctl_poll_duration_seconds", ("poller",), W), "p99 {{poller}}"),
+                    T(q.rate_sum("inferctl_poll_errors_total", ("poller",), W), "errors/s {{poller}}"),
                 ), "s", width=8),
                 PanelSpec("Invalid samples", "Samples rejected as invalid per second, by signal.", (
                     T(q.rate_sum("inferctl_invalid_samples_total", ("signal",), W), "{{signal}}"),

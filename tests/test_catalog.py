@@ -21,3 +21,9 @@ def test_controller_names_prefixed_and_disjoint_from_engine():
 def test_registries_build_every_metric():
     assert len(build_engine()[1]) == len(ENGINE_METRICS)
     assert len(build_controller()[1]) == len(CONTROLLER_METRICS)
+
+
+def test_no_catalog_label_is_a_prometheus_target_label():
+    """A label named job or instance would be renamed exported_* on scrape (honor_labels: false)."""
+    for spec in ENGINE_METRICS + CONTROLLER_METRICS:
+        assert not {"job", "instance"} & set(spec["labels"]), spec["name"]

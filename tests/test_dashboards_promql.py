@@ -28,11 +28,11 @@ def test_catalog_merges_both_sides_and_expands_histograms():
     assert SERIES["up"].labels == frozenset({"job", "instance"})
 
 
-def test_catalog_label_named_job_is_stored_as_exported_job():
-    # inferctl_poll_duration_seconds has a catalog label "job", which collides with the target label.
-    assert scraped_label("job") == "exported_job" and scraped_label("engine") == "engine"
+def test_no_catalog_label_collides_with_target_labels():
+    # A catalog label named job or instance would be renamed exported_* by Prometheus.
+    assert scraped_label("poller") == "poller" and scraped_label("engine") == "engine"
     labels = SERIES["inferctl_poll_duration_seconds_count"].labels
-    assert "exported_job" in labels and "job" in labels   # job is now the scrape job
+    assert labels == frozenset({"poller", "job", "instance"})
 
 
 def test_selectors_grouping_and_enclosing_calls():

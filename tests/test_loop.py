@@ -87,7 +87,7 @@ def test_slow_gpu_source_does_not_delay_engine_polls(tmp_path):
     assert client.polls >= 6, client.polls
     assert slow.polls <= 2                                # timed out once, then backed off
     assert registry.get_sample_value("inferctl_gpu_telemetry_up", {"source": "static"}) == 0.0
-    assert registry.get_sample_value("inferctl_poll_errors_total", {"job": "gpu"}) >= 1
+    assert registry.get_sample_value("inferctl_poll_errors_total", {"poller": "gpu"}) >= 1
     assert registry.get_sample_value("inferctl_engine_up", {"engine": "main"}) == 1.0
     st = ctl.status()
     # "timed out after 0.15 s", then "previous call still running (more than 0.15 s)"
