@@ -66,7 +66,7 @@ ENGINE_METRICS: list[dict] = [
     {"name": "inferctl_engine_kv_cache_usage_ratio", "type": "gauge", "unit": "ratio",
      "help": "Fraction of KV cache blocks in use (0..1).", "labels": ()},
     {"name": "inferctl_engine_kv_cache_waste_ratio", "type": "gauge", "unit": "ratio",
-     "help": "Internal waste of used KV blocks: 1 - tokens stored / (blocks used * block size). Absent when no block is used.",
+     "help": "Internal waste of used KV blocks: 1 - tokens stored / (blocks used * block size). NaN (no data) when no block is used.",
      "labels": ()},
     # memory
     {"name": "inferctl_engine_memory_budget_bytes", "type": "gauge", "unit": "bytes",
