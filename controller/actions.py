@@ -189,8 +189,12 @@ class EngineSupervisor:
 
 def engine_serve_argv(port: int, host: str = "127.0.0.1", model: str | None = None,
                       memory_budget: str | None = None, extra: list[str] | None = None) -> list[str]:
-    """The argv that runs ``inferctl engine serve`` with this interpreter (no shell, no PATH)."""
-    argv = [sys.executable, "-m", "controller.cli", "engine", "serve", "--host", host, "--port", str(port)]
+    """The argv that runs ``inferctl engine serve`` with this interpreter (no shell, no PATH).
+
+    The supervised engine runs without uvicorn's access log: the controller polls it every
+    second, and those lines would bury everything else in ``inferctl up``'s terminal."""
+    argv = [sys.executable, "-m", "controller.cli", "engine", "serve", "--host", host, "--port", str(port),
+            "--no-access-log"]
     if model:
         argv += ["--model", str(model)]
     if memory_budget:

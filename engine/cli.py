@@ -145,6 +145,8 @@ def serve(
     max_body_bytes: str = typer.Option("4MiB", "--max-body-bytes", help="Largest request body (413 above)."),
     graceful_timeout: int = typer.Option(10, "--graceful-timeout", min=0, help="Seconds in-flight requests get on shutdown."),
     log_level: str = typer.Option("info", "--log-level"),
+    access_log: bool = typer.Option(True, "--access-log/--no-access-log",
+                                    help="Log every HTTP request (uvicorn's access log)."),
 ) -> None:
     """Serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions) with /health, /stats, /metrics, /admin."""
     import logging
@@ -192,7 +194,7 @@ def serve(
                      max_body_bytes=body_limit, manage_engines=True)
     typer.echo(f"serving {', '.join(engines)} on http://{host}:{port} (admin API "
                f"{'enabled' if admin_token else 'disabled: no --admin-token'})", err=True)
-    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(),
+    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=access_log,
                 timeout_graceful_shutdown=graceful_timeout)
 
 
