@@ -308,8 +308,10 @@ class DrillReport:
 
 
 # ------------------------------------------------------------------------------ the run
-class _Run:
-    """The state of one drill while it runs (owned by one event loop)."""
+class DrillRun:
+    """The state of one drill while it runs (owned by one event loop): the load clients
+    (:meth:`client`), the pollers (:meth:`poll_engine`, :meth:`poll_controller`), the script
+    (:meth:`script`). Also used by ``bench/oom_switch.py`` to repeat the switch."""
 
     def __init__(self, engine_url: str, controller_url: str, model: str, token: str | None,
                  longs: list[str], shorts: list[str], cfg: DrillConfig, engine_name: str | None,
@@ -339,6 +341,13 @@ class _Run:
         self.notes: list[str] = []
         self.stop_polling = False
         self._next_id = 0
+
+    def reset_oom_tracking(self) -> None:
+        """Forget the last OOM/int8/full instants: the next new fault starts a new cycle
+        (benchmarks that repeat the switch)."""
+        self.oom = None
+        self.oom_baseline_total = self.samples[-1].oom_total if self.samples else None
+        self.int8_seen = self.full_seen = None
 
     def set_phase(self, name: str) -> None:
         self.phase = name
@@ -537,7 +546,7 @@ class _Run:
         await asyncio.sleep(cfg.after_seconds)
 
 
-async def _drive(run: _Run, live: Callable[[_Run], None] | None) -> None:
+async def _drive(run: DrillRun, live: Callable[[DrillRun], None] | None) -> None:
     import httpx
 
     limits = httpx.Limits(max_connections=run.cfg.clients + 8, max_keepalive_connections=run.cfg.clients + 8)
@@ -595,7 +604,7 @@ def run_drill(engine_url: str, controller_url: str, *, longs: list[str], shorts:
         if not models:
             raise DrillError(f"{engine_url}/v1/models lists no model")
         model = str(models[0].get("id"))
-    run = _Run(engine_url, controller_url, model, token, longs, shorts, config, engine_name)
+    run = DrillRun(engine_url, controller_url, model, token, longs, shorts, config, engine_name)
     started = time.time()
     asyncio.run(_drive(run, live))
     final = run.samples[-1].precision if run.samples else None

@@ -51,9 +51,9 @@ def _stats(prec: str, oom: int, t: float | None = None, alloc: int = 100) -> dic
             "faults": {"oom_total": oom, "recent": faults}}
 
 
-def make_run(times: list[float]) -> dr._Run:
+def make_run(times: list[float]) -> dr.DrillRun:
     clock = iter(times)
-    return dr._Run("http://e", "http://c", "m", None, ["long"], ["short"], dr.DrillConfig(), "main",
+    return dr.DrillRun("http://e", "http://c", "m", None, ["long"], ["short"], dr.DrillConfig(), "main",
                    clock=lambda: next(clock))
 
 
