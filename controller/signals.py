@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Sequence
 
+from controller.gpu.base import MEMORY_ROUNDING_TOLERANCE_BYTES
 from controller.types import EngineSnapshot
 
 MIB = 1 << 20
@@ -299,11 +300,20 @@ def free_memory_ratio(used_bytes: Any, total_bytes: Any,
 
 
 def memory_used_ratio(used_bytes: Any, total_bytes: Any, reserved_bytes: Any = None,
-                      *, count_reserved: bool = False,
+                      *, count_reserved: bool = False, free_bytes: Any = None,
+                      tolerance_bytes: int = MEMORY_ROUNDING_TOLERANCE_BYTES,
                       counter: InvalidSampleCounter | None = None) -> Signal:
     """used / total, by default NVML v2 "used" (allocations only); with
     ``count_reserved=True`` the driver-reserved bytes are added (F11: RTX 3060, 116 MiB used,
-    368 MiB reserved of 12288 MiB → 0.94 %, or 3.94 % counting reserved)."""
+    368 MiB reserved of 12288 MiB → 0.94 %, or 3.94 % counting reserved).
+
+    nvidia-smi and DCGM round each MiB value on its own, so the parts may add up to a few MiB
+    more than the total (F11: used 116 + free 11806 + reserved 368 = 12290 of 12288 MiB).
+    Differences up to ``tolerance_bytes`` (``controller.gpu.base.MEMORY_ROUNDING_TOLERANCE_BYTES``,
+    4 MiB) are rounding, not invalid: used (+ reserved) over total by at most that much reads
+    1.0, and with ``free_bytes`` given, ``used + free + reserved`` must equal total within it
+    (``inputs["accounting_gap_bytes"]`` carries the difference). Beyond it the sample is
+    inconsistent: ``None``, counted as invalid."""
     name = "memory_used_ratio"
     u = validate_nonneg(used_bytes, name, counter)
     t = validate_nonneg(total_bytes, name, counter)
@@ -312,17 +322,35 @@ def memory_used_ratio(used_bytes: Any, total_bytes: Any, reserved_bytes: Any = N
         return Signal(name, None, bad.reason or "total_bytes is 0", bad.invalid,
                       {"used_bytes": used_bytes, "total_bytes": total_bytes})
     used = u.value
-    if count_reserved:
+    reserved = None
+    if count_reserved or (free_bytes is not None and reserved_bytes is not None):
         r = validate_nonneg(reserved_bytes, name, counter)
         if r.value is None:
             return Signal(name, None, f"reserved_bytes: {r.reason}", r.invalid,
                           {"reserved_bytes": reserved_bytes})
-        used += r.value
-    if used > t.value:
-        return _invalid(name, "inconsistent", f"used {used:.0f} B > total {t.value:.0f} B",
+        reserved = r.value
+    if count_reserved:
+        used += reserved
+    inputs: dict[str, Any] = {"used_bytes": used, "total_bytes": t.value,
+                              "count_reserved": count_reserved}
+    if free_bytes is not None:
+        f = validate_nonneg(free_bytes, name, counter)
+        if f.value is None:
+            return Signal(name, None, f"free_bytes: {f.reason}", f.invalid,
+                          {"free_bytes": free_bytes})
+        gap = u.value + f.value + (reserved or 0.0) - t.value
+        if abs(gap) > tolerance_bytes:
+            return _invalid(name, "inconsistent",
+                            f"used + free + reserved is {gap:+.0f} B off total {t.value:.0f} B "
+                            f"(more than the {tolerance_bytes} B of MiB rounding)", counter,
+                            used_bytes=used_bytes, free_bytes=free_bytes,
+                            reserved_bytes=reserved_bytes, total_bytes=t.value)
+        inputs["accounting_gap_bytes"] = gap
+    if used > t.value + tolerance_bytes:
+        return _invalid(name, "inconsistent", f"used {used:.0f} B > total {t.value:.0f} B "
+                        f"(more than the {tolerance_bytes} B of MiB rounding)",
                         counter, used_bytes=used, total_bytes=t.value)
-    return Signal(name, used / t.value, None, False,
-                  {"used_bytes": used, "total_bytes": t.value, "count_reserved": count_reserved})
+    return Signal(name, min(used / t.value, 1.0), None, False, inputs)
 
 
 def kv_waste_ratio(tokens_stored: Any, blocks_used: Any, block_size: Any,
