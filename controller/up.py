@@ -73,11 +73,25 @@ class Runtime:
             self.event_log.close()
 
 
+#: A GPU source's own per-call deadline as a share of the loop's per-call timeout, so that the
+#: source's deadline (NVML's worker-thread join, DCGM's and the simulated GPU's HTTP timeout)
+#: fires first and the reading says what hung ("nvmlDeviceGetMemoryInfo did not return ..."),
+#: rather than the loop's generic "timed out after ..." for the whole poll.
+SOURCE_TIMEOUT_SHARE = 0.8
+
+
+def gpu_source_options(config: ControllerConfig) -> dict[str, Any]:
+    """The options passed to the GPU source: ``gpu.options`` with ``timeout_s`` defaulting to
+    :data:`SOURCE_TIMEOUT_SHARE` × ``intervals.call_timeout_seconds`` (seconds)."""
+    opts = dict(config.gpu.options)
+    opts.setdefault("timeout_s", SOURCE_TIMEOUT_SHARE * config.intervals.call_timeout_seconds)
+    return opts
+
+
 def _gpu_source(config: ControllerConfig) -> Any:
     from controller.gpu import make_gpu_source
 
-    opts = dict(config.gpu.options)
-    opts.setdefault("timeout_s", config.intervals.call_timeout_seconds)
+    opts = gpu_source_options(config)
     if config.gpu.kind in ("auto", "sim") and "engine_stats_url" not in opts and "stats_fn" not in opts:
         bundled = [e for e in config.engines if e.kind == "bundled"]
         if bundled:
