@@ -23,6 +23,7 @@ budget reserves exactly what it needs.
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from typing import Optional
@@ -70,6 +71,24 @@ def _config(**kwargs):  # noqa: ANN202 - EngineConfig, imported lazily
         return EngineConfig(**kwargs)
     except ConfigError as exc:
         _die(str(exc))
+
+
+def oom_options(max_oom_retries: int, oom_backoff_seconds: float,
+                oom_backoff_max_seconds: float) -> dict:
+    """The OOM-retry flags of ``engine serve`` as :class:`~engine.config.EngineConfig` fields
+    (``max_oom_retries``, ``oom_backoff_seconds``, ``oom_backoff_max_seconds``; seconds).
+
+    Raises ``typer.BadParameter`` naming the flag for a negative or non-integer retry count or
+    a negative, NaN or infinite delay (a NaN delay would break the engine's backoff sleep)."""
+    if isinstance(max_oom_retries, bool) or not isinstance(max_oom_retries, int) or max_oom_retries < 0:
+        raise typer.BadParameter(f"--max-oom-retries: must be an integer >= 0, got {max_oom_retries!r}")
+    for flag, value in (("--oom-backoff-seconds", oom_backoff_seconds),
+                        ("--oom-backoff-max-seconds", oom_backoff_max_seconds)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or value < 0:
+            raise typer.BadParameter(f"{flag}: must be a finite number of seconds >= 0, got {value!r}")
+    return {"max_oom_retries": int(max_oom_retries), "oom_backoff_seconds": float(oom_backoff_seconds),
+            "oom_backoff_max_seconds": float(oom_backoff_max_seconds)}
 
 
 def _load(spec: Optional[str], tokenizer: Optional[str], device: str, dtype: str = "auto",
@@ -143,6 +162,12 @@ def serve(
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Name clients send as 'model' (default: the model's name)."),
     chat_template: str = typer.Option("plain", "--chat-template", help="plain | roles"),
     max_body_bytes: str = typer.Option("4MiB", "--max-body-bytes", help="Largest request body (413 above)."),
+    max_oom_retries: int = typer.Option(3, "--max-oom-retries",
+                                        help="Times the request blamed for an OOM is re-queued before it fails (503, retry later)."),
+    oom_backoff_seconds: float = typer.Option(0.05, "--oom-backoff-seconds",
+                                              help="Delay before the retry after an exhaustion OOM: base * 2**(retry-1) seconds ..."),
+    oom_backoff_max_seconds: float = typer.Option(2.0, "--oom-backoff-max-seconds",
+                                                  help="... capped at this many seconds."),
     graceful_timeout: int = typer.Option(10, "--graceful-timeout", min=0, help="Seconds in-flight requests get on shutdown."),
     log_level: str = typer.Option("info", "--log-level"),
     access_log: bool = typer.Option(True, "--access-log/--no-access-log",
@@ -167,6 +192,10 @@ def serve(
     budget = parse_size(memory_budget) if memory_budget else None
     light_budget = parse_size(light_memory_budget, "--light-memory-budget") if light_memory_budget else None
     body_limit = parse_size(max_body_bytes, "--max-body-bytes")
+    try:
+        oom = oom_options(max_oom_retries, oom_backoff_seconds, oom_backoff_max_seconds)
+    except typer.BadParameter as exc:
+        _die(str(exc))
 
     main_util, light_util = gpu_memory_utilization, gpu_memory_utilization
     if light_model and budget is None and light_budget is None:
@@ -175,7 +204,7 @@ def serve(
 
     common = dict(max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                   max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
-                  kv_cache_dtype=kv_cache_dtype)
+                  kv_cache_dtype=kv_cache_dtype, **oom)
     bundle = _load(model, tokenizer, device, dtype)
     main_name = served_model_name or bundle.name
     engines = {main_name: _build_engine(bundle, _config(
