@@ -181,7 +181,10 @@ def top_k_top_p_mask(probs: torch.Tensor, top_k: list[int], top_p: list[float],
                            sub.sum(dim=-1, keepdim=True))
         before = (vals.cumsum(dim=-1) - vals) / norm
         p_t = torch.tensor([top_p[r] for r in rows], dtype=vals.dtype, device=device)
-        cand_keep = in_k & (before < p_t.unsqueeze(1))
+        # the most likely token is always kept: a top_p that underflows float32 (1e-300 -> 0)
+        # would otherwise keep nothing and make the draw fail for the whole batch
+        first = torch.arange(width, device=device).unsqueeze(0) == 0
+        cand_keep = in_k & ((before < p_t.unsqueeze(1)) | first)
         keep[ridx] = keep[ridx].scatter(1, order, cand_keep)
         # rows whose nucleus may lie beyond the candidates
         covered = vals.sum(dim=-1) / norm.squeeze(1)
