@@ -23,7 +23,10 @@ Validation policy, chosen where OpenAI and vLLM are loose (field cases F15, F16,
   ``tools``/``functions``/``tool_choice`` (other than "none"), ``response_format`` other
   than text, and non-text content parts are a 400 saying they are not supported. Ignored on
   purpose: ``user``, ``metadata``, ``store``, ``service_tier``, ``parallel_tool_calls``,
-  ``stream_options`` fields other than ``include_usage``.
+  ``stream_options`` fields other than ``include_usage``. Admin bodies are the exception:
+  they refuse unknown fields (a misspelt ``model`` would otherwise retarget the call).
+* **Valid Unicode only** (:func:`check_valid_unicode`): a string holding an unpaired
+  surrogate (``"\\ud800"``, legal JSON spelling, not Unicode) is a 400 naming its path.
 * **Size limits** (:class:`ProtocolLimits`, all configuration): at most
   ``max_stop_sequences`` stop strings of at most ``max_stop_chars`` characters each.
   Body size (413) and prompt length against ``max_model_len`` are checked by the server.
@@ -129,6 +132,50 @@ def validation_error_to_api_error(errors: list[dict]) -> APIError:
     return APIError(400, "; ".join(parts), param=loc_to_param(loc), code=str(first.get("type") or "invalid_value"))
 
 
+def _surrogate_at(text: str) -> int | None:
+    """Index of the first unpaired UTF-16 surrogate in ``text`` (None when it is valid Unicode)."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
+def check_valid_unicode(obj: Any) -> None:
+    """Raise APIError 400 (``code="invalid_unicode"``) when a string in a parsed JSON body holds
+    an unpaired UTF-16 surrogate.
+
+    JSON text may spell one (``"\\ud800"``; RFC 8259 section 8.2 leaves its meaning
+    unpredictable) and ``json.loads`` accepts it, but such a string is not Unicode text: it
+    cannot be encoded as UTF-8, so echoing it back, or giving it to a Rust tokenizer, fails
+    deep inside the server. ``param`` is the path of the first offending string (document
+    order), or of the object holding an offending key. Iterative, O(size of the body).
+    """
+    stack: list[tuple[Any, tuple]] = [(obj, ())]
+    while stack:
+        value, loc = stack.pop()
+        if isinstance(value, str):
+            at = _surrogate_at(value)
+            if at is not None:
+                param = loc_to_param(loc)
+                where = param or "the request body"
+                raise APIError(400, f"{where}: the string holds an unpaired UTF-16 surrogate "
+                                    f"({value[at]!r}) at character {at}; strings must be valid Unicode",
+                               param=param, code="invalid_unicode")
+        elif isinstance(value, dict):
+            for key in value:
+                if _surrogate_at(key) is not None:
+                    param = loc_to_param(loc)
+                    where = param or "the request body"
+                    raise APIError(400, f"{where}: an object key holds an unpaired UTF-16 surrogate; "
+                                        "strings must be valid Unicode", param=param, code="invalid_unicode")
+            stack.extend((v, loc + (k,)) for k, v in reversed(list(value.items())))
+        elif isinstance(value, list):
+            stack.extend((v, loc + (i,)) for i, v in reversed(list(enumerate(value))))
+
+
 def validate_model(cls: type[BaseModel], obj: Any, limits: "ProtocolLimits | None" = None) -> Any:
     """``cls.model_validate(obj)`` with the limits as validation context; errors → APIError 400."""
     if not isinstance(obj, dict):
@@ -230,6 +277,11 @@ def _check_stop(value: Any, info: Any) -> list[str] | None:
     return list(items)
 
 
+#: The seed range torch.Generator.manual_seed accepts (a signed or unsigned 64-bit integer).
+SEED_MIN = -(2**63)
+SEED_MAX = 2**64 - 1
+
+
 class _SamplingFields(_Strict):
     """Fields shared by completions and chat completions."""
 
@@ -241,7 +293,7 @@ class _SamplingFields(_Strict):
     n: JsonInt | None = 1
     stream: bool | None = False
     stop: Any = None
-    seed: JsonInt | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
+    seed: JsonInt | None = None
     repetition_penalty: JsonFloat | None = Field(default=None, gt=0.0)
     presence_penalty: JsonFloat | None = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: JsonFloat | None = Field(default=0.0, ge=-2.0, le=2.0)
@@ -256,6 +308,17 @@ class _SamplingFields(_Strict):
     @classmethod
     def _v_stop(cls, value: Any, info: Any) -> Any:
         return _check_stop(value, info)
+
+    @field_validator("seed")
+    @classmethod
+    def _v_seed(cls, value: int | None) -> int | None:
+        # the bound is checked here rather than with Field(ge, le): pydantic renders those
+        # limits as floats ("less than or equal to 18446744073709552000"), a wrong number
+        if value is not None and not SEED_MIN <= value <= SEED_MAX:
+            raise PydanticCustomError("out_of_range", "must be greater than or equal to {lo} and less than or equal to {hi} "
+                                      "(a 64-bit seed), got {n}",
+                                      {"lo": SEED_MIN, "hi": SEED_MAX, "n": value})
+        return value
 
     @field_validator("n")
     @classmethod
@@ -429,7 +492,7 @@ class ChatMessage(_Strict):
         for i, part in enumerate(value):
             if not isinstance(part, dict):
                 raise PydanticCustomError("content_type", "part {i} must be an object like "
-                                                          '{{"type": "text", "text": "..."}}', {"i": i})
+                                                          '{"type": "text", "text": "..."}', {"i": i})
             if part.get("type") != "text":
                 raise PydanticCustomError("unsupported_content", "part {i}: content parts of type {t} are not "
                                                                  "supported (text only)", {"i": i, "t": part.get("type")})
@@ -700,14 +763,22 @@ ChatCompletionRequest.model_rebuild()
 # Admin API bodies (docs/architecture.md, "Engine admin API")
 
 
-class AdminPrecisionRequest(_Strict):
+class _StrictAdmin(_Strict):
+    """Admin bodies refuse unknown fields: an admin call changes the engine, and a misspelt
+    field silently dropped would change it differently (``{"mode": "int8", "modle": "light"}``
+    would switch *every* model; ``{"kind": "oom", "cnt": 5}`` would inject one fault)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+
+class AdminPrecisionRequest(_StrictAdmin):
     """``POST /admin/precision``: ``mode`` full|int8; ``model`` None = every served model."""
 
     mode: Literal["full", "int8"]
     model: str | None = None
 
 
-class AdminFaultRequest(_Strict):
+class AdminFaultRequest(_StrictAdmin):
     """``POST /admin/fault``: make the next ``count`` steps run out of memory for real."""
 
     kind: str = "oom"
@@ -715,14 +786,14 @@ class AdminFaultRequest(_Strict):
     model: str | None = None
 
 
-class AdminDrainRequest(_Strict):
+class AdminDrainRequest(_StrictAdmin):
     """``POST /admin/drain``: stop (true) or resume (false) admitting; ``model`` None = all."""
 
     draining: bool = True
     model: str | None = None
 
 
-class AdminRouteRequest(_Strict):
+class AdminRouteRequest(_StrictAdmin):
     """``POST /admin/route``: send requests for ``model`` to ``to``; ``to`` null clears."""
 
     model: str

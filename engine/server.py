@@ -78,6 +78,7 @@ from engine.protocol import (
     ProtocolLimits,
     check_max_tokens,
     check_prompt_length,
+    check_valid_unicode,
     new_id,
     now_s,
     render_chat_prompt,
@@ -176,13 +177,14 @@ class ServerState:
     draining: dict[str, bool] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
 
-    def lookup(self, name: str | None) -> ServedModel:
-        """The served model called ``name`` (None → default), without routing; 404 if unknown."""
+    def lookup(self, name: str | None, param: str = "model") -> ServedModel:
+        """The served model called ``name`` (None → default), without routing; 404 naming
+        ``param`` (the request field that held the name) if unknown."""
         key = self.default_model if name is None else name
         served = self.models.get(key)
         if served is None:
-            raise APIError(404, f"model {name!r} does not exist; served models: {', '.join(sorted(self.models))}",
-                           param="model", code="model_not_found")
+            raise APIError(404, f"{param}: model {name!r} does not exist; served models: "
+                                f"{', '.join(sorted(self.models))}", param=param, code="model_not_found")
         return served
 
     def resolve(self, name: str | None) -> tuple[ServedModel, ServedModel]:
@@ -351,7 +353,9 @@ async def _next_output(agen: AsyncIterator, served: ServedModel, retry_after: in
 
 
 async def read_json_body(request: Request, max_bytes: int) -> Any:
-    """Read and parse the JSON body; 413 above ``max_bytes``, 400 for malformed JSON/UTF-8."""
+    """Read and parse the JSON body; 413 above ``max_bytes``, 400 for malformed JSON/UTF-8, an
+    integer literal above Python's digit limit, or a string with an unpaired surrogate
+    (:func:`engine.protocol.check_valid_unicode`)."""
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
@@ -370,11 +374,15 @@ async def read_json_body(request: Request, max_bytes: int) -> Any:
     if not chunks:
         raise APIError(400, "the request body is empty; a JSON object is required", code="invalid_json")
     try:
-        return json.loads(bytes(chunks).decode("utf-8"))
+        obj = json.loads(bytes(chunks).decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise APIError(400, f"the request body is not UTF-8: {exc}", code="invalid_json") from None
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:
+        # ValueError: JSONDecodeError, and also an integer literal above Python's digit limit
+        # ("Exceeds the limit (4300 digits) for integer string conversion")
         raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    check_valid_unicode(obj)
+    return obj
 
 
 def _sse(obj: Any) -> bytes:
@@ -776,7 +784,7 @@ def _install_routes(app: FastAPI) -> None:
         if body.to is None or body.to == source.name:
             state.routes.pop(source.name, None)
         else:
-            target = state.lookup(body.to)
+            target = state.lookup(body.to, param="to")
             state.routes[source.name] = target.name
         return _json({"routes": dict(state.routes)})
 

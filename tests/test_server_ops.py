@@ -96,7 +96,7 @@ def test_admin_without_configured_token_is_403(pair, path, body):
     ("/admin/fault", {"count": 0}, "count"),
     ("/admin/fault", {"count": "2"}, "count"),
     ("/admin/drain", {"draining": "yes"}, "draining"),
-    ("/admin/route", {"model": STORIES, "to": "nowhere"}, "model"),
+    ("/admin/route", {"model": STORIES, "to": "nowhere"}, "to"),
     ("/admin/route", {"to": "light"}, "model"),
 ])
 def test_admin_bad_bodies(app, path, body, param):
