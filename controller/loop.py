@@ -471,6 +471,15 @@ class Controller:
                 for follow in self._safe("precision", engine, lambda: hook(now, mode, actor)):
                     self._handle(follow, now)
         res = self.actions.execute(d)
+        if hook is not None and action in ("degrade", "rollback") and res is not None and not res.ok:
+            # the operator's switch failed: the policy returns to where it was (its own rules)
+            report = getattr(pol, "record_action_result", None)
+            if report is not None:
+                with self._lock:
+                    now = self.clock()
+                    for follow in self._safe("precision", engine,
+                                             lambda: report(now, action, False, res.message)):
+                        self._handle(follow, now)
         self.poll_engine(engine, force=True)
         return res
 

@@ -212,6 +212,62 @@ class PrecisionPolicy:
         self._pinned_by = None
         return [d]
 
+    def operator_switch(self, now: float, mode: str, who: str) -> list[Decision]:
+        """An operator's manual switch (``inferctl degrade|rollback``, ``POST
+        /actions/degrade|rollback``), told to the policy before the loop runs it, so the
+        policy follows the operator instead of undoing the switch.
+
+        ``mode`` ``"int8"`` (degrade): → DEGRADING, then INT8 when the engine reports int8,
+        and the rollback hold starts again from there: no rollback before the hold has passed
+        with memory recovered. ``"full"`` (rollback): → ROLLING_BACK, then FULL when the engine
+        reports full; no automatic degrade follows without a new exhaustion OOM (an OOM within
+        ``relapse_window_seconds`` is a relapse, as after an automatic rollback). A manual
+        rollback also releases a pin (the switch history is kept, so a new OOM storm pins
+        again). The confirmation and ``record_action_result`` rules are those of the policy's
+        own switches. Operator switches are not counted by the flap guard. The decision has
+        no action (the operator's call runs it) and names the operator in ``reason`` and
+        ``inputs["who"]``. Raises :class:`PolicyError` for another mode or an empty ``who``.
+        """
+        if mode not in ("int8", "full"):
+            raise PolicyError(f"mode: {mode!r} is not int8 or full")
+        if not who:
+            raise PolicyError("who: the operator's name is required for a manual switch")
+        self._last_now = now
+        if self._since is None:
+            self._since = now
+        st = self._state
+        inputs = {"who": who, "mode": mode, "operator": True}
+        if mode == "int8":
+            if st in (PrecisionState.INT8, PrecisionState.PINNED_INT8):
+                self._hold.reset(now, f"manual degrade by {who}")
+                return [self._note(now, None, f"operator {who} asked for int8 while already in "
+                                              f"{st.value}: hold restarted", inputs)]
+            if st is PrecisionState.DEGRADING:
+                return [self._note(now, None, f"operator {who} asked for int8 while the switch "
+                                              "to int8 is in progress", inputs)]
+            self._last_command = now
+            self._hold.reset(now, f"manual degrade by {who}")
+            return [self._transition(now, PrecisionState.DEGRADING, None,
+                                     f"operator {who}: manual degrade to int8; rollback only "
+                                     f"after a {self._hold_seconds:g} s hold with memory "
+                                     "recovered", inputs, severity="warning")]
+        if st is PrecisionState.FULL:
+            return [self._note(now, None, f"operator {who} asked for full precision while "
+                                          "already in full", inputs)]
+        if st is PrecisionState.ROLLING_BACK:
+            return [self._note(now, None, f"operator {who} asked for full precision while the "
+                                          "rollback is in progress", inputs)]
+        if st is PrecisionState.PINNED_INT8:
+            inputs["pinned_by"] = self._pinned_by
+            self._pinned_by = None
+        self._last_command = now
+        self._hold.reset(now, f"manual rollback by {who}")
+        return [self._transition(now, PrecisionState.ROLLING_BACK, None,
+                                 f"operator {who}: manual rollback to full precision"
+                                 + (" (releases the pin)" if st is PrecisionState.PINNED_INT8
+                                    else "") + "; no automatic degrade without a new OOM",
+                                 inputs, severity="warning")]
+
     def record_action_result(self, now: float, action: str, ok: bool,
                              detail: str = "") -> list[Decision]:
         """Tell the policy how a decided action went. A failed ``degrade`` returns to FULL
