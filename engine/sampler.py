@@ -13,7 +13,9 @@ Order of processing for each row (the order of Hugging Face ``generate`` and vLL
 5. sampled rows: ``softmax(logits / temperature)``; top-k then top-p (nucleus: keep the
    smallest set of most likely tokens whose probability, renormalised over the top-k, sums
    to >= top_p; Holtzman et al. 2019, "The Curious Case of Neural Text Degeneration");
-   one inverse-CDF draw over the kept tokens.
+   one inverse-CDF draw over the kept tokens (the most likely token is always kept; a row
+   left with no positive finite mass, e.g. every logit penalised to -inf, takes its best
+   logit instead, so one request's extreme settings never fail the batch).
 
 Logprobs are "raw logprobs" (vLLM's default ``logprobs_mode="raw_logprobs"``): the
 ``log_softmax`` of the model's unprocessed logits, before penalties, temperature and
@@ -126,7 +128,8 @@ def apply_penalties(logits: torch.Tensor, params: list[SamplingParams],
         penalty = torch.tensor([params[i].repetition_penalty for i in rep_rows],
                                dtype=out.dtype, device=device).unsqueeze(1)
         x = out[ridx]
-        out[ridx] = torch.where(seen, torch.where(x > 0, x / penalty, x * penalty), x)
+        # a zero logit stays zero: 0 * penalty would be NaN for a penalty that is inf in float32
+        out[ridx] = torch.where(seen, torch.where(x > 0, x / penalty, torch.where(x < 0, x * penalty, x)), x)
     pf_rows = [i for i in rows
                if params[i].presence_penalty != 0.0 or params[i].frequency_penalty != 0.0]
     if pf_rows:
@@ -357,6 +360,16 @@ class Sampler:
             keep = top_k_top_p_mask(probs[tidx], [params[rows[r]].top_k for r in trunc],
                               [params[rows[r]].top_p for r in trunc])
             probs[tidx] = probs[tidx] * keep
+        # A row with no positive finite mass (penalties drove every logit to -inf, or an extreme
+        # penalty made one NaN) cannot be drawn from; without this the draw indexes past the row
+        # and the step fails for every request in the batch. Such a row takes its best logit.
+        total = probs.sum(dim=-1)
+        bad = ~(torch.isfinite(total) & (total > 0))
+        if bool(bad.any()):
+            best = torch.nan_to_num(work[idx][bad], nan=float("-inf")).argmax(dim=-1)
+            onehot = torch.zeros_like(probs[bad])
+            onehot[torch.arange(onehot.shape[0], device=device), best] = 1.0
+            probs[bad] = onehot
         tokens[idx] = self._draw(probs, [generators[i] for i in rows])
 
     def _draw(self, probs: torch.Tensor, gens: list[torch.Generator | None]) -> torch.Tensor:

@@ -44,3 +44,35 @@ def test_ordinary_top_p_mask_is_unchanged():
     assert top_k_top_p_mask(probs, [-1], [0.7]).tolist() == [[False, True, False, True]]
     assert top_k_top_p_mask(probs, [-1], [0.5]).tolist() == [[False, True, False, False]]
     assert top_k_top_p_mask(probs, [-1], [0.81]).tolist() == [[True, True, False, True]]
+
+
+@pytest.mark.parametrize("penalty", [1e39, 1e308])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_repetition_penalty_beyond_float32_keeps_zero_logits_finite(penalty, temperature):
+    """repetition_penalty 1e39 passes validation (> 0) but is inf in float32: a seen token with
+    a logit of exactly 0 became 0 * inf = NaN, so greedy argmax *chose* that penalised token
+    and a sampled row failed the step for the whole batch."""
+    gen = torch.Generator().manual_seed(9)
+    logits = torch.randn(2, 512, generator=gen)
+    logits[:, 5] = 0.0
+    logits[:, 7] = 50.0  # seen too: divided by inf -> 0
+    params = [SamplingParams(max_tokens=4, temperature=temperature, repetition_penalty=penalty),
+              SamplingParams(max_tokens=4, temperature=0.0)]
+    res = Sampler(seed=0)(logits.clone(), params, [None, None], [[5, 7], []])
+    assert res.token_ids[0] not in (5, 7)
+    if temperature == 0.0:
+        masked = logits[0].clone()
+        masked[[5, 7]] = float("-inf")
+        assert res.token_ids[0] == int(masked.argmax())
+    assert res.token_ids[1] == int(logits[1].argmax())
+
+
+def test_row_with_every_logit_penalised_away_does_not_fail_the_batch():
+    # every token seen, every logit negative, penalty inf: the row has no finite logit left
+    gen = torch.Generator().manual_seed(2)
+    logits = -torch.rand(2, 16, generator=gen) - 0.1
+    params = [SamplingParams(max_tokens=4, temperature=1.0, repetition_penalty=1e39),
+              SamplingParams(max_tokens=4, temperature=1.0, top_k=1)]
+    res = Sampler(seed=0)(logits.clone(), params, [None, None], [list(range(16)), []])
+    assert 0 <= res.token_ids[0] < 16
+    assert res.token_ids[1] == int(logits[1].argmax())
