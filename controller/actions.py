@@ -44,6 +44,18 @@ from controller.reset import GpuResetter
 from controller.types import Decision
 
 PRECISION_FOR = {"degrade": "int8", "rollback": "full"}
+#: ``reason`` label values of ``inferctl_engine_restarts_total``: the policy that asked
+#: (fragmentation: allocator fragmentation or recurring fragmentation OOMs; hardware: a sticky
+#: CUDA error / Xid), ``operator`` for every manual restart (whoever the operator is — a label
+#: value never comes from a request), ``crash`` for a launched engine that exited on its own.
+RESTART_REASONS = ("fragmentation", "hardware", "operator", "crash")
+
+
+def restart_reason(policy: str) -> str:
+    """The ``reason`` label for a restart decided by ``policy`` (a policy name or an operator)."""
+    return policy if policy in RESTART_REASONS else "operator"
+
+
 ACTIONS = ("degrade", "rollback", "drain", "undrain", "drain_restart", "restart", "restart_engine",
            "restart_crashed", "compact", "route_light", "route_main", "probe", "reset_gpu",
            "isolate_gpu", "reboot_node")
@@ -370,7 +382,7 @@ class Actions:
             except RuntimeError as exc:
                 return ActionResult(action, name, False, f"engine {name}: restart failed: {exc}",
                                     {"old_pid": old_pid})
-            self._inc("inferctl_engine_restarts_total", engine=name, reason=decision.policy)
+            self._inc("inferctl_engine_restarts_total", engine=name, reason=restart_reason(decision.policy))
             undrained = True
             try:
                 client.drain(False)   # a fresh engine admits already; make sure

@@ -33,15 +33,19 @@ from typing import Any, Callable
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from controller.actions import ActionResult, Actions
+from controller.actions import RESTART_REASONS, ActionResult, Actions
 from controller.config import ControllerConfig
-from controller.events import EventLog, json_safe
+from controller.events import EVENT_KINDS, EventLog, json_safe
 from controller.metrics import CONTROLLER_METRICS
+from controller.reset import OUTCOMES as RESET_OUTCOMES
 from controller.types import Decision, EngineSnapshot, GpuReading, GpuSnapshot
 
 log = logging.getLogger(__name__)
 
 PRECISION_MODES = ("full", "int8")
+#: ``kind`` label values of ``inferctl_engine_oom_events_total`` (the engine's fault kinds;
+#: ``unknown`` when it gives none).
+OOM_KINDS = ("fragmentation", "exhaustion", "impossible", "hardware", "unknown")
 BREAKER_STATES = ("closed", "open", "half_open")
 #: engine actions an operator may run (POST /actions/<name>, inferctl <name>)
 MANUAL_ACTIONS = ("degrade", "rollback", "drain", "undrain", "restart")
@@ -211,7 +215,9 @@ class Controller:
         self._in_flight: set[tuple[str, str]] = set()
         self._crash_restarts: dict[str, list[float]] = {}
         self._scheduler: BackgroundScheduler | None = None
+        self._gpus_counted: set[str] = set()
         self.ticks = 0
+        self._init_counters()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -368,6 +374,9 @@ class Controller:
         self.event_log.append(kind, d.policy, d.reason, target=d.target, severity=d.severity,
                               inputs=d.inputs, outcome={"from": d.from_state, "to": d.to_state,
                                                         "action": d.action}, time=now)
+        if d.policy == "breaker" and d.to_state == "open" and d.from_state != "open" \
+                and "inferctl_breaker_trips_total" in self.metrics:
+            self.metrics["inferctl_breaker_trips_total"].labels(engine=d.target).inc()
         if d.action:
             self._submit(d)
 
@@ -572,6 +581,36 @@ class Controller:
             return {"error": repr(exc)}
 
     # ------------------------------------------------------------------ metrics
+    def _zero(self, name: str, **labels: str) -> None:
+        """Create a counter's series at 0 (no-op when it exists or the metric is absent)."""
+        c = self.metrics.get(name)
+        if c is not None:
+            c.labels(**labels)
+
+    def _init_counters(self) -> None:
+        """Create the labelled counters' known series at 0 when the controller starts, so that
+        PromQL ``increase()``/``rate()`` see their first event (a series born by its first
+        increment has no earlier sample to compare with). GPU reset counters follow once the
+        GPUs are known (:meth:`_export_gpu`)."""
+        kinds = {e.name: e.kind for e in self.config.engines}
+        for kind in EVENT_KINDS:
+            self._zero("inferctl_events_total", kind=kind)
+        for job in self._jobs:
+            self._zero("inferctl_poll_errors_total", poller=job)
+        for name in self.engines:
+            bundled = kinds.get(name, getattr(self.engines[name], "kind", None)) == "bundled"
+            if bundled:
+                for mode in PRECISION_MODES:
+                    self._zero("inferctl_precision_switches_total", engine=name, to=mode)
+                self._zero("inferctl_engine_drains_total", engine=name)
+                for kind in OOM_KINDS:
+                    self._zero("inferctl_engine_oom_events_total", engine=name, kind=kind)
+            if name in self.supervisors:
+                for reason in RESTART_REASONS:
+                    self._zero("inferctl_engine_restarts_total", engine=name, reason=reason)
+            if "breaker" in self.policies.get(name, {}):
+                self._zero("inferctl_breaker_trips_total", engine=name)
+
     def _gauge(self, name: str, value: float | None, **labels: str) -> None:
         """Set a gauge; None (no data) removes the series rather than reading as 0."""
         g = self.metrics.get(name)
@@ -637,6 +676,10 @@ class Controller:
             return
         for g in reading.gpus.values():
             lab = {"gpu": str(g.index), "uuid": g.uuid}
+            if g.index is not None and lab["gpu"] not in self._gpus_counted:
+                self._gpus_counted.add(lab["gpu"])
+                for outcome in RESET_OUTCOMES:
+                    self._zero("inferctl_gpu_resets_total", gpu=lab["gpu"], outcome=outcome)
             self._gauge("inferctl_gpu_lost", 1.0 if g.lost else 0.0, **lab)
             for metric, value in (("inferctl_gpu_memory_total_bytes", g.memory_total_bytes),
                                   ("inferctl_gpu_memory_used_bytes", g.memory_used_bytes),
