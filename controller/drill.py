@@ -843,6 +843,10 @@ def plot_report(report: DrillReport, path: str | Path) -> Path:
     for label, t, color in marks:
         if t is not None:
             ax1.annotate(label, (t - t0, 1.05), color=color, fontsize="small")
+    ends = [t for _, t in report.phases[1:]] + [report.ended]
+    for (ph, t), end in zip(report.phases, ends):
+        ax3.annotate(ph, ((t + end) / 2 - t0, 1.0), xycoords=("data", "axes fraction"), ha="center",
+                     va="bottom", fontsize="small", color="grey")
     ax1.set_title(f"inferctl drill oom — {report.model}")
     fig.tight_layout()
     out = Path(path)
