@@ -36,7 +36,9 @@ class BundledEngineClient(EngineClient):
     ``None`` sends no Authorization header (the engine will answer 401 if it wants one).
     ``scrape_metrics``: also read the TTFT / ITL / e2e histograms from ``/metrics`` (``/stats``
     carries only quantiles), within what is left of ``timeout_s``; a failing ``/metrics`` only
-    leaves the histograms missing.
+    leaves the histograms missing. The TTFT histogram of every served model
+    (``inferctl_engine_time_to_first_token_seconds{model=...}``) goes to
+    ``ttft_histogram_by_model`` by model name.
     """
 
     kind = "bundled"
@@ -80,6 +82,20 @@ class BundledEngineClient(EngineClient):
         if resp.status_code != 200:
             return
         samples, _ = parse_prometheus_text(resp.text)
+        # TTFT by served model (the latency breaker judges the main model apart from the light
+        # one): inferctl_engine_time_to_first_token_seconds{model=...}
+        base = METRIC_HISTOGRAMS["ttft_histogram"]
+        names = {base + "_bucket", base + "_sum", base + "_count"}
+        by_model: dict[str, list] = {}
+        for sample in samples:
+            model = sample.labels.get("model")
+            if sample.name in names and model:
+                by_model.setdefault(model, []).append(sample)
+        for model, subset in sorted(by_model.items()):
+            hist, invalid = histogram_from_samples(subset, base)
+            if hist is not None:
+                snap.ttft_histogram_by_model[model] = hist
+            snap.invalid.extend(f"{model}: {x}" for x in invalid)
         # /metrics merges every served model: keep the series of the model /stats describes
         samples = [s for s in samples if snap.model is None or s.labels.get("model", snap.model) == snap.model]
         for field, base in METRIC_HISTOGRAMS.items():
