@@ -126,6 +126,48 @@ def run_hf_static(model_dir: str | Path, requests: Sequence[Request], batch_size
         kv_waste_ratio=1 - acc["kv_real"] / acc["kv_held"])
 
 
+def run_hf_continuous(model_dir: str | Path, requests: Sequence[Request], threads: int = 2,
+                      name: str | None = None) -> RunResult:
+    """transformers' own continuous batching (``ContinuousBatchingManager``, sdpa attention),
+    per-request ``max_new_tokens``, greedy, EOS disabled (-1). A warm-up request runs first
+    (the manager sizes its cache on start). Padding and KV waste are not measured (None)."""
+    import logging
+
+    import torch
+    from transformers import GenerationConfig, LlamaForCausalLM
+
+    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.CRITICAL)
+    torch.set_num_threads(threads)
+    model = LlamaForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation="sdpa").eval()
+    gc = GenerationConfig(do_sample=False, max_new_tokens=max(r.max_tokens for r in requests), pad_token_id=0,
+                          eos_token_id=None)
+    mgr = model.init_continuous_batching(generation_config=gc)
+    mgr.start()
+    try:
+        mgr.add_request(list(requests[0].prompt[:8]), request_id="warm", max_new_tokens=2, eos_token_id=-1)
+        if mgr.get_result(timeout=300) is None:
+            raise RuntimeError("HF continuous batching: no warm-up result within 300 s")
+        t0 = time.perf_counter()
+        for i, r in enumerate(requests):
+            mgr.add_request(list(r.prompt), request_id=f"r{i}", max_new_tokens=r.max_tokens, eos_token_id=-1)
+        done: dict[str, tuple[float, int]] = {}
+        while len(done) < len(requests):
+            out = mgr.get_result(timeout=600)
+            if out is None:
+                raise RuntimeError(f"HF continuous batching: {len(requests) - len(done)} requests unanswered")
+            if out.request_id.startswith("r"):
+                done[out.request_id] = (time.perf_counter() - t0, len(out.generated_tokens))
+        seconds = time.perf_counter() - t0
+    finally:
+        mgr.stop(block=True)
+    useful = sum(n for _, n in done.values())
+    expected = sum(r.max_tokens for r in requests)
+    if useful != expected:
+        raise RuntimeError(f"HF continuous batching produced {useful} tokens, expected {expected}")
+    return RunResult(side="hf-continuous", model=name or Path(model_dir).name, batch=None, requests=len(requests),
+                     useful_tokens=useful, seconds=seconds, latencies=[t for t, _ in done.values()])
+
+
 def load_engine(model_dir: str | Path, threads: int = 2, precision: str = "full", **config):
     """An :class:`engine.engine.LLMEngine` over the model (fp32, CPU), precision applied."""
     from engine.config import EngineConfig

@@ -2,7 +2,8 @@
 
     python -m bench.throughput [--models stories260K,synthetic] [--n 32] [--threads 2]
 
-For each model: HF ``generate`` with static batches of 1 and of ``n`` (left padding), then
+For each model: HF ``generate`` with static batches of 1 and of ``n`` (left padding), HF's own
+continuous batching (``ContinuousBatchingManager``, a stronger peer per PERFORMANCE.md), then
 the engine (continuous batching, all ``n`` requests at once), same weights (a Hugging Face
 directory, see :mod:`bench.models`), same requests (:func:`bench.common.make_workload`,
 seed 1234). Reports useful output tok/s, P50/P99 latency, padding ratio, KV waste and the
@@ -16,7 +17,7 @@ import json
 
 from bench.common import fmt, machine_facts, make_workload, md_table, section, write_section
 from bench.models import model_dir
-from bench.runners import RunResult, run_engine, run_hf_static
+from bench.runners import RunResult, run_engine, run_hf_continuous, run_hf_static
 
 #: Targets (PERFORMANCE.md): engine >= 3x HF static at n mixed requests; padding <= 1 %;
 #: KV waste <= 4 %.
@@ -25,7 +26,8 @@ TARGET_PADDING = 0.01
 TARGET_KV_WASTE = 0.04
 
 
-def run(models: list[str], n: int, threads: int, hf_batches: list[int], quick: bool = False) -> list[RunResult]:
+def run(models: list[str], n: int, threads: int, hf_batches: list[int], quick: bool = False,
+        hf_continuous: bool = True) -> list[RunResult]:
     """Run every side on every model; returns the results in table order."""
     import torch
 
@@ -38,6 +40,8 @@ def run(models: list[str], n: int, threads: int, hf_batches: list[int], quick: b
                              prompt_range=(4, 32) if quick else (16, 256))
         for b in hf_batches:
             out.append(run_hf_static(d, reqs, b, threads, name=name))
+        if hf_continuous:
+            out.append(run_hf_continuous(d, reqs, threads, name=name))
         out.append(run_engine(d, reqs, threads, name=name))
     return out
 
@@ -52,7 +56,8 @@ def render(results: list[RunResult]) -> str:
     for r in results:
         ref = base.get(r.model)
         ratio = r.tok_s / ref.tok_s if ref is not None else None
-        side = f"HF static, batch {r.batch}" if r.side == "hf-static" else f"engine (continuous, max {r.batch} seqs)"
+        side = {"hf-static": f"HF static, batch {r.batch}", "hf-continuous": "HF continuous batching (sdpa)"}.get(
+            r.side, f"engine (continuous, max {r.batch} seqs)")
         rows.append([r.model, side, fmt(r.tok_s), fmt(ratio, 2) + "×" if ratio else "-", fmt(r.p50, 2),
                      fmt(r.p99, 2), fmt(100 * r.padding_ratio, 1) + " %" if r.padding_ratio is not None else "-",
                      fmt(100 * r.prefill_pad_ratio, 0) + " / " + fmt(100 * r.finished_slot_ratio, 0) + " %"
@@ -84,12 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=32, help="requests (default 32)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--hf-batches", default="1,32", help="HF static batch sizes (default 1,32)")
+    ap.add_argument("--no-hf-continuous", action="store_true", help="skip HF's ContinuousBatchingManager")
     ap.add_argument("--quick", action="store_true", help="tiny lengths (smoke test), no doc write")
     ap.add_argument("--no-write", action="store_true", help="print only")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     a = ap.parse_args(argv)
     facts = machine_facts()
-    results = run(a.models.split(","), a.n, a.threads, [int(b) for b in a.hf_batches.split(",")], a.quick)
+    results = run(a.models.split(","), a.n, a.threads, [int(b) for b in a.hf_batches.split(",")], a.quick,
+                  hf_continuous=not a.no_hf_continuous)
     body = render(results)
     print(json.dumps([r.to_dict() for r in results], indent=1) if a.json else body)
     if not (a.quick or a.no_write):
