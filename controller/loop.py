@@ -317,8 +317,12 @@ class Controller:
                 self._done_seq[name] = self._seq[name]
                 gpu = self._gpu_of(name, reading)
                 for pname, pol in self.policies.get(name, {}).items():
-                    decisions += self._safe(pname, name, lambda p=pol, k=pname: self._observe(
+                    made = self._safe(pname, name, lambda p=pol, k=pname: self._observe(
                         k, p, now, snap, gpu, telemetry_ok))
+                    decisions += made
+                    for d in made:
+                        if d.policy == "precision" and (d.inputs or {}).get("handoff") == "hardware":
+                            decisions += self._hand_to_hardware(now, name, gpu, d)
             for d in decisions:
                 self._handle(d, now)
             self._export_policies(now)
@@ -330,6 +334,27 @@ class Controller:
         if kind == "precision":
             return policy.observe(now, snap, gpu, telemetry_ok)
         return policy.observe(now, snap)
+
+    def _hand_to_hardware(self, now: float, engine: str, gpu: GpuSnapshot | None,
+                          d: Decision) -> list[Decision]:
+        """The precision policy found an engine fault that points at the hardware: give its
+        text to the hardware policy (``report_fault``) for the engine's GPU. Without a
+        hardware policy or a known GPU for the engine, an observation event says why not."""
+        hw = self.gpu_policies.get("hardware")
+        report = getattr(hw, "report_fault", None)
+        evidence = [str(x) for x in (d.inputs.get("hardware_evidence") or [])]
+        text = "; ".join([str(d.inputs.get("message") or "")] + evidence).strip("; ")
+        if report is None or gpu is None:
+            why = ("no hardware policy" if report is None else
+                   "no GPU configured for the engine (engines[].gpu)"
+                   if self.engine_gpu.get(engine) is None else
+                   f"GPU {self.engine_gpu.get(engine)} is not in the last good GPU reading")
+            self.event_log.append("observation", "controller", f"engine {engine}: hardware fault not"
+                                  f" handed to the hardware policy: {why}", target=engine,
+                                  severity="warning", inputs={"text": text, "fault_id": d.inputs.get("fault_id")},
+                                  time=now)
+            return []
+        return self._safe("hardware", gpu.uuid, lambda: report(now, gpu.uuid, text))
 
     @staticmethod
     def _observe_gpu(kind: str, policy: Any, now: float, reading: GpuReading,
