@@ -45,6 +45,7 @@ that know turns; the server takes the template name as configuration.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 import uuid
@@ -151,8 +152,16 @@ def check_valid_unicode(obj: Any) -> None:
     unpredictable) and ``json.loads`` accepts it, but such a string is not Unicode text: it
     cannot be encoded as UTF-8, so echoing it back, or giving it to a Rust tokenizer, fails
     deep inside the server. ``param`` is the path of the first offending string (document
-    order), or of the object holding an offending key. Iterative, O(size of the body).
+    order), or of the object holding an offending key. O(size of the body): one C-speed
+    encode of the whole document, and a path-tracking walk only when that fails.
     """
+    try:
+        json.dumps(obj, ensure_ascii=False, check_circular=False).encode("utf-8")
+        return
+    except UnicodeEncodeError:
+        pass
+    except (TypeError, ValueError, RecursionError):
+        pass  # not a plain JSON document (NaN, odd types): walk it
     stack: list[tuple[Any, tuple]] = [(obj, ())]
     while stack:
         value, loc = stack.pop()
@@ -171,9 +180,11 @@ def check_valid_unicode(obj: Any) -> None:
                     where = param or "the request body"
                     raise APIError(400, f"{where}: an object key holds an unpaired UTF-16 surrogate; "
                                         "strings must be valid Unicode", param=param, code="invalid_unicode")
-            stack.extend((v, loc + (k,)) for k, v in reversed(list(value.items())))
+            stack.extend((v, loc + (k,)) for k, v in reversed(list(value.items()))
+                         if isinstance(v, (str, dict, list)))
         elif isinstance(value, list):
-            stack.extend((v, loc + (i,)) for i, v in reversed(list(enumerate(value))))
+            stack.extend((v, loc + (i,)) for i, v in reversed(list(enumerate(value)))
+                         if isinstance(v, (str, dict, list)))
 
 
 def validate_model(cls: type[BaseModel], obj: Any, limits: "ProtocolLimits | None" = None) -> Any:
