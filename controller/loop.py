@@ -742,7 +742,11 @@ class Controller:
                     for s in BREAKER_STATES:
                         self._gauge("inferctl_breaker_state", 1.0 if s == state else 0.0, engine=name, state=s)
                 if isinstance(st, dict) and "ttft_p99_seconds" in st:
-                    self._gauge("inferctl_ttft_p99_seconds", st.get("ttft_p99_seconds"), engine=name)
+                    p99 = st.get("ttft_p99_seconds")
+                    self._gauge("inferctl_ttft_p99_seconds", p99, engine=name)
+                    # "≥ bound": the p99 fell in the +Inf bucket, the value is a lower bound
+                    self._gauge("inferctl_ttft_p99_saturated", None if p99 is None else
+                                (1.0 if st.get("ttft_p99_at_least") else 0.0), engine=name)
 
     def _export_invalid(self) -> None:
         if self.counter is None or "inferctl_invalid_samples_total" not in self.metrics:

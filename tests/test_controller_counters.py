@@ -108,3 +108,31 @@ def test_breaker_trips_are_counted_when_it_opens(tmp_path):
     ctl.wait_for_actions(5)
     assert value(reg, "inferctl_breaker_trips_total", engine="main") == 1.0
     assert ("route", "stories", "tiny") in main.calls
+
+
+def test_ttft_p99_in_the_inf_bucket_is_exported_as_a_saturated_lower_bound(tmp_path):
+    clock = FakeClock()
+    ctl, reg, clients = build(tmp_path, clock)
+    main = clients["main"]
+    h0 = ttft_hist([])
+    main.memory = {"ttft_histogram": h0, "model": "stories"}
+    ctl.tick(clock.t)
+    assert value(reg, "inferctl_ttft_p99_seconds", engine="main") is None      # no window yet
+    assert value(reg, "inferctl_ttft_p99_saturated", engine="main") is None
+    clock.advance(5)
+    h1 = ttft_hist([30.0] * 25, base=h0)                # all beyond the largest bound (10 s)
+    main.memory = {"ttft_histogram": h1, "model": "stories"}
+    ctl.tick(clock.t)
+    ctl.wait_for_actions(5)
+    assert value(reg, "inferctl_ttft_p99_seconds", engine="main") == 10.0      # the bound ...
+    assert value(reg, "inferctl_ttft_p99_saturated", engine="main") == 1.0     # ... a lower bound
+    # open → half-open after open_seconds; probes answer fast: p99 inside a finite bucket
+    clock.advance(31)
+    ctl.tick(clock.t)
+    ctl.wait_for_actions(5)
+    clock.advance(1)
+    main.memory = {"ttft_histogram": ttft_hist([0.02] * 10, base=h1), "model": "stories"}
+    ctl.tick(clock.t)
+    ctl.wait_for_actions(5)
+    assert value(reg, "inferctl_ttft_p99_seconds", engine="main") == pytest.approx(0.0495)
+    assert value(reg, "inferctl_ttft_p99_saturated", engine="main") == 0.0
