@@ -13,7 +13,10 @@ R = 1000 * MiB
 
 
 def snap(t, frag, **kw):
-    """Engine with reserved 1000 MiB and the given fragmentation (None = nothing reserved)."""
+    """Idle engine (running 0, waiting 0 unless given) with reserved 1000 MiB and the given
+    fragmentation (None = nothing reserved)."""
+    kw.setdefault("running", 0)
+    kw.setdefault("waiting", 0)
     if frag is None:
         return engine(t, reserved=0, allocated=0, **kw)
     return engine(t, reserved=R, allocated=round(R * (1 - frag)), **kw)
