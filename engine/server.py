@@ -455,15 +455,35 @@ def _output_failure(out: Any, retry_after: int) -> APIError | None:
     return APIError(status, message, code="engine_error", err_type="server_error")
 
 
+def _raise_on_failure(out: Any, retry_after: int) -> None:
+    """Raise :func:`_output_failure`'s APIError when ``out`` is a failed RequestOutput."""
+    failure = _output_failure(out, retry_after)
+    if failure is not None:
+        raise failure
+
+
+async def _outputs(agen: AsyncIterator, first: Any, served: ServedModel, retry_after: int) -> AsyncIterator[Any]:
+    """Yield one generation's RequestOutputs: ``first`` (None: nothing), then the engine's next
+    ones until one is finished or the iterator ends; engine errors become APIError
+    (:func:`_next_output`). Failed outputs are yielded, not raised (callers decide)."""
+    out = first
+    while out is not None:
+        yield out
+        if getattr(out, "finished", False):
+            return
+        try:
+            out = await _next_output(agen, served, retry_after)
+        except StopAsyncIteration:
+            return
+
+
 async def _start(served: ServedModel, job: _PromptJob, params: Any, retry_after: int) -> tuple[AsyncIterator, Any]:
     """Start one generation and wait for its first output (so admission errors surface
     before any response is sent). Returns ``(iterator, first output or None)``."""
     agen = served.async_engine.generate(job.request_id, job.token_ids, params)
     try:
         first = await _next_output(agen, served, retry_after)
-        failure = _output_failure(first, retry_after)
-        if failure is not None:
-            raise failure
+        _raise_on_failure(first, retry_after)
     except StopAsyncIteration:
         return agen, None
     except BaseException:
@@ -499,18 +519,9 @@ async def _collect(served: ServedModel, agen: AsyncIterator, first: Any, retry_a
     """Drain one generation into a :class:`_Collected`; 503/400 on an engine failure."""
     acc = _Collected()
     try:
-        out = first
-        while out is not None:
-            failure = _output_failure(out, retry_after)
-            if failure is not None:
-                raise failure
+        async for out in _outputs(agen, first, served, retry_after):
+            _raise_on_failure(out, retry_after)
             _accumulate(acc, out)
-            if getattr(out, "finished", False):
-                break
-            try:
-                out = await _next_output(agen, served, retry_after)
-            except StopAsyncIteration:
-                break
     finally:
         await _aclose(agen)
     return acc
@@ -525,8 +536,27 @@ def _accumulate(acc: _Collected, out: Any) -> None:
     acc.top_logprobs += tops
     if getattr(out, "finished", False):
         acc.finish_reason = getattr(out, "finish_reason", None)
-    acc.prompt_tokens = int(getattr(out, "prompt_tokens", 0) or acc.prompt_tokens)
-    acc.completion_tokens = int(getattr(out, "completion_tokens", 0) or len(acc.token_ids))
+    acc.prompt_tokens, acc.completion_tokens = _token_counts(out, acc.prompt_tokens, len(acc.token_ids))
+
+
+def _token_counts(out: Any, prompt_tokens: int, completion_tokens: int) -> tuple[int, int]:
+    """``(prompt_tokens, completion_tokens)`` as ``out`` reports them; a count it leaves out
+    (missing or 0) keeps the caller's value."""
+    return (int(getattr(out, "prompt_tokens", 0) or prompt_tokens),
+            int(getattr(out, "completion_tokens", 0) or completion_tokens))
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    """The OpenAI ``usage`` object (``total_tokens = prompt_tokens + completion_tokens``)."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _usage_chunk(rid: str, obj: str, created: int, served: ServedModel, prompt_tokens: int,
+                 completion_tokens: int) -> bytes:
+    """The last SSE chunk of a stream with ``stream_options.include_usage``: no choices."""
+    return _sse({"id": rid, "object": obj, "created": created, "model": served.name, "choices": [],
+                 "usage": _usage(prompt_tokens, completion_tokens)})
 
 
 async def _until_disconnect(request: Request) -> None:
@@ -638,37 +668,42 @@ def _encode(served: ServedModel, text: str) -> list[int]:
 async def _prepare_jobs(served: ServedModel, prompts: list, req_id: str, requested_max: int | None,
                         default_max: int | None, max_param: str) -> list[_PromptJob]:
     """Tokenize prompts and check lengths: 400 for an out-of-vocabulary id, a too-long prompt,
-    or ``max_tokens`` above the room left (``max_model_len - prompt tokens``)."""
-    jobs = []
-    for i, prompt in enumerate(prompts):
-        param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
-        if isinstance(prompt, str):
-            ids = await asyncio.to_thread(_encode, served, prompt) if len(prompt) > 4096 else _encode(served, prompt)
-            echo = prompt
-        else:
-            bad = [t for t in prompt if t >= served.vocab_size]
-            if bad:
-                raise APIError(400, f"{param}: token id {bad[0]} is out of range; the vocabulary has "
-                                    f"{served.vocab_size} tokens (ids 0..{served.vocab_size - 1})",
-                               param="prompt", code="invalid_token_id")
-            ids = list(prompt)
-            echo = served.tokenizer.decode(ids)
-        check_prompt_length(len(ids), served.max_model_len, param="prompt")
-        room = served.max_model_len - len(ids)
-        if requested_max is not None:
-            check_max_tokens(requested_max, len(ids), served.max_model_len, param=max_param)
-            max_tokens = requested_max
-        else:
-            # default: as many as fit in the context and the KV pool (the cache holds
-            # prompt + max_tokens - 1 tokens), capped by default_max; the engine rejects a
-            # prompt that alone does not fit the pool
-            if served.kv_capacity_tokens is not None:
-                room = min(room, served.kv_capacity_tokens - len(ids) + 1)
-            room = max(1, room)
-            max_tokens = room if default_max is None else min(default_max, room)
-        rid = req_id if len(prompts) == 1 else f"{req_id}-{i}"
-        jobs.append(_PromptJob(index=i, request_id=rid, token_ids=ids, echo_text=echo, max_tokens=max_tokens))
-    return jobs
+    or ``max_tokens`` above the room left (``max_model_len - prompt tokens``); each such 400 is
+    counted as an ``invalid_request`` error of ``served``."""
+    try:
+        jobs = []
+        for i, prompt in enumerate(prompts):
+            param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+            if isinstance(prompt, str):
+                ids = await asyncio.to_thread(_encode, served, prompt) if len(prompt) > 4096 else _encode(served, prompt)
+                echo = prompt
+            else:
+                bad = [t for t in prompt if t >= served.vocab_size]
+                if bad:
+                    raise APIError(400, f"{param}: token id {bad[0]} is out of range; the vocabulary has "
+                                        f"{served.vocab_size} tokens (ids 0..{served.vocab_size - 1})",
+                                   param="prompt", code="invalid_token_id")
+                ids = list(prompt)
+                echo = served.tokenizer.decode(ids)
+            check_prompt_length(len(ids), served.max_model_len, param="prompt")
+            room = served.max_model_len - len(ids)
+            if requested_max is not None:
+                check_max_tokens(requested_max, len(ids), served.max_model_len, param=max_param)
+                max_tokens = requested_max
+            else:
+                # default: as many as fit in the context and the KV pool (the cache holds
+                # prompt + max_tokens - 1 tokens), capped by default_max; the engine rejects a
+                # prompt that alone does not fit the pool
+                if served.kv_capacity_tokens is not None:
+                    room = min(room, served.kv_capacity_tokens - len(ids) + 1)
+                room = max(1, room)
+                max_tokens = room if default_max is None else min(default_max, room)
+            rid = req_id if len(prompts) == 1 else f"{req_id}-{i}"
+            jobs.append(_PromptJob(index=i, request_id=rid, token_ids=ids, echo_text=echo, max_tokens=max_tokens))
+        return jobs
+    except APIError:
+        served.count_error("invalid_request")
+        raise
 
 
 def _params_for(req: Any, jobs: list[_PromptJob], served: ServedModel, logprobs: int | None,
@@ -847,23 +882,32 @@ async def _parse(request: Request, state: ServerState, cls: type) -> tuple[Any, 
     return req, requested, serving
 
 
-async def _completions(request: Request, state: ServerState) -> Response:
-    req, _requested, served = await _parse(request, state, CompletionRequest)
-    rid = new_id("cmpl")
-    try:
-        jobs = await _prepare_jobs(served, req.prompts(), rid, req.max_tokens, 16, "max_tokens")
-    except APIError:
-        served.count_error("invalid_request")
-        raise
-    params = _params_for(req, jobs, served, req.logprobs, state.limits)
+async def _respond(request: Request, state: ServerState, served: ServedModel, req: Any, jobs: list[_PromptJob],
+                   rid: str, logprobs: int | None, stream_fn: Any, body_fn: Any) -> Response:
+    """Answer a generation request whose prompts are prepared (shared by completions and chat).
+
+    Builds each prompt's SamplingParams (400 naming the field), then either starts every
+    generation (so admission errors are still JSON answers) and streams ``stream_fn(served, req,
+    jobs, started, rid, created, include_usage, retry_after)``, or runs ``body_fn(served, req,
+    jobs, params, rid, created, retry_after)`` to one JSON response, cancelled (499) when the
+    client disconnects first.
+    """
+    params = _params_for(req, jobs, served, logprobs, state.limits)
     created = now_s()
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         started = await _start_all(served, jobs, params, state.retry_after_seconds)
-        return _stream(_completion_stream(served, req, jobs, started, rid, created, include_usage,
-                                          state.retry_after_seconds))
+        return _stream(stream_fn(served, req, jobs, started, rid, created, include_usage,
+                                 state.retry_after_seconds))
     return await _run_unless_disconnected(
-        request, _completion_body(served, req, jobs, params, rid, created, state.retry_after_seconds))
+        request, body_fn(served, req, jobs, params, rid, created, state.retry_after_seconds))
+
+
+async def _completions(request: Request, state: ServerState) -> Response:
+    req, _requested, served = await _parse(request, state, CompletionRequest)
+    rid = new_id("cmpl")
+    jobs = await _prepare_jobs(served, req.prompts(), rid, req.max_tokens, 16, "max_tokens")
+    return await _respond(request, state, served, req, jobs, rid, req.logprobs, _completion_stream, _completion_body)
 
 
 async def _completion_body(served: ServedModel, req: CompletionRequest, jobs: list[_PromptJob],
@@ -871,7 +915,7 @@ async def _completion_body(served: ServedModel, req: CompletionRequest, jobs: li
     started = await _start_all(served, jobs, params, retry_after)
     results = await _gather_collect(served, started, retry_after)
     choices = []
-    usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    prompt_tokens = completion_tokens = 0
     for job, acc in zip(jobs, results):
         prefix = job.echo_text if req.echo else ""
         lp = None
@@ -880,11 +924,10 @@ async def _completion_body(served: ServedModel, req: CompletionRequest, jobs: li
                                       acc.top_logprobs if req.logprobs else [None] * len(acc.token_ids), len(prefix))
         choices.append({"index": job.index, "text": prefix + acc.text, "logprobs": lp,
                         "finish_reason": acc.finish_reason})
-        usage["prompt_tokens"] += acc.prompt_tokens or len(job.token_ids)
-        usage["completion_tokens"] += acc.completion_tokens
-    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        prompt_tokens += acc.prompt_tokens or len(job.token_ids)
+        completion_tokens += acc.completion_tokens
     return _json({"id": rid, "object": "text_completion", "created": created, "model": served.name,
-                  "choices": choices, "usage": usage})
+                  "choices": choices, "usage": _usage(prompt_tokens, completion_tokens)})
 
 
 async def _gather_collect(served: ServedModel, started: list[tuple[AsyncIterator, Any]],
@@ -904,30 +947,16 @@ async def _merged(served: ServedModel, started: list[tuple[AsyncIterator, Any]],
     """Yield ``(prompt index, RequestOutput)`` from several generations as they come."""
     if len(started) == 1:
         agen, first = started[0]
-        out = first
-        while out is not None:
+        async for out in _outputs(agen, first, served, retry_after):
             yield 0, out
-            if getattr(out, "finished", False):
-                return
-            try:
-                out = await _next_output(agen, served, retry_after)
-            except StopAsyncIteration:
-                return
         return
     queue: asyncio.Queue = asyncio.Queue()
     done_marker = object()
 
     async def pump(i: int, agen: AsyncIterator, first: Any) -> None:
         try:
-            out = first
-            while out is not None:
+            async for out in _outputs(agen, first, served, retry_after):
                 await queue.put((i, out))
-                if getattr(out, "finished", False):
-                    break
-                try:
-                    out = await _next_output(agen, served, retry_after)
-                except StopAsyncIteration:
-                    break
         except Exception as exc:  # noqa: BLE001 - forwarded to the consumer
             await queue.put((i, exc))
         finally:
@@ -983,9 +1012,7 @@ def _completion_stream(served: ServedModel, req: CompletionRequest, jobs: list[_
         prompt_tokens = {job.index: len(job.token_ids) for job in jobs}
         completion_tokens = {job.index: 0 for job in jobs}
         async for i, out in _merged(served, started, retry_after):
-            failure = _output_failure(out, retry_after)
-            if failure is not None:
-                raise failure
+            _raise_on_failure(out, retry_after)
             job = jobs[i]
             text = getattr(out, "new_text", "") or ""
             if req.echo and i not in echoed:
@@ -1000,8 +1027,8 @@ def _completion_stream(served: ServedModel, req: CompletionRequest, jobs: list[_
                                           offsets[i])
                 offsets[i] += sum(len(t) for t in lp["tokens"])
             finished = bool(getattr(out, "finished", False))
-            prompt_tokens[i] = int(getattr(out, "prompt_tokens", 0) or prompt_tokens[i])
-            completion_tokens[i] = int(getattr(out, "completion_tokens", 0) or completion_tokens[i] + len(ids))
+            prompt_tokens[i], completion_tokens[i] = _token_counts(out, prompt_tokens[i],
+                                                                   completion_tokens[i] + len(ids))
             if not text and not finished and lp is None:
                 continue  # text held back (a possible stop string or a partial character)
             chunk = {"id": rid, "object": "text_completion", "created": created, "model": served.name,
@@ -1011,10 +1038,8 @@ def _completion_stream(served: ServedModel, req: CompletionRequest, jobs: list[_
                 chunk["usage"] = None
             yield _sse(chunk)
         if include_usage:
-            p, c = sum(prompt_tokens.values()), sum(completion_tokens.values())
-            yield _sse({"id": rid, "object": "text_completion", "created": created, "model": served.name,
-                        "choices": [], "usage": {"prompt_tokens": p, "completion_tokens": c,
-                                                 "total_tokens": p + c}})
+            yield _usage_chunk(rid, "text_completion", created, served, sum(prompt_tokens.values()),
+                               sum(completion_tokens.values()))
 
     return _stream_guard(served, started, body())
 
@@ -1023,21 +1048,9 @@ async def _chat(request: Request, state: ServerState) -> Response:
     req, _requested, served = await _parse(request, state, ChatCompletionRequest)
     rid = new_id("chatcmpl")
     prompt = render_chat_prompt(req.messages, state.chat_template)
-    try:
-        jobs = await _prepare_jobs(served, [prompt], rid, req.effective_max_tokens(), None, req.max_tokens_param())
-    except APIError:
-        served.count_error("invalid_request")
-        raise
+    jobs = await _prepare_jobs(served, [prompt], rid, req.effective_max_tokens(), None, req.max_tokens_param())
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    params = _params_for(req, jobs, served, logprobs, state.limits)
-    created = now_s()
-    if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        started = await _start_all(served, jobs, params, state.retry_after_seconds)
-        return _stream(_chat_stream(served, req, jobs, started, rid, created, include_usage,
-                                    state.retry_after_seconds))
-    return await _run_unless_disconnected(
-        request, _chat_body(served, req, jobs, params, rid, created, state.retry_after_seconds))
+    return await _respond(request, state, served, req, jobs, rid, logprobs, _chat_stream, _chat_body)
 
 
 async def _chat_body(served: ServedModel, req: ChatCompletionRequest, jobs: list[_PromptJob],
@@ -1048,12 +1061,10 @@ async def _chat_body(served: ServedModel, req: ChatCompletionRequest, jobs: list
     if req.logprobs:
         lp = _chat_logprobs(served.tokenizer, acc.token_ids, acc.logprobs,
                             acc.top_logprobs if req.top_logprobs else [None] * len(acc.token_ids))
-    prompt_tokens = acc.prompt_tokens or len(jobs[0].token_ids)
     return _json({"id": rid, "object": "chat.completion", "created": created, "model": served.name,
                   "choices": [{"index": 0, "message": {"role": "assistant", "content": acc.text},
                                "logprobs": lp, "finish_reason": acc.finish_reason}],
-                  "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": acc.completion_tokens,
-                            "total_tokens": prompt_tokens + acc.completion_tokens}})
+                  "usage": _usage(acc.prompt_tokens or len(jobs[0].token_ids), acc.completion_tokens)})
 
 
 def _chat_stream(served: ServedModel, req: ChatCompletionRequest, jobs: list[_PromptJob],
@@ -1071,14 +1082,11 @@ def _chat_stream(served: ServedModel, req: ChatCompletionRequest, jobs: list[_Pr
         completion_tokens = 0
         yield chunk({"role": "assistant", "content": ""})
         async for _i, out in _merged(served, started, retry_after):
-            failure = _output_failure(out, retry_after)
-            if failure is not None:
-                raise failure
+            _raise_on_failure(out, retry_after)
             text = getattr(out, "new_text", "") or ""
             ids = list(getattr(out, "new_token_ids", []) or [])
             finished = bool(getattr(out, "finished", False))
-            prompt_tokens = int(getattr(out, "prompt_tokens", 0) or prompt_tokens)
-            completion_tokens = int(getattr(out, "completion_tokens", 0) or completion_tokens + len(ids))
+            prompt_tokens, completion_tokens = _token_counts(out, prompt_tokens, completion_tokens + len(ids))
             lp = None
             if req.logprobs and ids:
                 lps, tops = _output_logprobs(out)
@@ -1088,10 +1096,7 @@ def _chat_stream(served: ServedModel, req: ChatCompletionRequest, jobs: list[_Pr
             if finished:
                 yield chunk({}, getattr(out, "finish_reason", None))
         if include_usage:
-            yield _sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": served.name,
-                        "choices": [], "usage": {"prompt_tokens": prompt_tokens,
-                                                 "completion_tokens": completion_tokens,
-                                                 "total_tokens": prompt_tokens + completion_tokens}})
+            yield _usage_chunk(rid, "chat.completion.chunk", created, served, prompt_tokens, completion_tokens)
 
     return _stream_guard(served, started, body())
 
