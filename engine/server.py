@@ -779,8 +779,7 @@ def _install_routes(app: FastAPI) -> None:
 
     @app.post("/admin/precision")
     async def admin_precision(request: Request) -> Response:
-        state = await _admin(request)
-        body = validate_model(AdminPrecisionRequest, await read_json_body(request, state.max_body_bytes))
+        state, body = await _admin_body(request, AdminPrecisionRequest)
         targets = _admin_targets(state, body.model)
         for served in targets:
             try:
@@ -792,8 +791,7 @@ def _install_routes(app: FastAPI) -> None:
 
     @app.post("/admin/fault")
     async def admin_fault(request: Request) -> Response:
-        state = await _admin(request)
-        body = validate_model(AdminFaultRequest, await read_json_body(request, state.max_body_bytes))
+        state, body = await _admin_body(request, AdminFaultRequest)
         served = state.lookup(body.model)
         try:
             served.inject_fault(body.kind, body.count)
@@ -803,8 +801,7 @@ def _install_routes(app: FastAPI) -> None:
 
     @app.post("/admin/drain")
     async def admin_drain(request: Request) -> Response:
-        state = await _admin(request)
-        body = validate_model(AdminDrainRequest, await read_json_body(request, state.max_body_bytes))
+        state, body = await _admin_body(request, AdminDrainRequest)
         targets = _admin_targets(state, body.model)
         for served in targets:
             served.set_draining(body.draining)
@@ -813,8 +810,7 @@ def _install_routes(app: FastAPI) -> None:
 
     @app.post("/admin/route")
     async def admin_route(request: Request) -> Response:
-        state = await _admin(request)
-        body = validate_model(AdminRouteRequest, await read_json_body(request, state.max_body_bytes))
+        state, body = await _admin_body(request, AdminRouteRequest)
         source = state.lookup(body.model)
         if body.to is None or body.to == source.name:
             state.routes.pop(source.name, None)
@@ -850,6 +846,13 @@ async def _admin(request: Request) -> ServerState:
         raise APIError(401, "missing or invalid admin token: send 'Authorization: Bearer <token>'",
                        code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
     return state
+
+
+async def _admin_body(request: Request, cls: type) -> tuple[ServerState, Any]:
+    """Check the admin token (:func:`_admin`: 403/401), then read the body and validate it as
+    ``cls`` (413/400 as :func:`read_json_body`, 400 naming the field)."""
+    state = await _admin(request)
+    return state, validate_model(cls, await read_json_body(request, state.max_body_bytes))
 
 
 async def _guarded(request: Request, handler: Any) -> Response:
