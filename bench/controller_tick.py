@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import FIXTURES, STORIES_BIN, fmt, machine_facts, md_table, section, write_section
+from bench.common import FIXTURES, STORIES_BIN, machine_facts, md_table, section, write_section
 
 TARGET_TICK_CPU_SECONDS = 0.100
 

@@ -571,10 +571,7 @@ class HttpBackend:
         self._client_kw = dict(base_url=self.base_url, timeout=timeout, headers=headers, transport=transport)
         self._client = httpx.Client(**self._client_kw)
         self._warned = False
-        try:
-            models = self._get("/v1/models")
-        except LongTextError:
-            raise
+        models = self._get("/v1/models")
         data = models.get("data") or []
         if not data:
             raise LongTextError("url", f"{self.base_url}/v1/models lists no model")
