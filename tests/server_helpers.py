@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import pytest
 
 from engine.async_engine import AsyncLLMEngine
 from engine.config import EngineConfig
@@ -73,6 +74,50 @@ def client(app) -> httpx.AsyncClient:
 def run(coro):
     """Run one coroutine to completion on a fresh event loop."""
     return asyncio.run(coro)
+
+
+def http_post(app, path: str, body, **kwargs) -> httpx.Response:
+    """POST ``body`` as JSON to ``path`` of ``app`` in-process; ``kwargs`` go to httpx (``headers=``)."""
+    async def go():
+        async with client(app) as c:
+            return await c.post(path, json=body, **kwargs)
+    return run(go())
+
+
+def http_post_bytes(app, path: str, content: bytes, headers: dict | None = None) -> httpx.Response:
+    """POST raw ``content`` labelled ``application/json`` (plus ``headers``) to ``path`` of ``app``."""
+    async def go():
+        async with client(app) as c:
+            return await c.post(path, content=content,
+                                headers={"content-type": "application/json", **(headers or {})})
+    return run(go())
+
+
+def http_get(app, path: str, **kwargs) -> httpx.Response:
+    """GET ``path`` of ``app`` in-process; ``kwargs`` go to httpx (``headers=``, ``params=``)."""
+    async def go():
+        async with client(app) as c:
+            return await c.get(path, **kwargs)
+    return run(go())
+
+
+# Fixtures for test modules that serve stories260K alone. pytest finds a fixture through the
+# module's names, so a test module imports these functions (the fixture names are ``engine``
+# and ``app``; the function names differ so that test arguments do not shadow the imports).
+
+
+@pytest.fixture(scope="module", name="engine")
+def stories_engine_fixture(stories_dir):
+    """``engine``: stories260K in a started AsyncLLMEngine, one per test module, shut down after it."""
+    eng = stories_engine(stories_dir)
+    with engines_running(eng):
+        yield eng
+
+
+@pytest.fixture(name="app")
+def stories_app_fixture(engine):
+    """``app``: a fresh server (test admin token) over the module's ``engine`` alone."""
+    return make_app({STORIES: engine})
 
 
 def auth(token: str = ADMIN_TOKEN) -> dict:

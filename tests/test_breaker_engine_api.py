@@ -12,55 +12,25 @@ import asyncio
 
 import pytest
 
-from server_helpers import (
+from server_helpers import (  # noqa: F401 - stories_*_fixture are the engine and app fixtures
     REFERENCE,
     STORIES,
     auth,
     client,
     demo_engine,
     engines_running,
+    http_get,
+    http_post,
+    http_post_bytes,
     make_app,
     run,
     sse_events,
-    stories_engine,
+    stories_app_fixture,
+    stories_engine_fixture,
     strict_json,
 )
 
 PROMPT = "Once upon a time"
-
-
-@pytest.fixture(scope="module")
-def engine(stories_dir):
-    eng = stories_engine(stories_dir)
-    with engines_running(eng):
-        yield eng
-
-
-@pytest.fixture()
-def app(engine):
-    return make_app({STORIES: engine})
-
-
-def _raw(app, path, content: bytes, headers: dict | None = None):
-    async def go():
-        async with client(app) as c:
-            return await c.post(path, content=content,
-                                headers={"content-type": "application/json", **(headers or {})})
-    return run(go())
-
-
-def _post(app, path, body, headers: dict | None = None):
-    async def go():
-        async with client(app) as c:
-            return await c.post(path, json=body, headers=headers)
-    return run(go())
-
-
-def _get(app, path, headers: dict | None = None):
-    async def go():
-        async with client(app) as c:
-            return await c.get(path, headers=headers)
-    return run(go())
 
 
 def _error(r, status: int) -> dict:
@@ -71,8 +41,8 @@ def _error(r, status: int) -> dict:
 
 
 def _still_serving(app) -> None:
-    assert _get(app, "/health").status_code == 200
-    r = _post(app, "/v1/completions", {"prompt": PROMPT, "max_tokens": 24, "temperature": 0})
+    assert http_get(app, "/health").status_code == 200
+    r = http_post(app, "/v1/completions", {"prompt": PROMPT, "max_tokens": 24, "temperature": 0})
     assert r.status_code == 200, r.text
     text = strict_json(r.text)["choices"][0]["text"]
     assert len(text) > 20 and REFERENCE.startswith(text)
@@ -85,7 +55,7 @@ def _still_serving(app) -> None:
 def test_integer_literal_past_python_digit_limit_is_400_not_500(app, path):
     # json.loads raises a plain ValueError (not JSONDecodeError) for a 5000-digit integer
     body = b'{"prompt": "hi", "messages": [], "max_tokens": ' + b"9" * 5000 + b"}"
-    err = _error(_raw(app, path, body), 400)
+    err = _error(http_post_bytes(app, path, body), 400)
     assert err["code"] == "invalid_json"
     assert "4300 digits" in err["message"]  # the limit is named
     _still_serving(app)
@@ -105,7 +75,7 @@ def test_integer_literal_past_python_digit_limit_is_400_not_500(app, path):
     ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi", "\\ud800": 1}]}', "messages[0]"),
 ])
 def test_unpaired_surrogate_is_400_naming_the_field(app, path, body, param):
-    err = _error(_raw(app, path, body.encode()), 400)
+    err = _error(http_post_bytes(app, path, body.encode()), 400)
     assert err["param"] == param
     assert err["code"] == "invalid_unicode"
     assert err["message"].startswith(param)
@@ -113,7 +83,7 @@ def test_unpaired_surrogate_is_400_naming_the_field(app, path, body, param):
 
 def test_unpaired_surrogate_in_a_stream_is_400_before_the_stream(app):
     body = b'{"prompt": "Once \\ud800 upon", "max_tokens": 2, "echo": true, "stream": true}'
-    r = _raw(app, "/v1/completions", body)
+    r = http_post_bytes(app, "/v1/completions", body)
     assert r.headers["content-type"].startswith("application/json")
     assert _error(r, 400)["param"] == "prompt"
     _still_serving(app)
@@ -121,7 +91,7 @@ def test_unpaired_surrogate_in_a_stream_is_400_before_the_stream(app):
 
 def test_a_valid_surrogate_pair_is_text_not_an_error(app):
     # "\ud83d\ude00" is the JSON spelling of one emoji: valid, echoed back as that character
-    r = _raw(app, "/v1/completions", b'{"prompt": "Once \\ud83d\\ude00", "max_tokens": 1, "echo": true}')
+    r = http_post_bytes(app, "/v1/completions", b'{"prompt": "Once \\ud83d\\ude00", "max_tokens": 1, "echo": true}')
     assert r.status_code == 200, r.text
     assert strict_json(r.text)["choices"][0]["text"].startswith("Once \U0001F600")
 
@@ -158,18 +128,18 @@ def test_top_p_that_underflows_float32_samples_the_top_token_and_spares_the_batc
 
 
 def test_seed_out_of_range_names_the_exact_64_bit_bound(app):
-    err = _error(_post(app, "/v1/completions", {"prompt": PROMPT, "seed": 2**64}), 400)
+    err = _error(http_post(app, "/v1/completions", {"prompt": PROMPT, "seed": 2**64}), 400)
     assert err["param"] == "seed"
     # pydantic's Field(le=2**64-1) printed the bound as a float: 18446744073709552000
     assert "18446744073709551615" in err["message"] and "-9223372036854775808" in err["message"]
     assert "18446744073709552000" not in err["message"]
-    r = _post(app, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "seed": 2**64 - 1, "temperature": 1})
+    r = http_post(app, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "seed": 2**64 - 1, "temperature": 1})
     assert r.status_code == 200, r.text
 
 
 def test_content_part_that_is_not_an_object_shows_the_expected_shape(app):
     body = {"messages": [{"role": "user", "content": ["hi"]}]}
-    err = _error(_post(app, "/v1/chat/completions", body), 400)
+    err = _error(http_post(app, "/v1/chat/completions", body), 400)
     assert err["param"] == "messages[0].content"
     assert '{"type": "text", "text": "..."}' in err["message"] and "{{" not in err["message"]
 
@@ -186,23 +156,23 @@ def test_content_part_that_is_not_an_object_shows_the_expected_shape(app):
 ])
 def test_admin_body_with_an_unknown_field_is_400_and_changes_nothing(app, engine, path, body, field):
     before = engine.stats()
-    err = _error(_post(app, path, body, headers=auth()), 400)
+    err = _error(http_post(app, path, body, headers=auth()), 400)
     assert err["param"] == field and err["code"] == "extra_forbidden"
     after = engine.stats()
     assert after["engine"]["requested_precision"] == before["engine"]["requested_precision"] == "full"
     assert after["faults"]["pending_injected"] == before["faults"]["pending_injected"] == 0
-    assert _get(app, "/health").json()["status"] == "ok"
-    assert _get(app, "/admin/route", headers=auth()).json() == {"routes": {}}
+    assert http_get(app, "/health").json()["status"] == "ok"
+    assert http_get(app, "/admin/route", headers=auth()).json() == {"routes": {}}
 
 
 def test_admin_route_to_an_unknown_model_names_the_to_field(engine):
     light = demo_engine("light")
     with engines_running(light):
         app = make_app({STORIES: engine, "light": light})
-        err = _error(_post(app, "/admin/route", {"model": STORIES, "to": "nope"}, headers=auth()), 404)
+        err = _error(http_post(app, "/admin/route", {"model": STORIES, "to": "nope"}, headers=auth()), 404)
         assert err["param"] == "to" and err["code"] == "model_not_found"
         assert "'nope'" in err["message"] and "light" in err["message"]
-        err = _error(_post(app, "/admin/route", {"model": "nope", "to": "light"}, headers=auth()), 404)
+        err = _error(http_post(app, "/admin/route", {"model": "nope", "to": "light"}, headers=auth()), 404)
         assert err["param"] == "model"
-        assert _get(app, "/admin/route", headers=auth()).json() == {"routes": {}}
-        assert _get(app, "/health").json()["status"] == "ok"
+        assert http_get(app, "/admin/route", headers=auth()).json() == {"routes": {}}
+        assert http_get(app, "/health").json()["status"] == "ok"

@@ -12,45 +12,26 @@ import pytest
 from pydantic import BaseModel
 
 from engine.protocol import ChatCompletionChunk, ChatCompletionResponse, CompletionResponse
-from server_helpers import (
+from server_helpers import (  # noqa: F401 - stories_*_fixture are the engine and app fixtures
     REFERENCE,
     STORIES,
     client,
-    engines_running,
+    http_get,
+    http_post,
+    http_post_bytes,
     make_app,
     run,
     sse_events,
-    stories_engine,
+    stories_app_fixture,
+    stories_engine_fixture,
     strict_json,
 )
 
 PROMPT = "Once upon a time"
 
 
-@pytest.fixture(scope="module")
-def engine(stories_dir):
-    eng = stories_engine(stories_dir)
-    with engines_running(eng):
-        yield eng
-
-
-@pytest.fixture()
-def app(engine):
-    return make_app({STORIES: engine})
-
-
-def _post(app, path, body, **kw):
-    async def go():
-        async with client(app) as c:
-            return await c.post(path, json=body, **kw)
-    return run(go())
-
-
 def _health_ok(app) -> dict:
-    async def go():
-        async with client(app) as c:
-            return await c.get("/health")
-    r = run(go())
+    r = http_get(app, "/health")
     assert r.status_code == 200
     return r.json()
 
@@ -58,7 +39,7 @@ def _health_ok(app) -> dict:
 def _completion(app, **body):
     body.setdefault("prompt", PROMPT)
     body.setdefault("temperature", 0)
-    r = _post(app, "/v1/completions", body)
+    r = http_post(app, "/v1/completions", body)
     assert r.status_code == 200, r.text
     return strict_json(r.text)
 
@@ -80,7 +61,7 @@ def test_greedy_completion_is_the_llama2c_reference(app):
 
 def test_streaming_equals_non_streaming_with_usage(app):
     plain = _completion(app, max_tokens=30)["choices"][0]["text"]
-    r = _post(app, "/v1/completions", {"prompt": PROMPT, "temperature": 0, "max_tokens": 30, "stream": True,
+    r = http_post(app, "/v1/completions", {"prompt": PROMPT, "temperature": 0, "max_tokens": 30, "stream": True,
                                        "stream_options": {"include_usage": True}})
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("text/event-stream")
@@ -101,7 +82,7 @@ def test_streaming_equals_non_streaming_with_usage(app):
 
 def test_chat_equals_completion_for_plain_template(app):
     plain = _completion(app, max_tokens=25)["choices"][0]["text"]
-    r = _post(app, "/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}],
+    r = http_post(app, "/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}],
                                             "temperature": 0, "max_completion_tokens": 25})
     assert r.status_code == 200, r.text
     doc = strict_json(r.text)
@@ -113,7 +94,7 @@ def test_chat_equals_completion_for_plain_template(app):
 
 def test_chat_streaming(app):
     plain = _completion(app, max_tokens=20)["choices"][0]["text"]
-    r = _post(app, "/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}], "temperature": 0,
+    r = http_post(app, "/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}], "temperature": 0,
                                             "max_tokens": 20, "stream": True,
                                             "stream_options": {"include_usage": True}})
     events = sse_events(r.text)
@@ -131,7 +112,7 @@ def test_chat_streaming(app):
 
 def test_chat_default_max_tokens_fills_the_context(app):
     # No max_tokens in chat: the rest of the context (512 - 5 prompt tokens), unless EOS first.
-    r = _post(app, "/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}],
+    r = http_post(app, "/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}],
                                             "temperature": 0, "ignore_eos": True})
     doc = strict_json(r.text)
     assert doc["usage"]["completion_tokens"] == 512 - 5
@@ -140,7 +121,7 @@ def test_chat_default_max_tokens_fills_the_context(app):
 
 def test_stop_string_is_never_leaked(app):
     for stream in (False, True):
-        r = _post(app, "/v1/completions", {"prompt": PROMPT, "temperature": 0, "max_tokens": 40,
+        r = http_post(app, "/v1/completions", {"prompt": PROMPT, "temperature": 0, "max_tokens": 40,
                                            "stop": [" girl"], "stream": stream})
         if stream:
             events = sse_events(r.text)
@@ -172,7 +153,7 @@ def test_completion_logprobs_and_echo(app):
 
 
 def test_chat_logprobs(app):
-    r = _post(app, "/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}], "temperature": 0,
+    r = http_post(app, "/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}], "temperature": 0,
                                             "max_tokens": 5, "logprobs": True, "top_logprobs": 2})
     doc = strict_json(r.text)
     ChatCompletionResponse.model_validate(doc)
@@ -196,7 +177,7 @@ def test_batch_and_token_id_prompts(app, engine):
     by_ids = _completion(app, prompt=ids, max_tokens=12)
     assert by_ids["choices"][0]["text"] == single
     # batch streaming: both indices appear, each text equals its non-streamed text
-    r = _post(app, "/v1/completions", {"prompt": [PROMPT, "Lily went"], "temperature": 0, "max_tokens": 12,
+    r = http_post(app, "/v1/completions", {"prompt": [PROMPT, "Lily went"], "temperature": 0, "max_tokens": 12,
                                        "stream": True})
     events = sse_events(r.text)[:-1]
     texts = {0: "", 1: ""}
@@ -236,7 +217,7 @@ F16_VALUES = [-186, -1, 0, "20", 1e12, 20.5, True]
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("value", F16_VALUES)
 def test_f16_odd_max_tokens_completions(app, value, stream):
-    r = _post(app, "/v1/completions", {"prompt": PROMPT, "max_tokens": value, "stream": stream})
+    r = http_post(app, "/v1/completions", {"prompt": PROMPT, "max_tokens": value, "stream": stream})
     assert r.status_code == 400, r.text
     assert r.headers["content-type"].startswith("application/json")
     err = strict_json(r.text)["error"]
@@ -253,7 +234,7 @@ def test_f16_odd_max_tokens_completions(app, value, stream):
 @pytest.mark.parametrize("value", [-186, -1, 0, "20", 1e12])
 def test_f16_odd_max_tokens_chat(app, field, value):
     for stream in (False, True):
-        r = _post(app, "/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}],
+        r = http_post(app, "/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}],
                                                 field: value, "stream": stream})
         assert r.status_code == 400, r.text
         err = r.json()["error"]
@@ -265,12 +246,12 @@ def test_f16_odd_max_tokens_chat(app, field, value):
 def test_f16_limit_value_is_accepted(app):
     doc = _completion(app, max_tokens=507, ignore_eos=True)
     assert doc["usage"]["completion_tokens"] == 507
-    assert _post(app, "/v1/completions", {"prompt": PROMPT, "max_tokens": 508}).status_code == 400
+    assert http_post(app, "/v1/completions", {"prompt": PROMPT, "max_tokens": 508}).status_code == 400
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_f15_max_tokens_zero_with_echo_and_logprobs(app, stream):
-    r = _post(app, "/v1/completions", {"prompt": PROMPT, "max_tokens": 0, "echo": True, "logprobs": 1,
+    r = http_post(app, "/v1/completions", {"prompt": PROMPT, "max_tokens": 0, "echo": True, "logprobs": 1,
                                        "stream": stream})
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "max_tokens"
@@ -291,7 +272,7 @@ def test_f15_max_tokens_zero_with_echo_and_logprobs(app, stream):
 ])
 def test_f17_empty_prompts(app, engine, route, body):
     before = engine.stats()["requests"]["finished_total"]
-    r = _post(app, route, body)
+    r = http_post(app, route, body)
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["param"] in ("prompt", "messages")
@@ -346,7 +327,7 @@ BAD_INPUTS = [
                          ids=[f"{i}-{p}" for i, (_, _, _, p) in enumerate(BAD_INPUTS)])
 def test_bad_input_table(app, route, body, status, param):
     for stream in (False, True):
-        r = _post(app, route, {**body, "stream": body.get("stream", stream)})
+        r = http_post(app, route, {**body, "stream": body.get("stream", stream)})
         assert r.status_code == status, r.text
         err = strict_json(r.text)["error"]
         assert err["type"] == "invalid_request_error"
@@ -356,14 +337,14 @@ def test_bad_input_table(app, route, body, status, param):
 
 
 def test_unknown_model_is_404_model_not_found(app):
-    r = _post(app, "/v1/completions", {"prompt": PROMPT, "model": "m-123"})
+    r = http_post(app, "/v1/completions", {"prompt": PROMPT, "model": "m-123"})
     assert r.status_code == 404
     assert r.json()["error"]["code"] == "model_not_found"
     assert STORIES in r.json()["error"]["message"]
 
 
 def test_prompt_too_long_names_numbers(app):
-    r = _post(app, "/v1/completions", {"prompt": "story " * 600})
+    r = http_post(app, "/v1/completions", {"prompt": "story " * 600})
     err = r.json()["error"]
     assert err["code"] == "context_length_exceeded"
     assert "max_model_len is 512" in err["message"] and "at most 511" in err["message"]
@@ -377,10 +358,7 @@ def test_prompt_too_long_names_numbers(app):
     (b'{"prompt": "x", "temperature": NaN}', "finite"),
 ])
 def test_malformed_bodies_are_400(app, raw, words):
-    async def go():
-        async with client(app) as c:
-            return await c.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
-    r = run(go())
+    r = http_post_bytes(app, "/v1/completions", raw)
     assert r.status_code == 400
     assert words in r.json()["error"]["message"]
     assert _health_ok(app)["status"] == "ok"
@@ -388,14 +366,14 @@ def test_malformed_bodies_are_400(app, raw, words):
 
 def test_body_size_limit_is_413(engine):
     small = make_app({STORIES: engine}, max_body_bytes=1024)
-    r = _post(small, "/v1/completions", {"prompt": "x" * 2000})
+    r = http_post(small, "/v1/completions", {"prompt": "x" * 2000})
     assert r.status_code == 413
     assert "1024 bytes" in r.json()["error"]["message"]
-    assert _post(small, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2}).status_code == 200
+    assert http_post(small, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2}).status_code == 200
 
 
 def test_x_request_id_is_echoed_not_used_as_label(app):
-    r = _post(app, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2}, headers={"x-request-id": "abc-123"})
+    r = http_post(app, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2}, headers={"x-request-id": "abc-123"})
     assert r.headers["x-request-id"] == "abc-123"
     assert r.json()["id"] != "abc-123"
 
