@@ -36,6 +36,18 @@ def _health_ok(app) -> dict:
     return r.json()
 
 
+def _stream_chunks(r, obj: str, schema: type[BaseModel]) -> list[dict]:
+    """The data chunks of an SSE answer, checked: it ends with ``[DONE]`` and every chunk is an
+    ``obj`` object that validates against ``schema``."""
+    events = sse_events(r.text)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert all(c["object"] == obj for c in chunks)
+    for c in chunks:
+        schema.model_validate(c)
+    return chunks
+
+
 def _completion(app, **body):
     body.setdefault("prompt", PROMPT)
     body.setdefault("temperature", 0)
@@ -65,12 +77,7 @@ def test_streaming_equals_non_streaming_with_usage(app):
                                        "stream_options": {"include_usage": True}})
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("text/event-stream")
-    events = sse_events(r.text)
-    assert events[-1] == "[DONE]"
-    chunks = events[:-1]
-    assert all(c["object"] == "text_completion" for c in chunks)
-    for c in chunks:
-        CompletionResponse.model_validate(c)
+    chunks = _stream_chunks(r, "text_completion", CompletionResponse)
     text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
     assert text == plain
     finals = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
@@ -97,12 +104,7 @@ def test_chat_streaming(app):
     r = http_post(app, "/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}], "temperature": 0,
                                             "max_tokens": 20, "stream": True,
                                             "stream_options": {"include_usage": True}})
-    events = sse_events(r.text)
-    assert events[-1] == "[DONE]"
-    chunks = events[:-1]
-    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
-    for c in chunks:
-        ChatCompletionChunk.model_validate(c)
+    chunks = _stream_chunks(r, "chat.completion.chunk", ChatCompletionChunk)
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert text == plain
