@@ -889,7 +889,7 @@ def register(app: Any) -> None:
         poll_seconds: float = typer.Option(0.1, "--poll-seconds", min=0.02, help="The drill's /stats poll interval."),
         controller_poll: float = typer.Option(0.2, "--controller-poll", min=0.05,
                                               help="Engine poll interval of the controller the drill starts."),
-        out: Path = typer.Option(Path("."), "--out", help="Folder for drill-oom.json and drill-oom.png."),
+        out: Path = typer.Option(Path("out/drill"), "--out", help="Folder for drill-oom.json and drill-oom.png."),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON (stdout)."),
         no_live: bool = typer.Option(False, "--no-live", help="No live view."),
     ) -> None:

@@ -775,7 +775,7 @@ def register(app: Any) -> None:
         no_generate: bool = typer.Option(False, "--no-generate", help="Perplexity only."),
         concurrency: int = typer.Option(8, "--concurrency", help="Requests in flight."),
         max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="For the engine this command starts."),
-        out: Optional[Path] = typer.Option(None, "--out", help="Output prefix (default ./longtext-<book>): .csv and .json."),
+        out: Optional[Path] = typer.Option(None, "--out", help="Output prefix (default out/longtext/longtext-<book>): .csv and .json."),
         quiet: bool = typer.Option(False, "--quiet", help="Summary only (no per-chunk table)."),
     ) -> None:
         """Process a book longer than the context in overlapping chunks; perplexity by position
@@ -824,7 +824,7 @@ def register(app: Any) -> None:
             console.print(t)
         for note in report.notes:
             err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
-        prefix = out if out is not None else Path(f"longtext-{book.stem}")
+        prefix = out if out is not None else Path("out") / "longtext" / f"longtext-{book.stem}"
         csv_path, json_path = write_outputs(report, prefix)
         err.print(f"wrote {csv_path} and {json_path}", markup=False, highlight=False, soft_wrap=True)
 
