@@ -157,20 +157,23 @@ def recorded_series() -> dict[str, frozenset[str]]:
 def _latency_alerts(t: AlertThresholds) -> list[AlertRule]:
     e2e = 'job_model_quantile:inferctl_engine_e2e_request_latency_seconds:histogram_quantile_rate5m{quantile="0.99"}'
     ttft = 'job_model_quantile:inferctl_engine_time_to_first_token_seconds:histogram_quantile_rate5m{quantile="0.99"}'
-    out = []
-    for sev, thr, for_ in (("warning", t.e2e_p99_warning_seconds, "10m"), ("critical", t.e2e_p99_critical_seconds, "5m")):
-        out.append(AlertRule(
-            "InferctlHighP99Latency", f"{e2e} > {thr:g}", for_, sev,
-            "P99 end-to-end latency of {{ $labels.model }} is high.",
-            "P99 end-to-end request latency of model {{ $labels.model }} (job {{ $labels.job }}) is "
-            "{{ $value | humanizeDuration }} over the last 5 minutes, above " f"{thr:g}s."))
-    for sev, thr, for_ in (("warning", t.ttft_p99_warning_seconds, "10m"), ("critical", t.ttft_p99_critical_seconds, "5m")):
-        out.append(AlertRule(
-            "InferctlHighTimeToFirstToken", f"{ttft} > {thr:g}", for_, sev,
-            "P99 time to first token of {{ $labels.model }} is high.",
-            "P99 time to first token of model {{ $labels.model }} (job {{ $labels.job }}) is "
-            "{{ $value | humanizeDuration }} over the last 5 minutes, above " f"{thr:g}s."))
-    return out
+    return (_p99_alerts("InferctlHighP99Latency", e2e, "end-to-end latency", "end-to-end request latency",
+                        t.e2e_p99_warning_seconds, t.e2e_p99_critical_seconds)
+            + _p99_alerts("InferctlHighTimeToFirstToken", ttft, "time to first token", "time to first token",
+                          t.ttft_p99_warning_seconds, t.ttft_p99_critical_seconds))
+
+
+def _p99_alerts(name: str, p99: str, summary_what: str, description_what: str,
+                warning_seconds: float, critical_seconds: float) -> list[AlertRule]:
+    """A warning (for 10m) and a critical (for 5m) alert on the recorded P99 series ``p99``
+    (seconds) above each threshold; the texts name the latency as ``summary_what`` /
+    ``description_what``."""
+    return [AlertRule(
+        name, f"{p99} > {thr:g}", for_, sev,
+        f"P99 {summary_what} of {{{{ $labels.model }}}} is high.",
+        f"P99 {description_what} of model {{{{ $labels.model }}}} (job {{{{ $labels.job }}}}) is "
+        "{{ $value | humanizeDuration }} over the last 5 minutes, above " f"{thr:g}s.")
+        for sev, thr, for_ in (("warning", warning_seconds, "10m"), ("critical", critical_seconds, "5m"))]
 
 
 def _quality_alerts(t: AlertThresholds) -> list[AlertRule]:
