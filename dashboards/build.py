@@ -375,10 +375,15 @@ def _annotations() -> list[db.AnnotationQuery]:
     ]
 
 
+def _bottom_list_legend() -> cb.VizLegendOptions:
+    """The legend of time series and state timelines: a list below the graph."""
+    return cb.VizLegendOptions().display_mode(cm.LegendDisplayMode.LIST).placement(cm.LegendPlacement.BOTTOM).show_legend(True)
+
+
 def _panel_builder(p: PanelSpec, panel_id: int):
     if p.kind == "timeseries":
         b = (timeseries.Panel().line_width(1).fill_opacity(10).span_nulls(False)
-             .legend(cb.VizLegendOptions().display_mode(cm.LegendDisplayMode.LIST).placement(cm.LegendPlacement.BOTTOM).show_legend(True))
+             .legend(_bottom_list_legend())
              .tooltip(cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI).sort(cm.SortOrder.DESCENDING)))
     elif p.kind == "stat":
         b = (stat.Panel().graph_mode(cm.BigValueGraphMode.AREA).color_mode(cm.BigValueColorMode.VALUE)
@@ -386,7 +391,7 @@ def _panel_builder(p: PanelSpec, panel_id: int):
     elif p.kind == "state":
         b = (statetimeline.Panel().show_value(cm.VisibilityMode.AUTO).merge_values(True).row_height(0.9)
              .fill_opacity(70).line_width(0)
-             .legend(cb.VizLegendOptions().display_mode(cm.LegendDisplayMode.LIST).placement(cm.LegendPlacement.BOTTOM).show_legend(True))
+             .legend(_bottom_list_legend())
              .tooltip(cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.SINGLE).sort(cm.SortOrder.NONE)))
     else:
         raise ValueError(f"kind: panel {p.title!r} has unknown kind {p.kind!r} (timeseries, stat, state)")
