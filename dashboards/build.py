@@ -297,9 +297,10 @@ def control_plane() -> DashboardSpec:
                 PanelSpec("Breaker state", "1 for the latency breaker's state (closed, open, half_open).", (
                     T(q.gauge("inferctl_breaker_state", ("engine", "state")), "{{engine}} {{state}}"),
                 ), "short", kind="state", width=12),
-                PanelSpec("Breaker trips and TTFT P99", "Trips per window; TTFT P99 over the breaker window (controller).", (
+                PanelSpec("Breaker trips and TTFT P99", "Trips per window; TTFT P99 over the breaker window (controller); saturated = 1 when that P99 is only a lower bound (it fell in the top bucket).", (
                     T(q.window_increase("inferctl_breaker_trips_total", e, W), "trips {{engine}}"),
                     T(q.gauge("inferctl_ttft_p99_seconds", e), "ttft p99 {{engine}}"),
+                    T(q.gauge("inferctl_ttft_p99_saturated", e), "p99 saturated {{engine}}"),
                 ), "short", width=12),
             )),
             ("Controller", (

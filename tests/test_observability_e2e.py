@@ -57,13 +57,11 @@ EMPTY_IN_SCENARIO: dict[tuple[str, str, str], str] = {
     ("inferctl-gpu", "Xid events", "A"): "no Xid happens in the scenario (the counter is born by its first event)",
     ("inferctl-service", "Errors per second", "A"): "no request fails: the OOM re-queues the batch",
     ("inferctl-control-plane", "Engine restarts and drains", "A"): "no restart in the scenario",
-    ("inferctl-control-plane", "Engine restarts and drains", "B"): "no drain in the scenario",
-    ("inferctl-control-plane", "GPU resets", "A"): "no GPU reset in the scenario",
     ("inferctl-control-plane", "Breaker state", "A"): "the breaker is off without a light model",
     ("inferctl-control-plane", "Breaker trips and TTFT P99", "A"): "the breaker is off without a light model",
     ("inferctl-control-plane", "Breaker trips and TTFT P99", "B"): "the controller computes TTFT P99 inside the breaker policy, off here",
+    ("inferctl-control-plane", "Breaker trips and TTFT P99", "C"): "the saturation flag comes from the breaker policy, off here",
     ("inferctl-control-plane", "Invalid samples", "A"): "no invalid sample in the scenario",
-    ("inferctl-control-plane", "Poll duration P99 and errors", "B"): "no failed poll in the scenario",
 }
 
 
@@ -266,11 +264,13 @@ def test_every_dashboard_query_returns_data(stack: Stack, oom_scenario: dict):
     assert errors == []
     assert empty == [], "\n".join(empty)
     assert checked > 60
-    # Counters born by their first event still count it: one degrade, one rollback in the scenario.
+    # One degrade, one rollback in the scenario. The counters exist at 0 from the controller's
+    # start, so increase() extrapolates over its window (Prometheus docs: "increase ... is
+    # extrapolated"): a single event reads about 1.1, hence round().
     rollbacks = panels[("inferctl-control-plane", "Rollbacks", "A")]
-    assert max(float(v) for v in _values(rollbacks)) == 1.0
+    assert round(max(float(v) for v in _values(rollbacks))) == 1
     switches = panels[("inferctl-control-plane", "Precision switches", "A")]
-    assert {s["metric"]["to"]: max(float(v) for _t, v in s["values"]) for s in switches} == {"int8": 1.0, "full": 1.0}
+    assert {s["metric"]["to"]: round(max(float(v) for _t, v in s["values"])) for s in switches} == {"int8": 1, "full": 1}
     # The latency panels show the stories260K traffic: P99 TTFT in (0, 5 s), P50 <= P99.
     ttft = panels[("inferctl-service", "Time to first token P50 / P90 / P99", "C")]
     assert 0.0 < max(float(v) for v in _values(ttft)) < 5.0
