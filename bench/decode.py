@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mib", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--decode-repeats", type=int, default=3, help="best of N decode runs (default 3)")
     ap.add_argument("--quick", action="store_true", help="smoke test: no doc write")
     ap.add_argument("--no-write", action="store_true")
     a = ap.parse_args(argv)
@@ -111,9 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     verdicts = []
     for name in a.models.split(","):
-        full = engine_decode(name, "full", a.output, a.threads)
-        int8 = engine_decode(name, "int8", a.output, a.threads)
-        hf = None if a.no_hf else hf_decode(name, a.output, a.threads)
+        best = lambda runs: max(runs, key=lambda r: r["tok_s"])  # noqa: E731 - best of N on a noisy machine
+        full = best([engine_decode(name, "full", a.output, a.threads) for _ in range(a.decode_repeats)])
+        int8 = best([engine_decode(name, "int8", a.output, a.threads) for _ in range(a.decode_repeats)])
+        hf = None if a.no_hf else best([hf_decode(name, a.output, a.threads) for _ in range(a.decode_repeats)])
         for label, r in (("engine full", full), ("engine int8", int8)):
             bound = bw["copy_gbps"] * 1e9 / r["weight_bytes"]
             rbound = bw["read_gbps"] * 1e9 / r["weight_bytes"]
@@ -128,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"{TARGET_FRACTION:.0%}: {'met' if frac >= TARGET_FRACTION else 'NOT met'}); int8 "
                         f"{fmt(int8['tok_s'])} vs full {fmt(full['tok_s'])} tok/s "
                         f"({'faster' if int8['tok_s'] > full['tok_s'] else 'NOT faster'}).")
-    body = (f"Bandwidth ({bw['mib']} MiB tensor, best of {a.repeats}, {a.threads} threads): copy "
+    body = (f"Decode: best of {a.decode_repeats} runs, {a.output} new tokens after a 16-token prompt.\n\n"
+            f"Bandwidth ({bw['mib']} MiB tensor, best of {a.repeats}, {a.threads} threads): copy "
             f"**{bw['copy_gbps']:.1f} GB/s** (read + write), read-only {bw['read_gbps']:.1f} GB/s.\n\n"
             + md_table(["model", "side", "weights MB", "decode tok/s", "bound tok/s (copy BW)", "of bound",
                         "of read-BW bound"], rows) + "\n\n" + "\n".join(verdicts))

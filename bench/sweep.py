@@ -19,13 +19,13 @@ import json
 
 from bench.common import fixed_workload, fmt, machine_facts, md_table, section, write_section
 from bench.models import model_dir
-from bench.runners import RunResult, run_engine, run_hf_static
+from bench.runners import RunResult, best_of, run_engine, run_hf_static
 
 NOISE = 0.05
 
 
 def run(models: list[str], batches: list[int], prompt: int, output: int, threads: int,
-        hf: bool = True) -> dict[str, dict[str, list[RunResult]]]:
+        hf: bool = True, repeats: int = 3) -> dict[str, dict[str, list[RunResult]]]:
     """``{model: {"engine": [...], "hf-static": [...]}}`` in batch order."""
     out: dict[str, dict[str, list[RunResult]]] = {}
     for name in models:
@@ -34,9 +34,9 @@ def run(models: list[str], batches: list[int], prompt: int, output: int, threads
         res: dict[str, list[RunResult]] = {"engine": [], "hf-static": []}
         for b in batches:
             reqs = fixed_workload(b, prompt, output, vocab)
-            res["engine"].append(run_engine(d, reqs, threads, name=name, max_num_seqs=b))
+            res["engine"].append(best_of(repeats, run_engine, d, reqs, threads, name=name, max_num_seqs=b))
             if hf:
-                res["hf-static"].append(run_hf_static(d, reqs, b, threads, name=name))
+                res["hf-static"].append(best_of(repeats, run_hf_static, d, reqs, b, threads, name=name))
         out[name] = res
     return out
 
@@ -83,13 +83,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-hf", action="store_true", help="engine only")
+    ap.add_argument("--repeats", type=int, default=3, help="best of N runs per point (default 3)")
     ap.add_argument("--quick", action="store_true", help="smoke test: no doc write")
     ap.add_argument("--no-write", action="store_true")
     a = ap.parse_args(argv)
     facts = machine_facts()
     batches = [int(b) for b in a.batches.split(",")]
-    results = run(a.models.split(","), batches, a.prompt, a.output, a.threads, hf=not a.no_hf)
-    body = (f"B requests of {a.prompt} prompt + {a.output} output tokens each, all at once.\n\n"
+    results = run(a.models.split(","), batches, a.prompt, a.output, a.threads, hf=not a.no_hf, repeats=a.repeats)
+    body = (f"B requests of {a.prompt} prompt + {a.output} output tokens each, all at once; best of {a.repeats} "
+            "runs per point.\n\n"
             + render(results, batches))
     print(body)
     if not (a.quick or a.no_write):
