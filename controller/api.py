@@ -13,7 +13,11 @@
   rails' default) — bearer token
   (``Authorization: Bearer <token>``): 401 without it or with a wrong one, checked before
   the body. Bodies are strict JSON objects (no NaN/Infinity, no unknown keys, no type
-  coercion); a bad one is 400 naming the field. An unknown engine is 404.
+  coercion, at most :data:`MAX_BODY_BYTES`, nested at most :data:`MAX_JSON_DEPTH` deep); a bad
+  one is 400 (413 when too large) naming the field. An unknown engine is 404. An optional
+  ``X-Inferctl-Actor: NAME`` header (1–64 of ``A-Z a-z 0-9 _ . @ -``) names the operator:
+  the event log then says ``operator:NAME`` — a request never picks a policy's name as the
+  source of an event, nor a metric label value.
 
 Action answers: 200 when the action succeeded (or a dry run), 409 when a rail refused it,
 502 when the engine or device call failed — always ``{"ok", "action", "target", "message",
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -32,12 +37,21 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from controller.actions import ActionResult
 from controller.events import EVENT_KINDS, json_safe
 
 MAX_EVENTS = 1000
 MAX_BODY_BYTES = 64 * 1024
+#: Event ids are SQLite INTEGER PRIMARY KEYs: signed 64-bit (sqlite.org/datatype3.html).
+MAX_EVENT_ID = 2 ** 63 - 1
+#: A real action body is one level deep; this leaves room and stays far below the
+#: interpreter's recursion limit that a deeply nested body would otherwise hit (a 500).
+MAX_JSON_DEPTH = 32
+#: Longest echo of a caller's value in an error message (the rest is counted, not repeated).
+MAX_ECHO_CHARS = 64
+_ACTOR = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 ENGINE_ACTIONS = ("degrade", "rollback", "drain", "undrain", "restart")
 
 
@@ -75,14 +89,62 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _echo(text: str) -> str:
+    """``text`` quoted for an error message, cut to :data:`MAX_ECHO_CHARS`."""
+    if len(text) <= MAX_ECHO_CHARS:
+        return repr(text)
+    return f"{text[:MAX_ECHO_CHARS]!r}... ({len(text)} characters)"
+
+
+def _depth(raw: bytes) -> int:
+    """The deepest nesting of ``[``/``{`` in a JSON text (brackets inside strings skipped)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:          # backslash
+                escaped = True
+            elif byte == 0x22:          # closing quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):      # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):      # ] }
+            depth -= 1
+    return deepest
+
+
+async def _read_body(request: Request) -> bytes:
+    """The request body, refused with 413 past :data:`MAX_BODY_BYTES` — from ``Content-Length``
+    before reading anything, else while streaming (a chunked body is not read to the end)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.strip().isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise ApiError(413, "body_too_large", f"body: {int(declared)} bytes > {MAX_BODY_BYTES}", "body")
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise ApiError(413, "body_too_large", f"body: more than {MAX_BODY_BYTES} bytes", "body")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ApiError(400, "client_disconnected", "body: the client disconnected before sending it",
+                       "body") from None
+    return b"".join(chunks)
+
+
 async def _body(request: Request, model: type[BaseModel]) -> Any:
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise ApiError(413, "body_too_large", f"body: {len(raw)} bytes > {MAX_BODY_BYTES}", "body")
+    raw = await _read_body(request)
+    if _depth(raw) > MAX_JSON_DEPTH:
+        raise ApiError(400, "invalid_json", f"body: nested more than {MAX_JSON_DEPTH} levels deep", "body")
     try:
         data = json.loads(raw or b"null", parse_constant=_reject_constant)
-    except ValueError as exc:
-        raise ApiError(400, "invalid_json", f"body: not valid JSON ({exc})", "body") from None
+    except (ValueError, RecursionError) as exc:
+        raise ApiError(400, "invalid_json", f"body: not valid JSON ({str(exc)[:200]})", "body") from None
     if not isinstance(data, dict):
         raise ApiError(400, "invalid_body", "body: must be a JSON object", "body")
     try:
@@ -101,7 +163,7 @@ def _int_param(request: Request, name: str, default: int | None, lo: int, hi: in
     try:
         value = int(text)
     except ValueError:
-        raise ApiError(400, "invalid_parameter", f"{name}: {text!r} is not an integer", name) from None
+        raise ApiError(400, "invalid_parameter", f"{name}: {_echo(text)} is not an integer", name) from None
     if value < lo or (hi is not None and value > hi):
         bound = f"between {lo} and {hi}" if hi is not None else f">= {lo}"
         raise ApiError(400, "invalid_parameter", f"{name}: must be {bound}, got {value}", name)
@@ -145,7 +207,13 @@ def create_app(controller: Any, admin_token: str) -> FastAPI:
                            headers={"WWW-Authenticate": "Bearer"})
         if not hmac.compare_digest(given.strip().encode(), token):
             raise ApiError(401, "unauthorized", "wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
-        return request.headers.get("x-inferctl-actor") or "operator"
+        name = request.headers.get("x-inferctl-actor")
+        if name is None or name == "":
+            return "operator"
+        if not _ACTOR.match(name):
+            raise ApiError(400, "invalid_header", f"x-inferctl-actor: {_echo(name)} must be 1-64 characters"
+                           " of letters, digits, '_', '.', '@', '-'", "x-inferctl-actor")
+        return f"operator:{name}"
 
     @app.get("/health")
     def health() -> Response:
@@ -161,19 +229,19 @@ def create_app(controller: Any, admin_token: str) -> FastAPI:
 
     @app.get("/events")
     def events(request: Request) -> Response:
-        since_id = _int_param(request, "since_id", None, 0, None)
+        since_id = _int_param(request, "since_id", None, 0, MAX_EVENT_ID)
         limit = _int_param(request, "limit", 100, 1, MAX_EVENTS)
         kind = request.query_params.get("kind") or None
         if kind is not None and kind not in EVENT_KINDS:
-            raise ApiError(400, "invalid_parameter", f"kind: {kind!r} is not one of {', '.join(EVENT_KINDS)}",
-                           "kind")
+            raise ApiError(400, "invalid_parameter", f"kind: {_echo(kind)} is not one of"
+                           f" {', '.join(EVENT_KINDS)}", "kind")
         target = request.query_params.get("target") or None
         rows = controller.event_log.query(since_id=since_id, limit=limit, kind=kind, target=target)
         return _json({"events": rows, "last_id": controller.event_log.last_id()})
 
     def _engine(body: EngineActionBody) -> str:
         if body.engine not in controller.engines:
-            raise ApiError(404, "engine_not_found", f"engine: {body.engine!r} is not a configured engine"
+            raise ApiError(404, "engine_not_found", f"engine: {_echo(body.engine)} is not a configured engine"
                            f" (known: {', '.join(sorted(controller.engines)) or 'none'})", "engine")
         return body.engine
 

@@ -117,6 +117,7 @@ class GpuResetter:
         self._in_progress: int | None = None
         self._last_attempt: dict[int, float] = {}
         self._lost: set[int] = set()
+        self._known: set[int] = set()     # GPU indices the source has shown (metric labels)
         self._load_history()
 
     # ------------------------------------------------------------------ public
@@ -277,6 +278,7 @@ class GpuResetter:
         if not reading.ok:
             return None, (f"GPU telemetry is down ({reading.error or 'no detail'}); cannot check"
                           f" GPU {n} before a reset")
+        self._known.update(s.index for s in reading.gpus.values() if isinstance(s.index, int))
         for snap in reading.gpus.values():
             if snap.index == n:
                 return snap, ""
@@ -414,7 +416,10 @@ class _Run:
                            " reboot it (a GPU reset cannot recover a lost GPU)", target=self.target,
                            severity="critical", inputs={"gpu": self.gpu, "uuid": self.uuid},
                            outcome={"gpu": self.gpu, "action": "reboot_node"})
-        if self.o.metrics is not None and "inferctl_gpu_resets_total" in self.o.metrics:
+        # a label value never comes from a request: only a GPU the source has shown (or one
+        # with a reset history) is counted; a refusal of an unknown index is the event alone
+        known = self.gpu in self.o._known or self.gpu in self.o._lost or self.gpu in self.o._last_attempt
+        if known and self.o.metrics is not None and "inferctl_gpu_resets_total" in self.o.metrics:
             self.o.metrics["inferctl_gpu_resets_total"].labels(gpu=str(self.gpu), outcome=outcome).inc()
         return result
 

@@ -1,0 +1,107 @@
+"""Breaking the controller API with bad input: every malformed request is a 4xx naming the
+field and the limit, never a 500, and a request never chooses who the audit log says acted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from controller.api import MAX_BODY_BYTES, create_app
+from tests.controller_helpers import FakeClock, FakeEngineClient, make_controller
+
+TOKEN = "t0ken-for-breaker-tests"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+def setup(tmp_path):
+    client = FakeEngineClient()
+    ctl, registry, log = make_controller(tmp_path, {"main": client}, clock=FakeClock())
+    ctl.tick()
+    return TestClient(create_app(ctl, TOKEN), raise_server_exceptions=False), ctl, client, log
+
+
+def error(resp) -> dict:
+    return json.loads(resp.text, parse_constant=lambda c: pytest.fail(f"non-strict JSON {c}"))["error"]
+
+
+@pytest.mark.parametrize("since_id", ["99999999999999999999999", str(2 ** 63)])
+def test_since_id_beyond_sqlite_integer_is_400_naming_the_limit(setup, since_id):
+    http, *_ = setup
+    r = http.get("/events", params={"since_id": since_id})
+    assert r.status_code == 400, r.text
+    err = error(r)
+    assert err["field"] == "since_id" and str(2 ** 63 - 1) in err["message"]
+    # the largest id SQLite stores is still a valid cursor: no events after it
+    r = http.get("/events", params={"since_id": str(2 ** 63 - 1)})
+    assert r.status_code == 200 and r.json()["events"] == []
+
+
+@pytest.mark.parametrize("content", [b"[" * 50_000, b'{"engine": ' + b"[" * 20_000 + b"]" * 20_000 + b"}"],
+                         ids=["array", "object"])
+def test_deeply_nested_json_is_400_not_500(setup, content):
+    http, _, client, _ = setup
+    r = http.post("/actions/drain", content=content, headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 400, r.text[:200]
+    err = error(r)
+    assert err["field"] == "body" and "nested" in err["message"]
+    assert client.calls == []
+
+
+def test_oversized_body_is_413_naming_the_limit(setup):
+    http, _, client, _ = setup
+    big = b'{"engine": "' + b"a" * (4 * MAX_BODY_BYTES) + b'"}'
+    r = http.post("/actions/drain", content=big, headers=AUTH)
+    assert r.status_code == 413
+    err = error(r)
+    assert err["field"] == "body" and str(MAX_BODY_BYTES) in err["message"]
+    assert str(len(big)) in err["message"]
+    assert client.calls == []
+
+
+def test_huge_query_value_is_not_echoed_back_whole(setup):
+    http, *_ = setup
+    r = http.get("/events", params={"kind": "k" * 60_000})
+    assert r.status_code == 400
+    err = error(r)
+    assert err["field"] == "kind" and len(err["message"]) < 400
+    assert "60000 characters" in err["message"]
+
+
+@pytest.mark.parametrize("actor", ["hardware", "precision", "gpu_reset", "supervisor"])
+def test_actor_header_cannot_impersonate_a_policy_in_the_audit_log(setup, actor):
+    http, _, client, log = setup
+    r = http.post("/actions/drain", json={"engine": "main"}, headers={**AUTH, "X-Inferctl-Actor": actor})
+    assert r.status_code == 200, r.text
+    ev = [e for e in log.query(kind="action") if e["id"] == r.json()["event_id"]][0]
+    assert ev["source"] == f"operator:{actor}"
+
+
+@pytest.mark.parametrize("actor", ["a" * 65, "bob smith", "x\ty", "bob;rm"], ids=["long", "space", "tab", "semicolon"])
+def test_bad_actor_header_is_400_naming_it(setup, actor):
+    http, _, client, _ = setup
+    r = http.post("/actions/drain", json={"engine": "main"}, headers={**AUTH, "X-Inferctl-Actor": actor})
+    assert r.status_code == 400
+    err = error(r)
+    assert err["field"] == "x-inferctl-actor" and "64" in err["message"]
+    assert client.calls == []
+
+
+def test_plain_operator_is_still_operator(setup):
+    http, _, _, log = setup
+    r = http.post("/actions/drain", json={"engine": "main"}, headers=AUTH)
+    ev = [e for e in log.query(kind="action") if e["id"] == r.json()["event_id"]][0]
+    assert ev["source"] == "operator"
+
+
+def test_reset_of_a_gpu_the_source_does_not_know_adds_no_metric_series(setup):
+    """A label value never comes from a request: an unknown GPU index is refused (an event)
+    without a new ``inferctl_gpu_resets_total{gpu=...}`` series."""
+    http, ctl, _, log = setup
+    r = http.post("/actions/reset-gpu", json={"gpu": 1_000_000_000}, headers=AUTH)
+    assert r.status_code == 409 and "unknown" in r.json()["message"]
+    text = http.get("/metrics").text
+    assert 'gpu="1000000000"' not in text
+    assert log.query(kind="refusal")[-1]["outcome"]["gpu"] == 1_000_000_000
