@@ -57,7 +57,7 @@ def test_write_section_replaces_only_its_own(tmp_path):
     text = doc.read_text()
     assert "hand-written intro" in text and "other" in text and "second" in text and "first" not in text
     assert text.count("<!-- bench:a:start -->") == 1 and "`python -m bench.a --x`" in text
-    assert "load average 0.5 / 0.4 / 0.3" in text
+    assert "load average at the start 0.5 / 0.4 / 0.3" in text
     with pytest.raises(ValueError):
         common.write_section("a", "not a section", doc)
 
