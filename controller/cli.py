@@ -434,6 +434,12 @@ from dashboards.cli import register as _register_dashboards  # noqa: E402
 
 _register_dashboards(app)
 
+# `inferctl drill oom` (the OOM game day) and `inferctl longtext` (books in chunks).
+from controller import drill as _drill, longtext as _longtext  # noqa: E402
+
+_drill.register(app)
+_longtext.register(app)
+
 
 if __name__ == "__main__":  # pragma: no cover
     app()
