@@ -347,7 +347,7 @@ def _run_config(config, token: Optional[str], engine_log_dir: Optional[str]) -> 
     src = "--token / $INFERCTL_ADMIN_TOKEN" if token else "the configuration"
     tok = token or config.token()
     code = serve(config, tok, token_source=src, echo=lambda s: typer.echo(s),
-                 engine_log_dir=engine_log_dir)
+                 engine_log_dir=engine_log_dir, echo_error=lambda s: typer.echo(s, err=True))
     raise typer.Exit(code)
 
 

@@ -11,6 +11,7 @@ import os
 import re
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -19,7 +20,7 @@ DEFAULT_CONTROLLER_PORT = 8900
 DEFAULT_ENGINE_PORT = 8000
 DEFAULT_TOKEN_ENV = "INFERCTL_ADMIN_TOKEN"
 ENGINE_KINDS = ("bundled", "vllm", "tgi", "llamacpp")
-_FIELD_PREFIX = re.compile(r"^([a-z][a-z0-9_]*): ")
+_FIELD_PREFIX = re.compile(r"^([a-z][a-z0-9_.]*): ")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -28,7 +29,8 @@ class ConfigError(ValueError):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # every float must be finite: an infinite interval, timeout or hold is never meant
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class LaunchConfig(_Model):
@@ -67,9 +69,7 @@ class EngineConfig(_Model):
     def _url(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        if not re.match(r"^https?://[^/\s]+", v):
-            raise ValueError(f"must be an http:// or https:// URL, got {v!r}")
-        return v.rstrip("/")
+        return check_http_url(v).rstrip("/")
 
     @model_validator(mode="after")
     def _url_or_launch(self) -> "EngineConfig":
@@ -90,11 +90,68 @@ class EngineConfig(_Model):
         return None
 
 
+def check_http_url(v: str) -> str:
+    """``v`` if it is an ``http://``/``https://`` URL with a host and a valid port (1-65535);
+    raises ``ValueError`` saying what is wrong."""
+    if not re.match(r"^https?://[^/\s]+", v) or any(c.isspace() for c in v):
+        raise ValueError(f"must be an http:// or https:// URL, got {v!r}")
+    try:
+        parts = urlsplit(v)
+        port = parts.port          # ValueError for a port out of range or not a number
+    except ValueError as exc:
+        raise ValueError(f"{v!r} is not a valid URL ({exc})") from None
+    if not parts.hostname:
+        raise ValueError(f"{v!r} has no host")
+    if port == 0:
+        raise ValueError(f"{v!r}: port must be 1-65535")
+    return v
+
+
+def gpu_source_option_names(kind: str) -> tuple[str, ...]:
+    """The options a GPU source kind takes: its class's ``OPTIONS`` (``auto``: NVML's and the
+    simulated GPU's) plus ``timeout_s``, every kind's call deadline (controller/up.py)."""
+    from controller.gpu.dcgm import DcgmGpuSource
+    from controller.gpu.nvml import NvmlGpuSource
+    from controller.gpu.replay import ReplayGpuSource
+    from controller.gpu.sim import SimGpuSource
+
+    by_kind = {"nvml": NvmlGpuSource.OPTIONS, "dcgm": DcgmGpuSource.OPTIONS,
+               "replay": ReplayGpuSource.OPTIONS, "sim": SimGpuSource.OPTIONS,
+               "auto": NvmlGpuSource.OPTIONS + SimGpuSource.OPTIONS}
+    return tuple(dict.fromkeys(by_kind[kind] + ("timeout_s",)))
+
+
 class GpuConfig(_Model):
-    """The GPU source: ``kind`` and the options of that kind (see controller/gpu/base.py)."""
+    """The GPU source: ``kind`` and the options of that kind (see controller/gpu/base.py and
+    docs/gpu-telemetry.md). Unknown options are errors naming them; ``dcgm`` needs ``url`` and
+    ``replay`` needs ``path``. The values are checked by the source when it is built."""
 
     kind: Literal["auto", "nvml", "dcgm", "replay", "sim"] = "auto"
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _options_of_the_kind(self) -> "GpuConfig":
+        allowed = gpu_source_option_names(self.kind)
+        unknown = sorted(k for k in self.options if k not in allowed)
+        if unknown:
+            raise ValueError(f"options.{unknown[0]}: unknown option for gpu.kind {self.kind}"
+                             f" (known: {', '.join(allowed)})")
+        for key in ("url", "engine_stats_url"):
+            if key in self.options:
+                v = self.options[key]
+                if not isinstance(v, str):
+                    raise ValueError(f"options.{key}: must be a URL string, got {v!r}")
+                try:
+                    check_http_url(v)
+                except ValueError as exc:
+                    raise ValueError(f"options.{key}: {exc}") from None
+        if self.kind == "dcgm" and not self.options.get("url"):
+            raise ValueError("options.url: required for gpu.kind dcgm (the dcgm-exporter /metrics URL)")
+        if self.kind == "replay" and "captures" not in self.options:
+            path = self.options.get("path")
+            if not isinstance(path, str) or not path:
+                raise ValueError("options.path: required for gpu.kind replay (a trace .jsonl or a capture file)")
+        return self
 
 
 class PolicySection(BaseModel):
@@ -194,7 +251,8 @@ class ControllerConfig(_Model):
     listen: ListenConfig = Field(default_factory=ListenConfig)
     admin_token: str | None = None
     admin_token_env: str = DEFAULT_TOKEN_ENV
-    event_log: str = "inferctl-events.db"
+    event_log: str = Field("inferctl-events.db", min_length=1,
+                           description="the event log's SQLite file (':memory:' keeps nothing)")
     engines: list[EngineConfig] = Field(default_factory=list)
     gpu: GpuConfig = Field(default_factory=GpuConfig)
     policies: PoliciesConfig = Field(default_factory=PoliciesConfig)
@@ -259,6 +317,9 @@ def load_config(path: str | Path) -> ControllerConfig:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"config file {p}: cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {p}: not UTF-8 text (byte {exc.start}: {exc.reason});"
+                          " write it as UTF-8 YAML") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -267,3 +328,25 @@ def load_config(path: str | Path) -> ControllerConfig:
         return parse_config(data)
     except ConfigError as exc:
         raise ConfigError(f"config file {p}: {exc}") from None
+
+
+def check_files(config: ControllerConfig) -> None:
+    """Check the files the configuration names before anything starts: each launched engine's
+    ``launch.model`` (a path, or none / ``demo`` for the built-in model), the replay source's
+    ``gpu.options.path`` and ``policies.hardware.xid_catalog_dir`` (with ``xid_catalog.csv``).
+
+    Raises:
+        ConfigError: naming the field, e.g. ``engines.0.launch.model: /m.bin does not exist``.
+    """
+    for i, e in enumerate(config.engines):
+        model = None if e.launch is None else e.launch.model
+        if model and model != "demo" and not Path(model).exists():
+            raise ConfigError(f"engines.{i}.launch.model: {model} does not exist (a llama2.c .bin,"
+                              " a Hugging Face directory, or leave it out for the demo model)")
+    path = config.gpu.options.get("path") if config.gpu.kind == "replay" else None
+    if isinstance(path, str) and not Path(path).is_file():
+        raise ConfigError(f"gpu.options.path: {path} is not a file (a replay trace or capture)")
+    xid_dir = config.policies.hardware.xid_catalog_dir
+    if xid_dir is not None and not (Path(xid_dir) / "xid_catalog.csv").is_file():
+        raise ConfigError(f"policies.hardware.xid_catalog_dir: {xid_dir} has no xid_catalog.csv"
+                          " (NVIDIA's Xid catalogue; leave the key out for the built-in table)")

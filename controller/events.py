@@ -40,6 +40,11 @@ EVENT_KINDS: tuple[str, ...] = (
 )
 SEVERITIES: tuple[str, ...] = ("info", "warning", "critical")
 
+
+class EventLogError(RuntimeError):
+    """The event log's file cannot be used (not a database, corrupted, a directory, not
+    writable); raised when it is opened, so a bad file stops the start, not the running loop."""
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
     id       INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -93,22 +98,44 @@ class EventLog:
         metrics: optional controller metrics (``controller.metrics.build_registry()[1]``);
             :meth:`append` increments ``inferctl_events_total{kind}``.
         clock: time source for rows appended without an explicit ``time``.
+
+    Raises:
+        EventLogError: the file cannot be used: an empty path, a directory, not a SQLite
+            database, corrupted (SQLite's ``PRAGMA quick_check``), an ``events`` table of
+            another shape, or not writable. The message names the path and SQLite's words.
     """
 
     def __init__(self, path: str | Path, metrics: dict | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.path = str(path)
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        if not self.path:
+            raise EventLogError("the event log path is empty")
         self._lock = threading.Lock()
         self._metrics = metrics
         self._clock = clock
-        self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._conn.row_factory = sqlite3.Row
-        mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        conn = None
+        try:
+            if self.path != ":memory:":
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            conn.row_factory = sqlite3.Row
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.executescript(_SCHEMA)
+            check = conn.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise sqlite3.DatabaseError(f"quick_check: {check}")
+            # the shape this class reads and writes (a foreign "events" table fails here)
+            conn.execute("SELECT id, time, kind, source, target, severity, reason, inputs, outcome"
+                         " FROM events ORDER BY id DESC LIMIT 1").fetchall()
+            conn.execute("BEGIN IMMEDIATE")     # writable? (a read-only file fails here)
+            conn.execute("ROLLBACK")
+        except (sqlite3.Error, OSError) as exc:
+            if conn is not None:
+                conn.close()
+            raise EventLogError(f"{self.path}: cannot be used as the event log ({exc})") from None
+        self._conn = conn
         self.journal_mode: str = str(mode).lower()
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.executescript(_SCHEMA)
 
     def append(self, kind: str, source: str, reason: str, *, target: str | None = None,
                severity: str = "info", inputs: Any = None, outcome: Any = None,

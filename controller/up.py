@@ -24,8 +24,8 @@ from typing import Any, Callable
 
 from controller.actions import Actions, EngineSupervisor, engine_serve_argv
 from controller.api import create_app
-from controller.config import ControllerConfig
-from controller.events import EventLog
+from controller.config import ConfigError, ControllerConfig, check_files
+from controller.events import EventLog, EventLogError
 from controller.loop import Controller
 from controller.metrics import build_registry
 from controller.reset import GpuResetter
@@ -89,6 +89,9 @@ def gpu_source_options(config: ControllerConfig) -> dict[str, Any]:
 
 
 def _gpu_source(config: ControllerConfig) -> Any:
+    """Build the configured GPU source. Raises :class:`ConfigError` naming the field when the
+    options cannot make one (a missing driver for ``auto`` without a bundled engine, a replay
+    trace that does not parse, a bad value)."""
     from controller.gpu import make_gpu_source
 
     opts = gpu_source_options(config)
@@ -97,16 +100,19 @@ def _gpu_source(config: ControllerConfig) -> Any:
         if bundled:
             opts["engine_stats_url"] = f"{bundled[0].url}/stats"
         elif config.gpu.kind == "sim":
-            raise ValueError("gpu.options.engine_stats_url: the simulated GPU needs a bundled engine's"
-                             " /stats URL (none is configured)")
+            raise ConfigError("gpu.options.engine_stats_url: the simulated GPU needs a bundled engine's"
+                              " /stats URL (none is configured)")
+    field = "gpu.options.path" if config.gpu.kind == "replay" else "gpu.options"
     try:
         return make_gpu_source(config.gpu.kind, **opts)
-    except ValueError as exc:
-        if config.gpu.kind == "auto" and "simulated" in str(exc):
-            raise ValueError("gpu.kind: auto found no NVIDIA driver and there is no bundled engine to"
-                             " simulate a GPU from; set gpu.kind to dcgm (options.url) or replay"
-                             " (options.path)") from None
+    except ConfigError:
         raise
+    except (ValueError, TypeError, OSError) as exc:
+        if config.gpu.kind == "auto" and "simulated" in str(exc):
+            raise ConfigError("gpu.kind: auto found no NVIDIA driver and there is no bundled engine to"
+                              " simulate a GPU from; set gpu.kind to dcgm (options.url) or replay"
+                              " (options.path)") from None
+        raise ConfigError(f"{field}: {exc}") from None
 
 
 def _policies(config: ControllerConfig, counter: Any) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
@@ -134,7 +140,16 @@ def _policies(config: ControllerConfig, counter: Any) -> tuple[dict[str, dict[st
         for e in config.engines:
             if e.gpu is not None:
                 gpu_engines.setdefault(str(e.gpu), []).append(e.name)
-        catalog = XidCatalog.from_dir(pc.hardware.xid_catalog_dir)
+        xid_dir = pc.hardware.xid_catalog_dir
+        if xid_dir is None:
+            catalog = XidCatalog.builtin()
+        else:   # configured: a catalogue that does not load is an error, not a silent fallback
+            buckets = Path(xid_dir) / "xid_resolution_buckets.csv"
+            try:
+                catalog = XidCatalog.load(Path(xid_dir) / "xid_catalog.csv",
+                                          buckets if buckets.exists() else None)
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"policies.hardware.xid_catalog_dir: {exc}") from None
         gpu_policies["hardware"] = HardwarePolicy(catalog.action, pc.hardware.options(),
                                                   gpu_engines=gpu_engines)
     return per_engine, gpu_policies
@@ -143,13 +158,19 @@ def _policies(config: ControllerConfig, counter: Any) -> tuple[dict[str, dict[st
 def build_runtime(config: ControllerConfig, admin_token: str, *, engine_log_dir: str | Path | None = None,
                   on_engine_started: Callable[[str, EngineSupervisor], None] | None = None) -> Runtime:
     """Launch the configured engines (waiting for their ``/health``), then build the loop and
-    the API. Raises ``RuntimeError`` (an engine did not start; already-started ones are
-    stopped) or ``ValueError`` (a bad option for a source or policy)."""
+    the API. Raises :class:`~controller.config.ConfigError` naming the field before anything
+    starts (a missing model, replay trace or Xid catalogue, an unusable event log, GPU source
+    options that do not work), ``RuntimeError`` (an engine did not start; already-started ones
+    are stopped) or ``ValueError`` (a bad option for a policy)."""
     from controller.engines import make_engine_client
     from controller.signals import InvalidSampleCounter
 
+    check_files(config)
     registry, metrics = build_registry()
-    event_log = EventLog(config.event_log, metrics=metrics)
+    try:
+        event_log = EventLog(config.event_log, metrics=metrics)
+    except EventLogError as exc:
+        raise ConfigError(f"event_log: {exc}") from None
     supervisors: dict[str, EngineSupervisor] = {}
     tokens: dict[str, str | None] = {}
     try:
@@ -216,9 +237,13 @@ def _url(host: str, port: int) -> str:
 
 
 def serve(config: ControllerConfig, admin_token: str | None = None, *, token_source: str = "config",
-          echo: Callable[[str], None] = print, engine_log_dir: str | Path | None = None) -> int:
+          echo: Callable[[str], None] = print, engine_log_dir: str | Path | None = None,
+          echo_error: Callable[[str], None] | None = None) -> int:
     """Run the controller (and its launched engines) until SIGINT/SIGTERM. Returns 0 on a clean
-    stop, 1 when startup failed (the reason is echoed, not raised)."""
+    stop, 2 when the configuration cannot be used (:class:`ConfigError`: the field is named),
+    1 when startup failed otherwise (a port in use, an engine that did not start). The reason
+    is one line through ``echo_error`` (default ``echo``), never raised."""
+    echo_error = echo_error or echo
     import uvicorn
 
     stop = {"signal": None}
@@ -262,8 +287,11 @@ def serve(config: ControllerConfig, admin_token: str | None = None, *, token_sou
         return 0
     except KeyboardInterrupt:
         return 0
+    except ConfigError as exc:
+        echo_error(f"error: {exc}")
+        return 2
     except (RuntimeError, ValueError, OSError) as exc:
-        echo(f"error: {exc}")
+        echo_error(f"error: {exc}")
         return 1
     finally:
         for s in (signal.SIGINT, signal.SIGTERM):

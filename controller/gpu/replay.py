@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -47,6 +48,44 @@ class TraceFormatError(ValueError):
     """A trace record is malformed; the message names the line and the field."""
 
 
+#: Value types of the GPU object fields (``GpuSnapshot``); JSON ``NaN`` in a number field is
+#: "no data" (None). Out-of-domain numbers (negative memory, used > total) are replayed as
+#: recorded: the controller's loop treats them as invalid samples (no data).
+_NUMBER_FIELDS = frozenset({
+    "index", "time", "memory_total_bytes", "memory_used_bytes", "memory_free_bytes",
+    "memory_reserved_bytes", "utilization_ratio", "memory_bandwidth_utilization_ratio",
+    "temperature_celsius", "memory_temperature_celsius", "power_watts", "power_limit_watts",
+    "fan_ratio", "clocks_sm_mhz", "clocks_mem_mhz", "ecc_corrected", "ecc_uncorrected",
+    "recovery_action", "pid", "used_memory_bytes", "gpu_instance_id", "compute_instance_id",
+    "xid"})
+_INTEGER_FIELDS = frozenset({"index", "ecc_corrected", "ecc_uncorrected", "recovery_action", "pid",
+                             "gpu_instance_id", "compute_instance_id", "xid"})
+_BOOL_FIELDS = frozenset({"remapped_rows_pending", "remapped_rows_failure", "persistence_mode",
+                          "lost", "mig_enabled"})
+_STR_FIELDS = frozenset({"uuid", "name", "pci_bus_id", "pstate", "health", "message", "source",
+                         "gpu_uuid", "profile"})
+
+
+def _typed(name: str, key: str, v: Any, where: str) -> Any:
+    """``v`` checked against the type of field ``name`` (written ``key`` in the trace);
+    raises :class:`TraceFormatError` naming the line and the field."""
+    if v is None:
+        return None
+    if name in _NUMBER_FIELDS or key in _MIB_ALIASES:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TraceFormatError(f"{where}: field {key!r} must be a number, got {v!r}")
+        if not math.isfinite(v):
+            return None           # NaN / Infinity: no data
+        if name in _INTEGER_FIELDS and v != int(v):
+            raise TraceFormatError(f"{where}: field {key!r} must be an integer, got {v!r}")
+        return int(v) if name in _INTEGER_FIELDS else v
+    if name in _BOOL_FIELDS and not isinstance(v, bool):
+        raise TraceFormatError(f"{where}: field {key!r} must be true or false, got {v!r}")
+    if name in _STR_FIELDS and not isinstance(v, str):
+        raise TraceFormatError(f"{where}: field {key!r} must be a string, got {v!r}")
+    return v
+
+
 @dataclass
 class _Record:
     t: float
@@ -65,8 +104,11 @@ def _snapshot_from_dict(d: dict[str, Any], where: str) -> GpuSnapshot:
         name = _MIB_ALIASES.get(k, k)
         if name not in _SNAPSHOT_FIELDS:
             raise TraceFormatError(f"{where}: unknown GPU field {k!r}")
+        v = _typed(name, k, v, where)
         if k in _MIB_ALIASES and v is not None:
             v = int(round(float(v) * MIB))
+        if name in ("processes", "xid_events", "mig_instances") and not isinstance(v, (list, type(None))):
+            raise TraceFormatError(f"{where}: field {k!r} must be a list, got {v!r}")
         if name == "processes":
             v = [_sub(GpuProcess, _PROC_FIELDS, p, f"{where}.processes") for p in (v or [])]
         elif name == "xid_events":
@@ -89,6 +131,7 @@ def _sub(cls: type, allowed: set[str], d: Any, where: str) -> Any:
         name = _MIB_ALIASES.get(k, k)
         if name not in allowed:
             raise TraceFormatError(f"{where}: unknown field {k!r}")
+        v = _typed(name, k, v, where)
         if k in _MIB_ALIASES and v is not None:
             v = int(round(float(v) * MIB))
         if name == "pci_bus_id" and v:
