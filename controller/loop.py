@@ -25,6 +25,7 @@ without the scheduler (tests, benchmarks).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import datetime as dt
 import logging
 import threading
@@ -276,15 +277,35 @@ class Controller:
         return snap
 
     def poll_gpu(self, now: float | None = None, force: bool = False) -> GpuReading | None:
-        """Poll the GPU source (timeout + backoff)."""
+        """Poll the GPU source (timeout + backoff). Impossible values in the reading (a string
+        for a number, negative memory, used above total, ...) become None — no data — before
+        anything sees them (``signals.clean_gpu_snapshot``; counted as invalid samples)."""
         reading = self._jobs["gpu"].run(now, force=force)
         if reading is None:
             return None
+        reading = self._clean_reading(reading)
         with self._lock:
             self._reading = reading
             self._reading_seq += 1
             self._export_gpu(reading)
         return reading
+
+    def _clean_reading(self, reading: Any) -> Any:
+        """A copy of ``reading`` whose snapshots carry no impossible value (the source's own
+        objects are left as they are)."""
+        from controller.signals import clean_gpu_snapshot
+
+        gpus = getattr(reading, "gpus", None)
+        if not isinstance(gpus, dict) or not gpus:
+            return reading
+        clean: dict[str, GpuSnapshot] = {}
+        for key, snap in gpus.items():
+            if not isinstance(snap, GpuSnapshot):
+                continue
+            copy = dataclasses.replace(snap)
+            clean_gpu_snapshot(copy, self.counter)
+            clean[key] = copy
+        return dataclasses.replace(reading, gpus=clean)
 
     def tick(self, now: float | None = None, poll: bool = True) -> list[Decision]:
         """One synchronous round without the scheduler: poll every source (ignoring backoff)
@@ -684,7 +705,9 @@ class Controller:
                     engine=name)
         seen = self._seen_faults.setdefault(name, set())
         for fault in snap.faults:
-            key = (fault.get("time"), fault.get("id"))
+            if not isinstance(fault, dict):
+                continue
+            key = _hashable((fault.get("time"), fault.get("id")))
             if key in seen:
                 continue
             seen.add(key)
@@ -756,3 +779,13 @@ class Controller:
             if count > done:
                 self.metrics["inferctl_invalid_samples_total"].labels(signal=signal).inc(count - done)
                 self._invalid_exported[signal] = count
+
+
+def _hashable(value: Any) -> Any:
+    """``value`` itself when it can be a set member or dict key, else its ``repr`` (a client
+    that passed a list or a dict through must not break deduplication)."""
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value

@@ -62,7 +62,9 @@ class BundledEngineClient(EngineClient):
         try:
             doc = resp.json()
         except ValueError as exc:
-            return failed_snapshot(self, now, f"GET /stats: body is not JSON ({exc})")
+            return failed_snapshot(self, now, f"GET /stats: body is not JSON ({str(exc)[:200]})")
+        except RecursionError:
+            return failed_snapshot(self, now, "GET /stats: body is not JSON (nested too deeply)")
         if not isinstance(doc, dict):
             return failed_snapshot(self, now, "GET /stats: body is not a JSON object")
         snap = snapshot_from_stats(doc, name=self.name, now=now)
@@ -184,12 +186,13 @@ class _Reader:
         if v is None:
             return None
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            self.invalid.append(f"{'.'.join(path)}={v!r} (not a number)")
+            self.invalid.append(f"{'.'.join(path)}={repr(v)[:80]} (not a number)")
             return None
-        if math.isnan(v) or math.isinf(v) or v < 0 or (ratio and v > 1.0):
-            self.invalid.append(f"{'.'.join(path)}={v!r} (out of range)")
+        f = _finite(v)
+        if f is None or f < 0 or (ratio and f > 1.0):
+            self.invalid.append(f"{'.'.join(path)}={repr(v)[:80]} (out of range)")
             return None
-        return float(v)
+        return f
 
     def int_(self, *path: str) -> int | None:
         v = self.num(*path)
@@ -198,6 +201,47 @@ class _Reader:
     def list_of_dicts(self, *path: str) -> list[dict]:
         v = self.raw(*path)
         return [x for x in v if isinstance(x, dict)] if isinstance(v, list) else []
+
+
+def _finite(v: Any) -> float | None:
+    """``v`` as a finite float, or None (NaN, ±Inf, an integer beyond float range)."""
+    try:
+        f = float(v)
+    except (OverflowError, TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+#: Fault record fields (docs/architecture.md ``faults.recent[]``) that are byte counts or counts.
+_FAULT_NUMBERS = ("requested_bytes", "free_bytes", "allocated_bytes", "reserved_unallocated_bytes",
+                  "total_bytes", "requeued_requests", "fragmentation_ratio", "failed_requests")
+_FAULT_STRINGS = ("kind", "message", "precision", "source", "action")
+
+
+def _clean_fault(f: dict[str, Any], where: str, invalid: list[str]) -> dict[str, Any]:
+    """One fault record with each known field of the wrong type or out of range set to None
+    (listed in ``invalid``): ``id`` an integer or string, ``time`` a finite number >= 0, the
+    byte counts finite >= 0, the words strings. Other fields pass through unchanged."""
+    out = dict(f)
+
+    def bad(key: str) -> None:
+        invalid.append(f"{where}.{key}={repr(f.get(key))[:80]} (invalid)")
+        out[key] = None
+
+    fid = f.get("id")
+    if fid is not None and (isinstance(fid, bool) or not isinstance(fid, (int, str))):
+        bad("id")
+    for key in ("time",) + _FAULT_NUMBERS:
+        v = f.get(key)
+        if v is None:
+            continue
+        num = None if isinstance(v, bool) or not isinstance(v, (int, float)) else _finite(v)
+        if num is None or num < 0:
+            bad(key)
+    for key in _FAULT_STRINGS:
+        if f.get(key) is not None and not isinstance(f.get(key), str):
+            bad(key)
+    return out
 
 
 def _histogram(r: _Reader, *paths: tuple[str, ...]) -> dict[str, Any] | None:
@@ -242,8 +286,9 @@ def snapshot_from_stats(doc: dict[str, Any], *, name: str, now: float = 0.0) -> 
     s.finished_total = r.num("requests", "finished_total")
     reasons = r.raw("requests", "by_finish_reason")
     if isinstance(reasons, dict):
-        s.by_finish_reason = {str(k): float(v) for k, v in reasons.items()
-                              if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0}
+        s.by_finish_reason = {str(k): f for k, v in reasons.items()
+                              if isinstance(v, (int, float)) and not isinstance(v, bool)
+                              and (f := _finite(v)) is not None and f >= 0}
     s.prompt_tokens_total = r.num("requests", "prompt_tokens_total")
     s.generation_tokens_total = r.num("requests", "completion_tokens_total")
     s.recent_requests = r.list_of_dicts("requests", "recent")
@@ -251,7 +296,9 @@ def snapshot_from_stats(doc: dict[str, Any], *, name: str, now: float = 0.0) -> 
     s.e2e_histogram = _histogram(r, ("requests", "e2e_histogram"), ("requests", "e2e_seconds", "histogram"))
     s.itl_histogram = _histogram(r, ("requests", "itl_histogram"), ("requests", "itl_seconds", "histogram"))
     s.oom_total = r.num("faults", "oom_total")
-    s.faults = r.list_of_dicts("faults", "recent")
+    recent = r.raw("faults", "recent")
+    s.faults = [_clean_fault(f, f"faults.recent[{i}]", r.invalid)
+                for i, f in enumerate(recent if isinstance(recent, list) else []) if isinstance(f, dict)]
     s.invalid = r.invalid
     s.missing = [f for f in CORE_FIELDS if getattr(s, f) is None]
     return s

@@ -331,6 +331,7 @@ class PromTextEngineClient(EngineClient):
         self.kind = flavor
         self.metrics_path = metrics_path
         self.invalid_samples_total = 0
+        self._last_invalid: list[str] = []
 
     def poll(self, now: float) -> EngineSnapshot:
         try:
@@ -346,6 +347,10 @@ class PromTextEngineClient(EngineClient):
             return failed_snapshot(self, now, f"/metrics not understood: {exc}")
         if snap.invalid:
             self.invalid_samples_total += len(snap.invalid)
-            log.warning("engine %s: %d invalid sample(s) ignored: %s", self.name, len(snap.invalid),
-                        "; ".join(snap.invalid[:3]))
+            # once per change, not once per poll: an engine that keeps exporting the same bad
+            # series would otherwise write a warning every second (the count is still kept)
+            level = logging.WARNING if snap.invalid != self._last_invalid else logging.DEBUG
+            log.log(level, "engine %s: %d invalid sample(s) ignored: %s", self.name, len(snap.invalid),
+                    "; ".join(snap.invalid[:3]))
+        self._last_invalid = list(snap.invalid)
         return snap

@@ -44,6 +44,7 @@ from controller.policies.common import (HoldClock, PolicyError, check_number,
                                         config_from_mapping)
 from controller.signals import (InvalidSampleCounter, OomNumbers, classify_oom, format_bytes,
                                 hardware_fault_evidence, parse_oom_message, validate_nonneg)
+from controller.gpu.base import MEMORY_ROUNDING_TOLERANCE_BYTES
 from controller.types import Decision, EngineSnapshot, GpuSnapshot
 
 POLICY = "precision"
@@ -336,6 +337,10 @@ class PrecisionPolicy:
                 continue
             key = (f.get("time"), f.get("id"), None if f.get("id") is not None
                    else f.get("message"))
+            try:
+                hash(key)
+            except TypeError:       # a list or dict where a number was expected
+                key = repr(key)
             if key in self._seen:
                 continue
             self._seen[key] = now
@@ -545,6 +550,12 @@ class PrecisionPolicy:
             return None, f"free memory: {free.reason}"
         if total.value is None or total.value == 0:
             return None, f"total memory: {total.reason or 'is 0'}"
+        if free.value > total.value + MEMORY_ROUNDING_TOLERANCE_BYTES:
+            if c is not None:
+                c.record("gpu_memory_free_bytes" if src == "gpu" else "engine_memory_free_bytes",
+                         "above_total")
+            return None, (f"free memory {format_bytes(free.value)} > total {format_bytes(total.value)}"
+                          " (an inconsistent sample is no data)")
         extra = self.config.full_weights_extra_bytes
         if extra is None:
             fw = validate_nonneg(engine.full_weights_bytes, "full_weights_bytes", c).value
