@@ -49,13 +49,27 @@ def _die(message: str, code: int = 1) -> None:
 
 
 def _base(url: Optional[str]) -> str:
-    return (url or os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/")
+    """The controller's base URL (``--url``, else ``$INFERCTL_URL``, else the default); a value
+    that is not an http(s) URL with a valid port is bad usage (exit 2, naming where it came from)."""
+    from controller.config import check_http_url
+
+    where = "--url" if url else f"${URL_ENV}" if os.environ.get(URL_ENV) else None
+    base = url or os.environ.get(URL_ENV) or DEFAULT_URL
+    if where is not None:
+        try:
+            check_http_url(base)
+        except ValueError:
+            _die(f"{where}: {base!r} is not an http:// or https:// URL with a host and a port 1-65535"
+                 f" (e.g. {DEFAULT_URL})", code=2)
+    return base.rstrip("/")
 
 
 def _request(method: str, url: Optional[str], path: str, *, token: Optional[str] = None,
              params: dict | None = None, body: dict | None = None, timeout: float = 10.0,
-             ok_statuses: tuple[int, ...] = (200,)) -> tuple[int, Any]:
-    """One HTTP call to the controller: (status, JSON). Unreachable / bad answers → exit 1."""
+             ok_statuses: tuple[int, ...] = (200,), expect: tuple[str, ...] = ()) -> tuple[int, Any]:
+    """One HTTP call to the controller: (status, JSON object). Unreachable / bad answers → exit
+    1: an answer that is not a JSON object, or lacks the keys in ``expect`` (a controller's
+    answer always has them), is not from a controller."""
     import httpx
 
     base = _base(url)
@@ -74,12 +88,19 @@ def _request(method: str, url: Optional[str], path: str, *, token: Optional[str]
         _die(f"controller at {base}: {type(exc).__name__}: {exc}")
     try:
         doc = resp.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         _die(f"controller at {base} answered {method} {path} with HTTP {resp.status_code} and no JSON")
+    if not isinstance(doc, dict):
+        _die(f"{base} answered {method} {path} with HTTP {resp.status_code} and JSON that is not a"
+             f" controller's (a {type(doc).__name__}, not an object): is --url the controller?")
     if resp.status_code == 401:
         _die(f"unauthorized: {_message(doc)} (pass --token or set ${TOKEN_ENV})")
     if resp.status_code not in ok_statuses:
         _die(f"{_message(doc)} (HTTP {resp.status_code})")
+    missing = [k for k in expect if k not in doc]
+    if missing:
+        _die(f"{base} answered {method} {path} without {', '.join(repr(k) for k in missing)}:"
+             " not a controller's answer (is --url the controller?)")
     return resp.status_code, doc
 
 
@@ -141,7 +162,7 @@ def _bytes(v: Any) -> str:
 def status(url: Optional[str] = UrlOpt,
            as_json: bool = typer.Option(False, "--json", help="Print the raw /status JSON.")) -> None:
     """Engines (mode, queue, memory, policy states), GPUs and rails, from the controller."""
-    _, doc = _request("GET", url, "/status")
+    _, doc = _request("GET", url, "/status", expect=("controller", "engines"))
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
         return
@@ -214,8 +235,10 @@ def events(url: Optional[str] = UrlOpt,
     con = None if as_json else _console()
     try:
         while True:
-            _, doc = _request("GET", url, "/events", params=params)
-            rows = doc.get("events") or []
+            _, doc = _request("GET", url, "/events", params=params, expect=("events",))
+            rows = doc.get("events")
+            if not isinstance(rows, list) or not all(isinstance(e, dict) for e in rows):
+                _die(f"{_base(url)} answered GET /events with 'events' that is not a list of events")
             if as_json:
                 for e in rows:
                     typer.echo(json.dumps(e))
@@ -236,8 +259,9 @@ def events(url: Optional[str] = UrlOpt,
 def _pick_engine(url: Optional[str], engine: Optional[str]) -> str:
     if engine:
         return engine
-    _, doc = _request("GET", url, "/status")
-    names = sorted((doc.get("engines") or {}).keys())
+    _, doc = _request("GET", url, "/status", expect=("controller", "engines"))
+    engines = doc.get("engines")
+    names = sorted(engines.keys()) if isinstance(engines, dict) else []
     if len(names) == 1:
         return names[0]
     _die(f"--engine is required: the controller has {len(names)} engines"
@@ -259,7 +283,7 @@ def _engine_action(action: str, url: Optional[str], token: Optional[str], engine
     tok = _token(token)
     name = _pick_engine(url, engine)
     code, doc = _request("POST", url, f"/actions/{action}", token=tok, body={"engine": name},
-                         timeout=timeout, ok_statuses=(200, 409, 502))
+                         timeout=timeout, ok_statuses=(200, 409, 502), expect=("ok", "message"))
     _print_result(doc, code)
 
 
@@ -307,7 +331,7 @@ def unpin(url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
     tok = _token(token)
     name = _pick_engine(url, engine)
     code, doc = _request("POST", url, "/actions/unpin", token=tok, body={"engine": name},
-                         ok_statuses=(200,))
+                         ok_statuses=(200,), expect=("ok", "message"))
     typer.echo(f"ok: {doc.get('message')}")
 
 
@@ -321,19 +345,27 @@ def reset_gpu(gpu: int = typer.Argument(..., min=0, help="GPU index (as nvidia-s
     """Reset GPU N (nvidia-smi --gpu-reset) through the rails: never a lost GPU, one at a time,
     at most one per GPU per interval, persistence mode restored, verified afterwards."""
     tok = _token(token)
+    _base(url)          # a bad --url is bad usage before anything is asked
     if not dry_run and not yes:
-        if not typer.confirm(f"Reset GPU {gpu}? Engines the controller launched on it are drained and"
-                             " restarted; other processes on it make the reset refuse.", default=False):
-            typer.echo("aborted: nothing done", err=True)
+        try:
+            confirmed = typer.confirm(f"Reset GPU {gpu}? Engines the controller launched on it are drained"
+                                      " and restarted; other processes on it make the reset refuse.",
+                                      default=False)
+        except (typer.Abort, EOFError, KeyboardInterrupt):   # no answer (stdin closed, Ctrl-C): no reset
+            confirmed = False
+            typer.echo("", err=True)
+        if not confirmed:
+            typer.echo("aborted: nothing done (pass --yes to reset without asking)", err=True)
             raise typer.Exit(1)
     body: dict[str, Any] = {"gpu": gpu}
     if dry_run:
         body["dry_run"] = True
     code, doc = _request("POST", url, "/actions/reset-gpu", token=tok, body=body, timeout=timeout,
-                         ok_statuses=(200, 409, 502))
-    details = doc.get("details") or {}
-    for step in details.get("steps") or []:
-        argv = " ".join(step.get("argv") or []) or step.get("step")
+                         ok_statuses=(200, 409, 502), expect=("ok", "message"))
+    details = doc.get("details") if isinstance(doc.get("details"), dict) else {}
+    steps = details.get("steps") if isinstance(details.get("steps"), list) else []
+    for step in (s for s in steps if isinstance(s, dict)):
+        argv = " ".join(str(a) for a in (step.get("argv") or [])) or str(step.get("step"))
         mark = "would run" if step.get("planned") else ("ok" if step.get("ok") else "FAILED")
         typer.echo(f"  {mark:9} {argv}")
     typer.echo(f"outcome: {details.get('outcome') or ('success' if doc.get('ok') else 'failed')}")
