@@ -456,25 +456,44 @@ class Actions:
             return ActionResult("reset_gpu", target, False, "no GPU resetter configured: reset refused",
                                 {"outcome": "refused"}, refused=True)
         dry = self.resetter.dry_run if dry_run is None else dry_run
+        if dry:
+            return self._reset_result(self.resetter.reset(index, reason=decision.reason, dry_run=True,
+                                                          actor=decision.policy), [], [])
+        # the whole drain → reset → restart holds the one-reset-at-a-time rail: a concurrent
+        # reset is refused here, before it drains, stops or restarts any engine
+        with self.resetter.reserve(index) as held:
+            if not held:
+                out = self.resetter.refuse(index, reason=decision.reason, actor=decision.policy)
+                return self._reset_result(out, [], [])
+            return self._reset_reserved(index, decision)
+
+    def _reset_result(self, out: Any, stopped: list[str], restarted: list[str]) -> ActionResult:
+        details = json_safe(out)
+        details.update({"stopped_engines": stopped, "restarted_engines": restarted})
+        return ActionResult("reset_gpu", f"gpu:{out.gpu}", out.outcome in ("success", "dry_run"),
+                            out.message, details, refused=out.outcome == "refused")
+
+    def _reset_reserved(self, index: int, decision: Decision) -> ActionResult:
+        """A real reset of GPU ``index`` while holding the reset rail (``self.resetter`` is
+        set): precheck, drain and stop the launched engines on it, reset, start them again."""
+        resetter = self.resetter
+        why = resetter.precheck(index)
+        if why is not None:   # let the resetter record the refusal with its reason
+            out = resetter.reset(index, reason=decision.reason, actor=decision.policy)
+            return self._reset_result(out, [], [])
         stopped: list[str] = []
-        if not dry:
-            why = self.resetter.precheck(index)
-            if why is not None:   # let the resetter record the refusal with its reason
-                out = self.resetter.reset(index, reason=decision.reason, actor=decision.policy)
-                return ActionResult("reset_gpu", f"gpu:{index}", False, out.message, json_safe(out),
-                                    refused=out.outcome == "refused")
-            for name, sup in self.supervisors.items():
-                if self.engine_gpus.get(name) == index and sup.running:
-                    client = self.engines.get(name)
-                    if client is not None:
-                        try:
-                            client.drain(True)
-                            self._wait_idle(client, self.drain_timeout_seconds)
-                        except Exception:
-                            pass
-                    sup.stop()
-                    stopped.append(name)
-        out = self.resetter.reset(index, reason=decision.reason, dry_run=dry, actor=decision.policy)
+        for name, sup in self.supervisors.items():
+            if self.engine_gpus.get(name) == index and sup.running:
+                client = self.engines.get(name)
+                if client is not None:
+                    try:
+                        client.drain(True)
+                        self._wait_idle(client, self.drain_timeout_seconds)
+                    except Exception:
+                        pass
+                sup.stop()
+                stopped.append(name)
+        out = resetter.reset(index, reason=decision.reason, dry_run=False, actor=decision.policy)
         restarted = []
         if stopped and not out.escalated:
             for name in stopped:
@@ -483,10 +502,7 @@ class Actions:
                     restarted.append(name)
                 except RuntimeError:
                     pass
-        details = json_safe(out)
-        details.update({"stopped_engines": stopped, "restarted_engines": restarted})
-        return ActionResult("reset_gpu", f"gpu:{index}", out.outcome in ("success", "dry_run"),
-                            out.message, details, refused=out.outcome == "refused")
+        return self._reset_result(out, stopped, restarted)
 
     def _isolate(self, target: str, action: str, decision: Decision) -> ActionResult:
         index = self._gpu_index(target)

@@ -377,12 +377,18 @@ class Controller:
             return []
         return self._safe("hardware", gpu.uuid, lambda: report(now, gpu.uuid, text))
 
-    @staticmethod
-    def _observe_gpu(kind: str, policy: Any, now: float, reading: GpuReading,
+    def _observe_gpu(self, kind: str, policy: Any, now: float, reading: GpuReading,
                      engines: dict[str, EngineSnapshot]) -> list[Decision]:
-        if kind == "hardware":
-            return policy.observe(now, reading, engines)
-        return policy.observe(now, reading)
+        if kind != "hardware":
+            return policy.observe(now, reading)
+        decisions = policy.observe(now, reading, engines)
+        take = getattr(policy, "take_xid_events", None)
+        counter = self.metrics.get("inferctl_gpu_xid_events_total")
+        for ev in (take() if take is not None else []):
+            if counter is not None:   # new Xid reports, deduplicated as the policy sees them
+                counter.labels(gpu=str(ev.get("gpu_index")), xid=str(ev.get("xid")),
+                               action=str(ev.get("action"))).inc()
+        return decisions
 
     def _safe(self, policy: str, target: str, fn: Callable[[], list[Decision]]) -> list[Decision]:
         try:
@@ -452,7 +458,18 @@ class Controller:
             if res is None:
                 return
             now = self.clock()
-            if d.policy in self.gpu_policies:      # GPU policies key results by GPU uuid
+            dry = (d.action == "reset_gpu" and isinstance(res.details, dict)
+                   and res.details.get("outcome") == "dry_run")
+            if d.policy in self.gpu_policies and dry:
+                # nothing was reset: the policy must not move on as if the GPU had been
+                hook = getattr(self.gpu_policies[d.policy], "record_dry_run", None)
+                if hook is None:
+                    self.event_log.append("observation", d.policy, f"{d.action} on {d.target} was a dry"
+                                          " run: nothing was reset; the policy is not told it succeeded",
+                                          target=d.target, inputs={"outcome": "dry_run"}, time=now)
+                    return
+                call = lambda: hook(now, d.target, d.action or "", res.message)   # noqa: E731
+            elif d.policy in self.gpu_policies:      # GPU policies key results by GPU uuid
                 hook = getattr(self.gpu_policies[d.policy], "record_action_result", None)
                 call = None if hook is None else (lambda: hook(now, d.target, d.action or "", res.ok,
                                                                res.message))

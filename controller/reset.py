@@ -33,12 +33,14 @@ The flow of :meth:`GpuResetter.reset`, each step an event (kind ``step``, source
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from controller.events import EventLog
 from controller.types import GpuReading, GpuSnapshot
@@ -113,7 +115,11 @@ class GpuResetter:
         self.metrics = metrics
         self.clock = clock
         self.sleep = sleep
-        self._lock = threading.Lock()
+        # one reset at a time: held by reset() and, around a whole drain → reset → restart, by
+        # reserve(); re-entrant so that the reserving thread's own reset() goes through
+        self._lock = threading.RLock()
+        self._owner: int | None = None
+        self._depth = 0
         self._in_progress: int | None = None
         self._last_attempt: dict[int, float] = {}
         self._lost: set[int] = set()
@@ -139,24 +145,63 @@ class GpuResetter:
             raise ValueError(f"gpu: must be a non-negative integer, got {gpu_index!r}")
         dry = self.dry_run if dry_run is None else bool(dry_run)
         run = _Run(self, gpu_index, reason, dry, actor)
-        if not self._lock.acquire(blocking=False):
-            return run.finish("refused", f"another GPU reset is in progress (GPU {self._in_progress});"
-                                         " one reset at a time")
-        self._in_progress = gpu_index
+        if not self._acquire(gpu_index):
+            return run.finish("refused", self._busy_message())
         try:
             return self._reset_locked(run)
         except Exception as exc:  # an unexpected bug must not escape the control loop
             return run.finish("failed", f"reset aborted by an internal error: {exc!r}")
         finally:
-            self._in_progress = None
-            self._lock.release()
+            self._release()
+
+    @contextmanager
+    def reserve(self, gpu_index: int) -> Iterator[bool]:
+        """Hold the one-reset-at-a-time rail around a reset the caller prepares and finishes
+        itself (drain and stop the GPU's engines, :meth:`reset`, start them again), so that a
+        concurrent reset is refused before it touches any engine. Yields False — holding
+        nothing — when another reset (or its preparation) is in progress; the caller then
+        refuses with :meth:`refuse`. The holding thread's own :meth:`reset` goes through."""
+        if not self._acquire(gpu_index):
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            self._release()
+
+    def refuse(self, gpu_index: int, *, reason: str, actor: str = "controller",
+               message: str | None = None) -> ResetOutcome:
+        """Record a refusal without checking or running anything (``message`` default: another
+        reset is in progress) — the ``refusal`` event and the ``refused`` count."""
+        run = _Run(self, gpu_index, reason, self.dry_run, actor)
+        return run.finish("refused", message or self._busy_message())
+
+    def _acquire(self, gpu_index: int) -> bool:
+        if not self._lock.acquire(blocking=False):
+            return False
+        if self._owner is None:           # the outermost hold names the GPU
+            self._owner, self._in_progress = threading.get_ident(), gpu_index
+            self._depth = 1
+        else:
+            self._depth += 1
+        return True
+
+    def _release(self) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self._owner, self._in_progress = None, None
+        self._lock.release()
+
+    def _busy_message(self) -> str:
+        return f"another GPU reset is in progress (GPU {self._in_progress}); one reset at a time"
 
     # ------------------------------------------------------------------ flow
     def precheck(self, gpu_index: int) -> str | None:
         """Why a reset of ``gpu_index`` would be refused now by the rails or the GPU source, or
-        None. Runs no command and records nothing (callers use it before draining engines)."""
-        if self._in_progress is not None:
-            return f"another GPU reset is in progress (GPU {self._in_progress}); one reset at a time"
+        None. Runs no command and records nothing (callers use it before draining engines).
+        A reservation held by the calling thread (:meth:`reserve`) is not a refusal."""
+        if self._in_progress is not None and self._owner != threading.get_ident():
+            return self._busy_message()
         refusal, _snap = self._rails(gpu_index)
         return None if refusal is None else refusal[0]
 
@@ -271,6 +316,8 @@ class GpuResetter:
         return plan
 
     def _find(self, n: int) -> tuple[GpuSnapshot | None, str]:
+        from controller.signals import clean_gpu_snapshot
+
         try:
             reading: GpuReading = self.gpu_source.poll(self.clock())
         except Exception as exc:
@@ -281,6 +328,10 @@ class GpuResetter:
         self._known.update(s.index for s in reading.gpus.values() if isinstance(s.index, int))
         for snap in reading.gpus.values():
             if snap.index == n:
+                # impossible values (a string for memory, used above total) are no data: a
+                # reading like that is not "memory readable" when the reset is verified
+                snap = dataclasses.replace(snap)
+                clean_gpu_snapshot(snap)
                 return snap, ""
         known = sorted(s.index for s in reading.gpus.values() if s.index is not None)
         return None, f"GPU {n} is unknown to the GPU source ({reading.source}); known: {known}"

@@ -130,6 +130,7 @@ class _Gpu:
     last_fault: float | None = None
     last_reset: float | None = None
     phase_started: float | None = None
+    dry_run_at: float | None = None      # the decided reset ran as a dry run (nothing was reset)
     restart_faults: deque = field(default_factory=deque)
     seen_events: dict = field(default_factory=dict)   # dedupe key -> time
 
@@ -168,8 +169,19 @@ class HardwarePolicy:
         self._gpus: dict[str, _Gpu] = {}
         self._telemetry_down_since: float | None = None
         self._telemetry_error: str | None = None
+        self._new_xids: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------ public
+    def take_xid_events(self) -> list[dict[str, Any]]:
+        """The Xid reports from GPU readings that this policy counted as new since the last
+        call — after its deduplication (the same report polled again, one fault reported by
+        two sources within ``xid_duplicate_seconds``, F09's two "fallen off the bus" lines within
+        ``xid_dedupe_seconds``) — each ``{"gpu_index", "uuid", "xid", "action"}`` with ``xid``
+        79 for a lost GPU whose report has no code and ``action`` the catalogue's
+        (``reboot_node`` for a lost GPU). The list is emptied (for
+        ``inferctl_gpu_xid_events_total``)."""
+        out, self._new_xids = self._new_xids, []
+        return out
     def xid_action(self, xid: int | None) -> str:
         """The action for an Xid code (``unknown`` when the catalogue has none); 79 is always
         a lost GPU, whatever the catalogue says."""
@@ -239,6 +251,23 @@ class HardwarePolicy:
                                f"{self.config.verify_seconds:g} s", {"detail": detail})]
         return self._isolate(now, g, f"GPU reset failed: {detail or 'no detail'}",
                              {"detail": detail}, reboot=True)
+
+    def record_dry_run(self, now: float, gpu_uuid: str, action: str,
+                       detail: str = "") -> list[Decision]:
+        """A decided ``reset_gpu`` ran as a dry run (``rails.dry_run``): nothing was reset, so
+        nothing moves — no VERIFYING, no ``last_reset``, no undrain. The GPU stays in RESETTING
+        (its engines drained) without the reset timeout's isolation (a dry run is an answer,
+        not a missing one) until a new finding moves it or a person acts; the decision
+        (action None, warning, ``inputs.outcome = "dry_run"``) records it."""
+        g = self._gpus.get(gpu_uuid)
+        if g is None or action != RESET_GPU or g.state is not GpuHealth.RESETTING:
+            return []
+        g.dry_run_at = now
+        g.reason = (f"dry run (rails.dry_run): the reset was not performed; stays {g.state.value}"
+                    " until a real reset or a person acts")
+        return [self._note(g, None, f"reset_gpu of GPU {self._label(g)} was a dry run (rails.dry_run): "
+                                    f"nothing was reset ({detail or 'no detail'}); the hardware state stays "
+                                    f"{g.state.value}", {"outcome": "dry_run", "detail": detail}, "warning")]
 
     def release(self, now: float, gpu_uuid: str, who: str) -> list[Decision]:
         """Operator action after repair/reboot: ISOLATED → HEALTHY. Raises
@@ -334,6 +363,10 @@ class HardwarePolicy:
             f = self._xid_finding(now, g, ev)
             if f is not None:
                 out.append(f)
+                lost = f.action == "lost"
+                code = ev.xid if ev.xid is not None else (79 if lost else None)
+                self._new_xids.append({"gpu_index": g.index, "uuid": g.uuid, "xid": code,
+                                       "action": REBOOT_NODE if lost else f.action})
         ecc = snap.ecc_uncorrected
         if isinstance(ecc, int) and not isinstance(ecc, bool) and ecc >= 0:
             if g.ecc_uncorrected is not None and ecc > g.ecc_uncorrected:
@@ -483,7 +516,8 @@ class HardwarePolicy:
                                {"gpu_index": g.index, "pci_bus_id": g.pci, "engines": names,
                                 "drained": not waiting, "elapsed_seconds": elapsed},
                                "warning")]
-        if st is GpuHealth.RESETTING and now - started >= self.config.reset_timeout_seconds:
+        if st is GpuHealth.RESETTING and g.dry_run_at is None and \
+                now - started >= self.config.reset_timeout_seconds:
             return self._isolate(now, g, f"no reset result after {now - started:g} s", {},
                                  reboot=True)
         if st is GpuHealth.VERIFYING and not fault_now and \
@@ -509,6 +543,7 @@ class HardwarePolicy:
         g.state = to
         g.since = now
         g.reason = reason
+        g.dry_run_at = None
         if to in (GpuHealth.RESETTING, GpuHealth.VERIFYING, GpuHealth.DRAINING):
             g.phase_started = now
         return Decision(POLICY, g.uuid, action, frm.value, to.value, reason,
