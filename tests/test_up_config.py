@@ -18,7 +18,7 @@ def test_example_file_loads_with_its_values():
     assert cfg.listen.host == "127.0.0.1" and cfg.listen.port == 8900
     [main] = cfg.engines
     assert main.kind == "bundled" and main.url == "http://127.0.0.1:8000"
-    assert main.launch.memory_budget == "64MB"
+    assert main.launch.memory_budget == "512MiB"
     assert cfg.policies.fragmentation.options()["threshold_ratio"] == 0.30
     assert cfg.policies.breaker.options()["ttft_threshold_seconds"] == 0.5
     assert cfg.policies.breaker_active() is False          # no light_model
