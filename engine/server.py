@@ -5,7 +5,14 @@ Routes (FastAPI):
 * ``POST /v1/completions``, ``POST /v1/chat/completions`` — OpenAI shapes; ``stream: true``
   answers ``text/event-stream`` chunks (``data: {...}``) ending ``data: [DONE]``; with
   ``stream_options.include_usage`` a last chunk carries ``usage`` and no choices.
-* ``GET /v1/models`` — the served models (never the route table).
+* ``GET /v1/models`` — the served models (never the route table); each card has
+  ``max_model_len``.
+* ``POST /tokenize``, ``POST /detokenize`` — vLLM's tokenizer API: ``{"model"?, "prompt":
+  str | "messages": [...], "add_special_tokens": true, "return_token_strs": false}`` →
+  ``{"tokens", "count", "max_model_len"}`` (the ids a completions/chat request with the same
+  text would feed the engine: BOS first when ``add_special_tokens``); ``{"model"?, "tokens":
+  [int]}`` → ``{"prompt": text}``. The model that would serve the name (routes followed)
+  tokenizes; no engine work, so allowed while draining.
 * ``GET /health`` — always 200 while the process serves: ``{"status": "ok"|"degraded"|
   "draining", "precision": <main model's mode>, "models": {...}, "routes": {...}}``.
   ``degraded`` while any served model runs int8, a route sends one model's traffic to
@@ -73,11 +80,14 @@ from engine.protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
     ModelCard,
     ModelList,
     ProtocolLimits,
+    TokenizeRequest,
     check_max_tokens,
     check_prompt_length,
+    check_token_ids,
     check_valid_unicode,
     new_id,
     now_s,
@@ -660,9 +670,16 @@ def _sampling_params(req: Any, max_tokens: int, logprobs: int | None, limits: Pr
     return SamplingParams(**kwargs)
 
 
-def _encode(served: ServedModel, text: str) -> list[int]:
-    """Prompt text → token ids with BOS (the body-size limit bounds the work)."""
-    return list(served.tokenizer.encode(text, bos=True))
+def _encode(served: ServedModel, text: str, bos: bool = True) -> list[int]:
+    """Prompt text → token ids, BOS first when ``bos`` (the body-size limit bounds the work)."""
+    return list(served.tokenizer.encode(text, bos=bos))
+
+
+async def _encode_async(served: ServedModel, text: str, bos: bool = True) -> list[int]:
+    """:func:`_encode`, on a worker thread for long texts (so the event loop keeps serving)."""
+    if len(text) > 4096:
+        return await asyncio.to_thread(_encode, served, text, bos)
+    return _encode(served, text, bos)
 
 
 async def _prepare_jobs(served: ServedModel, prompts: list, req_id: str, requested_max: int | None,
@@ -675,7 +692,7 @@ async def _prepare_jobs(served: ServedModel, prompts: list, req_id: str, request
         for i, prompt in enumerate(prompts):
             param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
             if isinstance(prompt, str):
-                ids = await asyncio.to_thread(_encode, served, prompt) if len(prompt) > 4096 else _encode(served, prompt)
+                ids = await _encode_async(served, prompt)
                 echo = prompt
             else:
                 bad = [t for t in prompt if t >= served.vocab_size]
@@ -728,6 +745,14 @@ def _install_routes(app: FastAPI) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await _guarded(request, _chat)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        return await _guarded(request, _tokenize)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        return await _guarded(request, _detokenize)
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
@@ -904,6 +929,27 @@ async def _respond(request: Request, state: ServerState, served: ServedModel, re
                                  state.retry_after_seconds))
     return await _run_unless_disconnected(
         request, body_fn(served, req, jobs, params, rid, created, state.retry_after_seconds))
+
+
+async def _tokenize(request: Request, state: ServerState) -> Response:
+    """``POST /tokenize``: 400 naming the field for a bad body, 404 for an unknown model."""
+    req = validate_model(TokenizeRequest, await read_json_body(request, state.max_body_bytes), state.limits)
+    req.check_one_input()
+    _requested, served = state.resolve(req.model)
+    text = req.prompt if req.prompt is not None else render_chat_prompt(req.messages, state.chat_template)
+    ids = await _encode_async(served, text, bos=bool(req.add_special_tokens))
+    doc: dict[str, Any] = {"count": len(ids), "max_model_len": served.max_model_len, "tokens": ids}
+    if req.return_token_strs:
+        doc["token_strs"] = [_token_text(served.tokenizer, t) for t in ids]
+    return _json(doc)
+
+
+async def _detokenize(request: Request, state: ServerState) -> Response:
+    """``POST /detokenize``: 400 naming ``tokens[i]`` for an id outside the vocabulary."""
+    req = validate_model(DetokenizeRequest, await read_json_body(request, state.max_body_bytes), state.limits)
+    _requested, served = state.resolve(req.model)
+    check_token_ids(req.tokens, served.vocab_size)
+    return _json({"prompt": served.tokenizer.decode(req.tokens)})
 
 
 async def _completions(request: Request, state: ServerState) -> Response:
