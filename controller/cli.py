@@ -25,6 +25,8 @@ from typing import Any, Optional
 import typer
 
 DEFAULT_URL = "http://127.0.0.1:8900"
+#: Largest answer read from the controller: 1000 events with their inputs are a few MiB.
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
 URL_ENV = "INFERCTL_URL"
 TOKEN_ENV = "INFERCTL_ADMIN_TOKEN"
 
@@ -76,9 +78,15 @@ def _request(method: str, url: Optional[str], path: str, *, token: Optional[str]
     headers = {}
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
+    from controller.engines.base import ResponseTooLarge, bounded_request
+
     try:
         with httpx.Client(timeout=timeout) as client:
-            resp = client.request(method, f"{base}{path}", params=params, json=body, headers=headers)
+            resp = bounded_request(client, method, f"{base}{path}", deadline_s=timeout,
+                                   max_bytes=MAX_ANSWER_BYTES, params=params, json=body, headers=headers)
+    except ResponseTooLarge:
+        _die(f"{base} answered {method} {path} with more than {MAX_ANSWER_BYTES} bytes: not a controller's"
+             " answer (is --url the controller?)")
     except httpx.ConnectError:
         _die(f"controller not reachable at {base} (is `inferctl up` or `inferctl controller run` running?"
              f" set --url or ${URL_ENV})")

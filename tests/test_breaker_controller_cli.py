@@ -129,3 +129,14 @@ def test_an_answer_that_is_not_the_controllers_is_one_line_exit_1(body, cmd):
     assert r.exit_code == 1, r.output
     line = one_error_line(r)
     assert line.startswith("error: ") and fake.url in line
+
+
+def test_an_endless_answer_is_cut_off(monkeypatch):
+    """Something at --url that streams without end: one line, exit 1, bounded memory."""
+    import controller.cli as cli
+
+    monkeypatch.setattr(cli, "MAX_ANSWER_BYTES", 1024 * 1024)
+    with NotAController(b"[" + b"1," * (2 * 1024 * 1024)) as fake:
+        r = run("status", "--url", fake.url)
+    assert r.exit_code == 1
+    assert "more than 1048576 bytes" in one_error_line(r)

@@ -235,3 +235,39 @@ def test_dcgm_endpoint_that_500s_is_telemetry_down_with_no_numbers(tmp_path):
     assert ctl._jobs["gpu"].failures == 1
     text = ctl.status()
     assert text["controller"]["running"] is False
+
+
+# --------------------------------------------------------------------------- endless bodies
+def endless(chunk: bytes = b"x" * 65536, pause: float = 0.0):
+    def gen():
+        while True:
+            if pause:
+                time.sleep(pause)
+            yield chunk
+    return gen()
+
+
+@pytest.mark.parametrize("kind", ["bundled", "vllm", "dcgm", "sim"])
+@pytest.mark.parametrize("pause", [0.0, 0.05], ids=["flood", "trickle"])
+def test_an_endless_body_is_cut_off_not_read_forever(kind, pause):
+    """httpx's timeouts bound each read, not the body: an engine or exporter that streams
+    without end must fail the poll within its deadline and bounded memory."""
+    transport = httpx.MockTransport(lambda r: httpx.Response(200, content=endless(pause=pause)))
+    t0 = time.monotonic()
+    if kind == "bundled":
+        snap = BundledEngineClient("e", "http://e.test", timeout_s=0.5, transport=transport).poll(1.0)
+        ok, error = snap.ok, snap.error
+    elif kind == "vllm":
+        snap = PromTextEngineClient("v", "http://v.test", timeout_s=0.5, transport=transport).poll(1.0)
+        ok, error = snap.ok, snap.error
+    elif kind == "dcgm":
+        reading = DcgmGpuSource("http://d.test/metrics", timeout_s=0.5, transport=transport).poll(1.0)
+        ok, error = reading.ok, reading.error
+    else:
+        from controller.gpu.sim import SimGpuSource
+        reading = SimGpuSource("http://e.test/stats", timeout_s=0.5, transport=transport).poll(1.0)
+        ok, error = reading.ok, reading.error
+    elapsed = time.monotonic() - t0
+    assert ok is False
+    assert ("larger than" in error) if pause == 0.0 else ("still arriving" in error), error
+    assert elapsed < 3.0, elapsed

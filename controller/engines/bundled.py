@@ -54,7 +54,7 @@ class BundledEngineClient(EngineClient):
     def poll(self, now: float) -> EngineSnapshot:
         started = time.monotonic()
         try:
-            resp = self._client.get("/stats")
+            resp = self._request("GET", "/stats")
         except httpx.HTTPError as exc:
             return failed_snapshot(self, now, f"GET /stats: {type(exc).__name__}: {exc}")
         if resp.status_code != 200:
@@ -77,7 +77,7 @@ class BundledEngineClient(EngineClient):
 
     def _add_metric_histograms(self, snap: EngineSnapshot, timeout_s: float) -> None:
         try:
-            resp = self._client.get("/metrics", timeout=timeout_s)
+            resp = self._request("GET", "/metrics", timeout_s=timeout_s)
         except httpx.HTTPError as exc:
             log.info("engine %s: GET /metrics failed (%s); latency histograms missing", self.name, exc)
             return
@@ -133,7 +133,7 @@ class BundledEngineClient(EngineClient):
     def _admin(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         headers = {"Authorization": f"Bearer {self._admin_token}"} if self._admin_token else {}
         try:
-            resp = self._client.post(path, json=body, headers=headers)
+            resp = self._request("POST", path, json=body, headers=headers)
         except httpx.HTTPError as exc:
             raise EngineAdminError(0, f"{type(exc).__name__}: {exc}", path=path) from exc
         try:

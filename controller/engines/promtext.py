@@ -335,7 +335,7 @@ class PromTextEngineClient(EngineClient):
 
     def poll(self, now: float) -> EngineSnapshot:
         try:
-            resp = self._client.get(self.metrics_path)
+            resp = self._request("GET", self.metrics_path)
         except httpx.HTTPError as exc:
             return failed_snapshot(self, now, f"GET {self.metrics_path}: {type(exc).__name__}: {exc}")
         if resp.status_code != 200:

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from controller.engines.base import bounded_request
 from controller.engines.promtext import PromSample, parse_prometheus_text
 from controller.gpu.base import GpuSource, down_reading
 from controller.gpu.xid import normalize_pci_bus_id
@@ -230,12 +231,13 @@ class DcgmGpuSource(GpuSource):
             raise ValueError(f"dcgm timeout_s ({timeout_s}) must be shorter than poll_interval_s "
                              f"({poll_interval_s})")
         self.url = url
+        self.timeout_s = float(timeout_s)
         self._client = httpx.Client(timeout=timeout_s, transport=transport)
         self._last_xid: dict[str, int] = {}
 
     def poll(self, now: float) -> GpuReading:
         try:
-            resp = self._client.get(self.url)
+            resp = bounded_request(self._client, "GET", self.url, deadline_s=self.timeout_s)
         except httpx.HTTPError as exc:
             return down_reading(self.name, now, f"GET {self.url}: {type(exc).__name__}: {exc}")
         if resp.status_code != 200:

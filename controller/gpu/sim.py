@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import httpx
 
+from controller.engines.base import bounded_request
 from controller.gpu.base import GpuSource, down_reading
 from controller.types import GpuReading, GpuSnapshot
 
@@ -48,6 +49,7 @@ class SimGpuSource(GpuSource):
             raise ValueError("simulated GPU needs exactly one of engine_stats_url or stats_fn")
         self._url = engine_stats_url
         self._fn = stats_fn
+        self.timeout_s = float(timeout_s)
         self._client = httpx.Client(timeout=timeout_s, transport=transport) if engine_stats_url else None
 
     def _stats(self) -> dict[str, Any]:
@@ -55,7 +57,7 @@ class SimGpuSource(GpuSource):
             return self._fn()
         if self._client is None or self._url is None:
             raise RuntimeError("simulated GPU has neither stats_fn nor engine_stats_url")
-        resp = self._client.get(self._url)
+        resp = bounded_request(self._client, "GET", self._url, deadline_s=self.timeout_s)
         resp.raise_for_status()
         doc = resp.json()
         if not isinstance(doc, dict):
@@ -90,5 +92,7 @@ def _nonneg_int(d: Any, key: str) -> int | None:
         return None
     v = d.get(key)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 0:
+        return None
+    if isinstance(v, float) and v == float("inf"):
         return None
     return int(v)
