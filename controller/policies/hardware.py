@@ -182,6 +182,7 @@ class HardwarePolicy:
         ``inferctl_gpu_xid_events_total``)."""
         out, self._new_xids = self._new_xids, []
         return out
+
     def xid_action(self, xid: int | None) -> str:
         """The action for an Xid code (``unknown`` when the catalogue has none); 79 is always
         a lost GPU, whatever the catalogue says."""
