@@ -284,11 +284,26 @@ class Controller:
         if reading is None:
             return None
         reading = self._clean_reading(reading)
+        self._remember_lost(reading)
         with self._lock:
             self._reading = reading
             self._reading_seq += 1
             self._export_gpu(reading)
         return reading
+
+    def _remember_lost(self, reading: Any) -> None:
+        """Tell the reset rails about every GPU this reading shows lost (an Xid 79 event is
+        delivered once; the rails poll the source again at reset time and must not see a GPU
+        that answers again as healthy)."""
+        from controller.reset import lost_evidence
+
+        mark = getattr(self.resetter, "mark_lost", None)
+        if mark is None or not getattr(reading, "ok", False):
+            return
+        for snap in reading.gpus.values():
+            why = lost_evidence(snap)
+            if why is not None and snap.index is not None:
+                mark(snap.index, why)
 
     def _clean_reading(self, reading: Any) -> Any:
         """A copy of ``reading`` whose snapshots carry no impossible value (the source's own
@@ -426,6 +441,11 @@ class Controller:
         self.event_log.append(kind, d.policy, d.reason, target=d.target, severity=d.severity,
                               inputs=d.inputs, outcome={"from": d.from_state, "to": d.to_state,
                                                         "action": d.action}, time=now)
+        if d.action == "isolate_gpu" and (d.inputs or {}).get("gpu_lost") and self.resetter is not None:
+            index = (d.inputs or {}).get("gpu_index")
+            mark = getattr(self.resetter, "mark_lost", None)
+            if mark is not None and isinstance(index, int):   # e.g. an engine's "fallen off the bus"
+                mark(index, f"hardware policy: {d.reason}")
         if d.policy == "breaker" and d.to_state == "open" and d.from_state != "open" \
                 and "inferctl_breaker_trips_total" in self.metrics:
             self.metrics["inferctl_breaker_trips_total"].labels(engine=d.target).inc()

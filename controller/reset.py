@@ -192,6 +192,25 @@ class GpuResetter:
             self._owner, self._in_progress = None, None
         self._lock.release()
 
+    def mark_lost(self, gpu_index: int, why: str) -> bool:
+        """Remember that GPU ``gpu_index`` was seen lost (``why``: e.g. an Xid 79 event the GPU
+        source delivered once): every later reset of it is refused, even when the source shows
+        it healthy again — a GPU that fell off the bus needs a node reboot. Recorded as an
+        ``observation`` event (source ``gpu_reset``), so a restarted controller remembers.
+        Returns True when it was not known lost before."""
+        if isinstance(gpu_index, bool) or not isinstance(gpu_index, int) or gpu_index < 0:
+            return False
+        if gpu_index in self._lost:
+            return False
+        self._lost.add(gpu_index)
+        if self.event_log is not None:
+            self.event_log.append("observation", SOURCE, f"GPU {gpu_index} seen lost ({why}): every reset"
+                                  " of it is refused from now on (drain the node and reboot it)",
+                                  target=f"gpu:{gpu_index}", severity="critical",
+                                  inputs={"gpu": gpu_index, "why": why},
+                                  outcome={"gpu": gpu_index, "lost": True})
+        return True
+
     def _busy_message(self) -> str:
         return f"another GPU reset is in progress (GPU {self._in_progress}); one reset at a time"
 
@@ -221,9 +240,10 @@ class GpuResetter:
         snap, why = self._find(n)
         if snap is None:
             return (why, False, None), None
-        if snap.lost:
+        lost = lost_evidence(snap)
+        if lost is not None:
             self._lost.add(n)
-            return (f"GPU {n} ({snap.uuid}) is lost (fell off the bus): a reset cannot recover it;"
+            return (f"GPU {n} ({snap.uuid}) is lost ({lost}): a reset cannot recover it;"
                     " drain the node and reboot it", True, None), snap
         return None, snap
 
@@ -376,6 +396,10 @@ class GpuResetter:
             gpu = (ev["outcome"] or {}).get("gpu")
             if ev["source"] == SOURCE and isinstance(gpu, int):
                 self._lost.add(gpu)
+        for ev in self.event_log.query(kind="observation", limit=10_000):
+            out = ev["outcome"] or {}
+            if ev["source"] == SOURCE and out.get("lost") is True and isinstance(out.get("gpu"), int):
+                self._lost.add(out["gpu"])
 
 
 @dataclass
@@ -473,6 +497,19 @@ class _Run:
         if known and self.o.metrics is not None and "inferctl_gpu_resets_total" in self.o.metrics:
             self.o.metrics["inferctl_gpu_resets_total"].labels(gpu=str(self.gpu), outcome=outcome).inc()
         return result
+
+
+def lost_evidence(snap: GpuSnapshot) -> str | None:
+    """Why ``snap`` says its GPU is lost, or None: ``lost`` set (NVML ``GpuIsLost``), the
+    source's health "lost", or an Xid 79 / "fallen off the bus" report among its events."""
+    if snap.lost:
+        return "fell off the bus"
+    if str(snap.health or "").strip().lower() == "lost":
+        return "the GPU source reports it lost"
+    for ev in snap.xid_events or []:
+        if getattr(ev, "lost", False) or getattr(ev, "xid", None) == 79:
+            return f"Xid {getattr(ev, 'xid', None) or 79}: fell off the bus"
+    return None
 
 
 def _parse_pids(output: str) -> list[int]:

@@ -219,3 +219,56 @@ def test_xid_events_are_counted_once_by_gpu_xid_and_action(tmp_path, monkeypatch
     assert v("inferctl_gpu_xid_events_total", {"gpu": "0", "xid": "43", "action": "ignore"}) is None
     text = __import__("prometheus_client").generate_latest(registry).decode()
     assert text.count("inferctl_gpu_xid_events_total{") == 2
+
+
+@pytest.mark.parametrize("with_policy", [True, False], ids=["hardware-policy", "no-hardware-policy"])
+def test_a_gpu_seen_lost_once_is_never_reset_even_when_the_source_forgets(tmp_path, monkeypatch, with_policy):
+    """NVML delivers an Xid 79 event once; the device may still answer the next polls. The
+    rails poll the source at reset time and would see a healthy GPU: they must remember."""
+    smi = FakeNvidiaSmi(tmp_path, monkeypatch)
+    src = StaticGpuSource({0: gpu(0), 1: gpu(1)})
+    ctl, registry, log = make_controller(tmp_path, {"main": FakeEngineClient()}, gpu_source=src)
+    if with_policy:
+        ctl.gpu_policies["hardware"] = HardwarePolicy(gpu_engines={"1": ["main"]})
+    t0 = time.time()
+    ctl.tick(t0)
+    src.gpus[1].xid_events = [XidEvent(xid=79, pci_bus_id=src.gpus[1].pci_bus_id, message="Xid 79 reported by NVML event",
+                                       time=t0 + 1, source="nvml", lost=True)]
+    ctl.tick(t0 + 1)
+    ctl.wait_for_actions(10)
+    src.gpus[1].xid_events = []                      # delivered once; the GPU still answers
+    ctl.tick(t0 + 2)
+    res = ctl.reset_gpu(1)
+    assert res.refused and "lost" in res.message, res.message
+    assert not any(c[:1] == ["--gpu-reset"] for c in smi.calls())
+    assert ctl.status()["rails"]["lost"] == [1]
+    # a controller restart reads it back from the event log
+    again = GpuResetter(gpu_source=src, event_log=log)
+    assert again.state()["lost"] == [1]
+
+
+def test_a_gpu_whose_source_says_health_lost_is_refused(tmp_path, monkeypatch):
+    smi = FakeNvidiaSmi(tmp_path, monkeypatch)
+    src = StaticGpuSource({0: gpu(0)})
+    src.gpus[0].health = "Lost"
+    log = EventLog(tmp_path / "ev.db")
+    out = GpuResetter(gpu_source=src, event_log=log, verify_interval_seconds=0.0).reset(0, reason="t")
+    assert out.outcome == "refused" and "lost" in out.message and out.escalated
+    assert smi.calls() == []
+
+
+def test_a_lost_gpu_reported_by_an_engine_is_remembered_by_the_rails(tmp_path, monkeypatch):
+    smi = FakeNvidiaSmi(tmp_path, monkeypatch)
+    src = StaticGpuSource({0: gpu(0), 1: gpu(1)})
+    ctl, registry, log = make_controller(tmp_path, {"main": FakeEngineClient()}, gpu_source=src)
+    hw = ctl.gpu_policies["hardware"] = HardwarePolicy(gpu_engines={"0": ["main"]})
+    t0 = time.time()
+    ctl.tick(t0)
+    for d in hw.report_fault(t0 + 1, src.gpus[0].uuid, "CUDA error: GPU has fallen off the bus"):
+        ctl._handle(d, t0 + 1)
+    ctl.wait_for_actions(10)
+    assert hw.gpu_state(src.gpus[0].uuid) == "isolated"
+    res = ctl.reset_gpu(0)
+    assert res.refused and "lost" in res.message
+    assert not any(c[:1] == ["--gpu-reset"] for c in smi.calls())
+    assert ctl.reset_gpu(1).ok                      # the other GPU is not affected

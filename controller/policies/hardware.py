@@ -419,8 +419,8 @@ class HardwarePolicy:
     def _on_fault(self, now: float, g: _Gpu, f: _Finding, inputs: dict) -> list[Decision]:
         st = g.state
         if f.action == "lost":
-            return self._isolate(now, g, f.reason + "; never reset a lost GPU", inputs,
-                                 reboot=True)
+            return self._isolate(now, g, f.reason + "; never reset a lost GPU",
+                                 {**inputs, "gpu_lost": True}, reboot=True)
         if f.action == REBOOT_NODE:
             return self._isolate(now, g, f.reason, inputs, reboot=True)
         if f.action == "isolate":
