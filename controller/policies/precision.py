@@ -137,6 +137,12 @@ def _fault_inputs(fault: Mapping[str, Any], nums: OomNumbers, kind: str) -> dict
     }
 
 
+def _operator(who: str) -> str:
+    """``who`` as the event reason names it: callers pass ``operator:NAME`` (the API) or a bare
+    name; never print "operator operator:"."""
+    return who if who.startswith("operator") else f"operator {who}"
+
+
 class PrecisionPolicy:
     """The precision state machine for one engine. Pure: ``now`` comes from the caller.
 
@@ -241,22 +247,22 @@ class PrecisionPolicy:
         if mode == "int8":
             if st in (PrecisionState.INT8, PrecisionState.PINNED_INT8):
                 self._hold.reset(now, f"manual degrade by {who}")
-                return [self._note(now, None, f"operator {who} asked for int8 while already in "
+                return [self._note(now, None, f"{_operator(who)} asked for int8 while already in "
                                               f"{st.value}: hold restarted", inputs)]
             if st is PrecisionState.DEGRADING:
-                return [self._note(now, None, f"operator {who} asked for int8 while the switch "
+                return [self._note(now, None, f"{_operator(who)} asked for int8 while the switch "
                                               "to int8 is in progress", inputs)]
             self._last_command = now
             self._hold.reset(now, f"manual degrade by {who}")
             return [self._transition(now, PrecisionState.DEGRADING, None,
-                                     f"operator {who}: manual degrade to int8; rollback only "
+                                     f"{_operator(who)}: manual degrade to int8; rollback only "
                                      f"after a {self._hold_seconds:g} s hold with memory "
                                      "recovered", inputs, severity="warning")]
         if st is PrecisionState.FULL:
-            return [self._note(now, None, f"operator {who} asked for full precision while "
+            return [self._note(now, None, f"{_operator(who)} asked for full precision while "
                                           "already in full", inputs)]
         if st is PrecisionState.ROLLING_BACK:
-            return [self._note(now, None, f"operator {who} asked for full precision while the "
+            return [self._note(now, None, f"{_operator(who)} asked for full precision while the "
                                           "rollback is in progress", inputs)]
         if st is PrecisionState.PINNED_INT8:
             inputs["pinned_by"] = self._pinned_by
@@ -264,7 +270,7 @@ class PrecisionPolicy:
         self._last_command = now
         self._hold.reset(now, f"manual rollback by {who}")
         return [self._transition(now, PrecisionState.ROLLING_BACK, None,
-                                 f"operator {who}: manual rollback to full precision"
+                                 f"{_operator(who)}: manual rollback to full precision"
                                  + (" (releases the pin)" if st is PrecisionState.PINNED_INT8
                                     else "") + "; no automatic degrade without a new OOM",
                                  inputs, severity="warning")]
