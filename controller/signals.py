@@ -129,6 +129,16 @@ def _invalid(name: str, code: str, reason: str, counter: InvalidSampleCounter | 
     return Signal(name, None, reason, True, dict(inputs))
 
 
+def _first_missing(name: str, inputs: dict[str, Any], *checked: Signal) -> Signal | None:
+    """A value-less ``Signal`` named ``name`` that carries the reason and ``invalid`` flag of
+    the first of ``checked`` without a value (the inputs already validated), or None when
+    every one has a value."""
+    for s in checked:
+        if s.value is None:
+            return Signal(name, None, s.reason, s.invalid, inputs)
+    return None
+
+
 # --------------------------------------------------------------------------- validation
 def _check_number(x: Any, name: str, counter: InvalidSampleCounter | None,
                   upper: float | None) -> Signal:
@@ -199,10 +209,9 @@ def ratio(numerator: Any, denominator: Any, name: str = "ratio",
     F05), numerator > denominator → invalid (counted)."""
     num = validate_nonneg(numerator, f"{name}.numerator", counter)
     den = validate_nonneg(denominator, f"{name}.denominator", counter)
-    if num.value is None or den.value is None:
-        bad = num if num.value is None else den
-        return Signal(name, None, bad.reason, bad.invalid,
-                      {"numerator": numerator, "denominator": denominator})
+    raw = {"numerator": numerator, "denominator": denominator}
+    if (missing := _first_missing(name, raw, num, den)) is not None:
+        return missing
     if den.value == 0:
         return _no_data(name, f"{name}: undefined (0 of 0)", numerator=num.value, denominator=0.0)
     if num.value > den.value:
@@ -276,11 +285,10 @@ def fragmentation_from_oom(allocated_bytes: Any, reserved_unallocated_bytes: Any
     with reserved = A + U). F13: (a) A 13.73 GiB, U 736.86 MiB → 4.98 %."""
     a = validate_nonneg(allocated_bytes, "fragmentation_ratio", counter)
     u = validate_nonneg(reserved_unallocated_bytes, "fragmentation_ratio", counter)
-    if a.value is None or u.value is None:
-        bad = a if a.value is None else u
-        return Signal("fragmentation_ratio", None, bad.reason, bad.invalid,
-                      {"allocated_bytes": allocated_bytes,
-                       "reserved_unallocated_bytes": reserved_unallocated_bytes})
+    raw = {"allocated_bytes": allocated_bytes,
+           "reserved_unallocated_bytes": reserved_unallocated_bytes}
+    if (missing := _first_missing("fragmentation_ratio", raw, a, u)) is not None:
+        return missing
     return fragmentation_ratio(a.value + u.value, a.value, counter)
 
 
@@ -293,9 +301,8 @@ def free_memory_ratio(used_bytes: Any, total_bytes: Any,
     u = validate_nonneg(used_bytes, name, counter)
     t = validate_nonneg(total_bytes, name, counter)
     inputs = {"used_bytes": used_bytes, "total_bytes": total_bytes}
-    if u.value is None or t.value is None:
-        bad = u if u.value is None else t
-        return Signal(name, None, bad.reason, bad.invalid, inputs)
+    if (missing := _first_missing(name, inputs, u, t)) is not None:
+        return missing
     if t.value == 0:
         return _no_data(name, "total_bytes is 0", **inputs)
     if u.value > t.value:
@@ -365,9 +372,8 @@ def kv_waste_ratio(tokens_stored: Any, blocks_used: Any, block_size: Any,
     name = "kv_waste_ratio"
     vals = [validate_nonneg(x, name, counter) for x in (tokens_stored, blocks_used, block_size)]
     inputs = {"tokens_stored": tokens_stored, "blocks_used": blocks_used, "block_size": block_size}
-    for v in vals:
-        if v.value is None:
-            return Signal(name, None, v.reason, v.invalid, inputs)
+    if (missing := _first_missing(name, inputs, *vals)) is not None:
+        return missing
     tokens, blocks, bs = (v.value for v in vals)
     capacity = blocks * bs
     if capacity == 0:
@@ -411,9 +417,8 @@ def padding_ratio(real_delta: Any, padded_delta: Any,
     r = validate_nonneg(real_delta, name, counter)
     p = validate_nonneg(padded_delta, name, counter)
     inputs = {"real_tokens": real_delta, "padded_tokens": padded_delta}
-    if r.value is None or p.value is None:
-        bad = r if r.value is None else p
-        return Signal(name, None, bad.reason, bad.invalid, inputs)
+    if (missing := _first_missing(name, inputs, r, p)) is not None:
+        return missing
     total = r.value + p.value
     if total == 0:
         return _no_data(name, "no tokens in the window", **inputs)
@@ -428,9 +433,8 @@ def effective_batch_size(seq_delta: Any, steps_delta: Any,
     s = validate_nonneg(seq_delta, name, counter)
     n = validate_nonneg(steps_delta, name, counter)
     inputs = {"step_sequences": seq_delta, "steps": steps_delta}
-    if s.value is None or n.value is None:
-        bad = s if s.value is None else n
-        return Signal(name, None, bad.reason, bad.invalid, inputs)
+    if (missing := _first_missing(name, inputs, s, n)) is not None:
+        return missing
     if n.value == 0:
         return _no_data(name, "no engine step in the window", **inputs)
     return Signal(name, s.value / n.value, None, False, inputs)
@@ -451,18 +455,10 @@ def batch_window(prev: EngineSnapshot | None, curr: EngineSnapshot,
     seqs = counter_delta(prev.step_sequences_total, curr.step_sequences_total,
                          "step_sequences_total", counter)
     steps = counter_delta(prev.steps_total, curr.steps_total, "steps_total", counter)
-    out = {}
-    if real.value is None or pad.value is None:
-        bad = real if real.value is None else pad
-        out["padding_ratio"] = Signal("padding_ratio", None, bad.reason, bad.invalid)
-    else:
-        out["padding_ratio"] = padding_ratio(real.value, pad.value, counter)
-    if seqs.value is None or steps.value is None:
-        bad = seqs if seqs.value is None else steps
-        out["effective_batch_size"] = Signal("effective_batch_size", None, bad.reason, bad.invalid)
-    else:
-        out["effective_batch_size"] = effective_batch_size(seqs.value, steps.value, counter)
-    return out
+    return {"padding_ratio": _first_missing("padding_ratio", {}, real, pad)
+            or padding_ratio(real.value, pad.value, counter),
+            "effective_batch_size": _first_missing("effective_batch_size", {}, seqs, steps)
+            or effective_batch_size(seqs.value, steps.value, counter)}
 
 
 # --------------------------------------------------------------------------- histograms
