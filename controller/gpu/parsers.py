@@ -23,6 +23,7 @@ import re
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
+from typing import Iterator
 
 from controller.gpu.xid import normalize_pci_bus_id
 from controller.types import GpuProcess, GpuSnapshot, MigInstance
@@ -528,6 +529,39 @@ def _csv_rows(text: str) -> list[list[str]]:
     return [r for r in csv.reader(io.StringIO(body), skipinitialspace=True) if any(c.strip() for c in r)]
 
 
+def _csv_table(text: str, fields: list[str] | str | None,
+               what: str) -> tuple[list[str], list[list[str]]]:
+    """The field names and data rows of an nvidia-smi ``--query-*`` CSV. ``fields`` is the
+    query list (a list or the comma-separated ``--query-*=`` string), needed for ``noheader``
+    output; a header row that matches it is skipped; without it the first row is the header.
+    ``what`` names the query in errors. Raises :class:`CaptureFormatError` for an empty
+    capture without ``fields``."""
+    rows = _csv_rows(text)
+    if isinstance(fields, str):
+        fields = fields.split(",")
+    if fields is not None:
+        names = [_field_name(f) for f in fields]
+        if rows and [_field_name(c) for c in rows[0]] == names:
+            rows = rows[1:]
+    else:
+        if not rows:
+            raise CaptureFormatError(f"{what} CSV: empty (no header row)")
+        names = [_field_name(c) for c in rows[0]]
+        rows = rows[1:]
+    return names, rows
+
+
+def _csv_checked_rows(names: list[str], rows: list[list[str]],
+                      what: str) -> Iterator[tuple[int, list[str]]]:
+    """``(row number from 0, cells)`` for each row; raises :class:`CaptureFormatError` on
+    reaching a row whose length differs from ``names``'."""
+    for n, row in enumerate(rows):
+        if len(row) != len(names):
+            raise CaptureFormatError(f"{what} CSV row {n + 1}: {len(row)} values for "
+                                     f"{len(names)} fields")
+        yield n, row
+
+
 def parse_query_gpu_csv(text: str, fields: list[str] | str | None = None) -> ParsedCapture:
     """Parse ``nvidia-smi --query-gpu=<fields> --format=csv[,noheader][,nounits]``.
 
@@ -540,24 +574,10 @@ def parse_query_gpu_csv(text: str, fields: list[str] | str | None = None) -> Par
     F10: ``GeForce GTX 770, [Not Supported], [Not Supported], 52, [Not Supported],
     [Not Supported], 52 %, P0`` -> temperature 52, fan 0.52, pstate P0, the rest None.
     """
-    rows = _csv_rows(text)
-    if isinstance(fields, str):
-        fields = [f for f in fields.split(",")]
-    if fields is not None:
-        names = [_field_name(f) for f in fields]
-        if rows and [_field_name(c) for c in rows[0]] == names:
-            rows = rows[1:]
-    else:
-        if not rows:
-            raise CaptureFormatError("--query-gpu CSV: empty (no header row)")
-        names = [_field_name(c) for c in rows[0]]
-        rows = rows[1:]
+    names, rows = _csv_table(text, fields, "--query-gpu")
     gpus: list[GpuSnapshot] = []
     ts: float | None = None
-    for n, row in enumerate(rows):
-        if len(row) != len(names):
-            raise CaptureFormatError(f"--query-gpu CSV row {n + 1}: {len(row)} values for "
-                                     f"{len(names)} fields")
+    for n, row in _csv_checked_rows(names, rows, "--query-gpu"):
         values = dict(zip(names, row))
         s = GpuSnapshot(uuid=f"row-{n}", index=n)
         seen: set[str] = set()
@@ -583,24 +603,10 @@ def parse_compute_apps_csv(text: str, fields: list[str] | str | None = None) -> 
     """Parse ``nvidia-smi --query-compute-apps=... --format=csv`` -> processes by GPU uuid
     (``ParsedCapture.processes``); a header-only capture means no processes. Needs a
     ``gpu_uuid`` column to attribute processes (else they go under ``"?"``)."""
-    rows = _csv_rows(text)
-    if isinstance(fields, str):
-        fields = fields.split(",")
-    if fields is not None:
-        names = [_field_name(f) for f in fields]
-        if rows and [_field_name(c) for c in rows[0]] == names:
-            rows = rows[1:]
-    else:
-        if not rows:
-            raise CaptureFormatError("--query-compute-apps CSV: empty (no header row)")
-        names = [_field_name(c) for c in rows[0]]
-        rows = rows[1:]
+    names, rows = _csv_table(text, fields, "--query-compute-apps")
     out: dict[str, list[GpuProcess]] = {}
     ts = None
-    for n, row in enumerate(rows):
-        if len(row) != len(names):
-            raise CaptureFormatError(f"--query-compute-apps CSV row {n + 1}: {len(row)} values for "
-                                     f"{len(names)} fields")
+    for _, row in _csv_checked_rows(names, rows, "--query-compute-apps"):
         v = dict(zip(names, row))
         pid = parse_int(v.get("pid"))
         if pid is None:
