@@ -295,32 +295,23 @@ def _engine_action(action: str, url: Optional[str], token: Optional[str], engine
     _print_result(doc, code)
 
 
-@app.command()
-def degrade(url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
-            engine: Optional[str] = EngineOpt) -> None:
-    """Switch an engine to int8 now (the precision policy rolls back after its hold)."""
-    _engine_action("degrade", url, token, engine)
+def _add_engine_action_command(action: str, help_text: str) -> None:
+    """Register ``inferctl <action> [--url] [--token] [--engine]``: POST /actions/<action> for
+    one engine, ``help_text`` its help."""
+    def command(url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
+                engine: Optional[str] = EngineOpt) -> None:
+        _engine_action(action, url, token, engine)
+
+    command.__doc__ = help_text
+    app.command(name=action)(command)
 
 
-@app.command()
-def rollback(url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
-             engine: Optional[str] = EngineOpt) -> None:
-    """Switch an engine back to full precision now."""
-    _engine_action("rollback", url, token, engine)
-
-
-@app.command()
-def drain(url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
-          engine: Optional[str] = EngineOpt) -> None:
-    """Stop admitting new requests on an engine (in-flight requests finish)."""
-    _engine_action("drain", url, token, engine)
-
-
-@app.command()
-def undrain(url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
-            engine: Optional[str] = EngineOpt) -> None:
-    """Admit requests again on a drained engine."""
-    _engine_action("undrain", url, token, engine)
+_add_engine_action_command(
+    "degrade", "Switch an engine to int8 now (the precision policy rolls back after its hold).")
+_add_engine_action_command("rollback", "Switch an engine back to full precision now.")
+_add_engine_action_command(
+    "drain", "Stop admitting new requests on an engine (in-flight requests finish).")
+_add_engine_action_command("undrain", "Admit requests again on a drained engine.")
 
 
 @app.command()
