@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from controller.policies.common import check_number, config_from_mapping
+from controller.policies.common import PerEnginePolicy, check_number, config_from_mapping
 from controller.signals import (InvalidHistogram, InvalidSampleCounter, LatencySummary,
                                 histogram_delta, latency_summary, to_histogram)
 from controller.types import Decision, EngineSnapshot
@@ -87,7 +87,7 @@ class BreakerConfig:
                 else self.close_threshold_seconds)
 
 
-class LatencyBreaker:
+class LatencyBreaker(PerEnginePolicy):
     """The latency breaker for one engine. Pure: ``now`` comes from the caller."""
 
     def __init__(self, config: BreakerConfig | Mapping[str, Any], *, engine: str | None = None,
@@ -111,13 +111,7 @@ class LatencyBreaker:
     def observe(self, now: float, engine: EngineSnapshot) -> list[Decision]:
         """One poll of the engine → decisions (``route_light``, ``probe``, ``route_main``).
         Raises ``ValueError`` for another engine's snapshot."""
-        if self.engine is None:
-            self.engine = engine.name
-        elif engine.name != self.engine:
-            raise ValueError(f"engine: this policy is for {self.engine!r}, got {engine.name!r}")
-        if self._since is None:
-            self._since = now
-        self._last_now = now
+        self._start_poll(now, engine.name)
         if not engine.ok:
             return []
         main = self.config.main_model or engine.model

@@ -1,4 +1,5 @@
-"""Small pieces the policies share: config validation and the hold clock.
+"""Small pieces the policies share: config validation, the per-engine poll start and the hold
+clock.
 
 Policies are pure state machines: they take ``now`` (seconds, ``time.time()`` scale) from the
 caller, never read a clock, never sleep, never do I/O.
@@ -53,6 +54,29 @@ def config_from_mapping(cls: type[T], data: Mapping[str, Any] | T | None) -> T:
         raise ValueError(f"{cls.__name__}: unknown field(s) {', '.join(unknown)}; "
                          f"known: {', '.join(sorted(known))}")
     return cls(**dict(data))
+
+
+class PerEnginePolicy:
+    """What the per-engine policies (breaker, fragmentation, precision) share: ``engine``, the
+    engine's name (given, or bound by the first snapshot); ``_since``, when the current state
+    began (the first poll until a transition sets it); ``_last_now``, the latest ``now`` seen
+    (seconds). Subclasses set all three in ``__init__``."""
+
+    engine: str | None
+    _since: float | None
+    _last_now: float | None
+
+    def _start_poll(self, now: float, engine: str) -> None:
+        """Begin one poll at ``now`` of the engine named ``engine``: bind the policy to it on
+        the first poll, start ``_since`` if unset, record ``_last_now``. Raises ``ValueError``
+        for another engine's snapshot."""
+        if self.engine is None:
+            self.engine = engine
+        elif engine != self.engine:
+            raise ValueError(f"engine: this policy is for {self.engine!r}, got {engine!r}")
+        if self._since is None:
+            self._since = now
+        self._last_now = now
 
 
 class HoldClock:

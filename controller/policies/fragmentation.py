@@ -34,7 +34,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from controller.policies.common import HoldClock, check_number, config_from_mapping
+from controller.policies.common import (HoldClock, PerEnginePolicy, check_number,
+                                        config_from_mapping)
 from controller.signals import InvalidSampleCounter, format_bytes, fragmentation_ratio
 from controller.types import Decision, EngineSnapshot
 
@@ -75,7 +76,7 @@ class FragmentationConfig:
         check_number("min_unallocated_bytes", self.min_unallocated_bytes, minimum=0)
 
 
-class FragmentationPolicy:
+class FragmentationPolicy(PerEnginePolicy):
     """The fragmentation state machine for one engine. Pure: ``now`` comes from the caller."""
 
     def __init__(self, config: FragmentationConfig | Mapping[str, Any] | None = None, *,
@@ -100,13 +101,7 @@ class FragmentationPolicy:
     def observe(self, now: float, engine: EngineSnapshot) -> list[Decision]:
         """One poll of the engine → decisions (``drain_restart``, a refusal with action None,
         or the end of a restart). Raises ``ValueError`` for another engine's snapshot."""
-        if self.engine is None:
-            self.engine = engine.name
-        elif engine.name != self.engine:
-            raise ValueError(f"engine: this policy is for {self.engine!r}, got {engine.name!r}")
-        if self._since is None:
-            self._since = now
-        self._last_now = now
+        self._start_poll(now, engine.name)
         sig = (fragmentation_ratio(engine.memory_reserved_bytes, engine.memory_allocated_bytes,
                                    self.counter) if engine.ok else None)
         self._last_value = None if sig is None else sig.value

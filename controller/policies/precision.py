@@ -40,8 +40,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from controller.policies.common import (HoldClock, PolicyError, check_number,
-                                        config_from_mapping)
+from controller.policies.common import (HoldClock, PerEnginePolicy, PolicyError,
+                                        check_number, config_from_mapping)
 from controller.signals import (InvalidSampleCounter, OomNumbers, classify_oom, format_bytes,
                                 hardware_fault_evidence, parse_oom_message, validate_nonneg)
 from controller.gpu.base import MEMORY_ROUNDING_TOLERANCE_BYTES
@@ -143,7 +143,7 @@ def _operator(who: str) -> str:
     return who if who.startswith("operator") else f"operator {who}"
 
 
-class PrecisionPolicy:
+class PrecisionPolicy(PerEnginePolicy):
     """The precision state machine for one engine. Pure: ``now`` comes from the caller.
 
     ``fragmentation`` is the same engine's :class:`FragmentationPolicy` (optional): a
@@ -186,13 +186,7 @@ class PrecisionPolicy:
         ``telemetry_ok`` False means the GPU source is down (F08): no memory sample, so the
         hold clock resets. Raises ``ValueError`` if the snapshot is of another engine.
         """
-        if self.engine is None:
-            self.engine = engine.name
-        elif engine.name != self.engine:
-            raise ValueError(f"engine: this policy is for {self.engine!r}, got {engine.name!r}")
-        if self._since is None:
-            self._since = now
-        self._last_now = now
+        self._start_poll(now, engine.name)
         out: list[Decision] = []
         hw = self._hardware_evidence(now, gpu, telemetry_ok)
         out += self._handle_faults(now, engine, hw)
