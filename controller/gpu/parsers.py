@@ -23,7 +23,7 @@ import re
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from controller.gpu.xid import normalize_pci_bus_id
 from controller.types import GpuProcess, GpuSnapshot, MigInstance
@@ -308,23 +308,36 @@ def _first_number(node: _Node, *keys: str) -> float | None:
 
 
 def _ecc_sums(vol: _Node) -> tuple[int | None, int | None]:
-    """Volatile ECC: sum of the "... Correctable" and "... Uncorrectable ..." leaves (535+ layout),
-    or "Single Bit/Double Bit > Total" (older layouts). All no-data -> None."""
+    """Volatile ECC of ``nvidia-smi -q``: "Single Bit/Double Bit > Total" (older layouts), else
+    the "... Correctable" and "... Uncorrectable ..." leaves (535+ layout); see
+    :func:`_ecc_counts`."""
+    single, double = vol.find("Single Bit"), vol.find("Double Bit")
+    bit_totals = None
+    if single is not None or double is not None:
+        bit_totals = tuple(None if n is None else n.get("Total") for n in (single, double))
+    return _ecc_counts(bit_totals, ((leaf.key, leaf.value) for leaf in vol.children))
+
+
+def _ecc_counts(bit_totals: tuple[str | None, str | None] | None,
+                leaves: Iterable[tuple[str, str | None]]) -> tuple[int | None, int | None]:
+    """``(corrected, uncorrected)`` volatile ECC error counts, from either layout of
+    ``nvidia-smi -q`` and ``-q -x``. ``bit_totals``: the raw single-bit and double-bit totals
+    of the older layouts (an absent one None), or None for the 535+ layout, whose ``leaves``
+    are ``(name, raw value)``: a name with "uncorrectable" counts as uncorrected, another with
+    "correctable" as corrected (``leaves`` is read only then). A kind with no number -> None."""
     corr: list[int] = []
     unc: list[int] = []
-    single, double = vol.find("Single Bit"), vol.find("Double Bit")
-    if single is not None or double is not None:
-        for node, acc in ((single, corr), (double, unc)):
-            if node is not None:
-                v = parse_int(node.get("Total"))
-                if v is not None:
-                    acc.append(v)
+    if bit_totals is not None:
+        for raw, acc in zip(bit_totals, (corr, unc)):
+            v = parse_int(raw)
+            if v is not None:
+                acc.append(v)
     else:
-        for leaf in vol.children:
-            v = parse_int(leaf.value)
+        for key, raw in leaves:
+            v = parse_int(raw)
             if v is None:
                 continue
-            k = leaf.key.lower()
+            k = key.lower()
             if "uncorrectable" in k:
                 unc.append(v)
             elif "correctable" in k:
@@ -402,26 +415,12 @@ def _x_gpu(g: ET.Element, index: int, ts: float | None) -> GpuSnapshot:
     s.clocks_mem_mhz = parse_number(_xt(g, "clocks/mem_clock"))
     vol = g.find("ecc_errors/volatile")
     if vol is not None:
-        corr: list[int] = []
-        unc: list[int] = []
+        bit_totals = None
         if vol.find("single_bit") is not None or vol.find("double_bit") is not None:
             # older DTDs: volatile/single_bit/total and volatile/double_bit/total
-            for path, acc in (("single_bit/total", corr), ("double_bit/total", unc)):
-                v = parse_int(_xt(vol, path))
-                if v is not None:
-                    acc.append(v)
-        else:
-            for leaf in vol:
-                v = parse_int(leaf.text)
-                if v is None:
-                    continue
-                tag = leaf.tag.lower()
-                if "uncorrectable" in tag:
-                    unc.append(v)
-                elif "correctable" in tag:
-                    corr.append(v)
-        s.ecc_corrected = sum(corr) if corr else None
-        s.ecc_uncorrected = sum(unc) if unc else None
+            bit_totals = (_xt(vol, "single_bit/total"), _xt(vol, "double_bit/total"))
+        s.ecc_corrected, s.ecc_uncorrected = _ecc_counts(
+            bit_totals, ((leaf.tag, leaf.text) for leaf in vol))
     rr = g.find("remapped_rows")
     if rr is not None and len(rr):
         s.remapped_rows_pending = parse_bool(_xt(rr, "remapped_row_pending"))
