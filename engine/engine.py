@@ -26,6 +26,16 @@ Precision. ``request_precision("int8"|"full")`` is applied between steps: the we
 switched (``model.set_precision``), the old weights' memory is freed and the cache emptied
 before the new weights are accounted, so int8 frees budget for activations. The KV cache is
 untouched, so no request fails.
+
+Prompt logprobs (vLLM's ``prompt_logprobs``, asked for with :class:`PromptLogprobsParams`):
+the prefill chunks of such a request compute logits for every token (see
+:mod:`engine.runner`); the entries are collected on the sequence across chunks and handed
+out once, in the request's first :class:`RequestOutput` (``prompt_logprobs``: ``None`` for
+the first prompt token, then ``{token_id: Logprob(logprob, rank)}`` per later token). The
+step's activation estimate counts those logits rows and their ``log_softmax``; on CPU
+without an explicit budget, the budget is sized for a full ``max_num_batched_tokens`` step
+of them. With an explicit budget (or on CUDA) a prompt-logprobs step that does not fit the
+headroom kept for the profile step takes the OOM path like any step that does not fit.
 """
 
 from __future__ import annotations
@@ -47,12 +57,12 @@ from engine.metrics import build_registry
 from engine.quality import detect_repetition_loop, score_output
 from engine.runner import ModelRunner
 from engine.sampler import Sampler, make_generator
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, SamplingParamsError
 from engine.scheduler import AdmissionError, Scheduler
-from engine.sequence import Sequence, SequenceStatus
+from engine.sequence import Logprob, PromptLogprobEntry, Sequence, SequenceStatus
 from engine.stats import EngineStats
 
-__all__ = ["LLMEngine", "RequestOutput", "AdmissionError"]
+__all__ = ["LLMEngine", "RequestOutput", "AdmissionError", "PromptLogprobsParams", "Logprob"]
 
 _STATUS_BY_REASON = {s.value: s for s in SequenceStatus if s.is_finished}
 
@@ -74,6 +84,10 @@ class RequestOutput:
         error: the error message when finish_reason is "error".
         error_status: the HTTP status that error maps to (400 cannot ever fit, 503 retry
             later, 500 internal), else None.
+        prompt_logprobs: only in the first output of a request that asked for them: one
+            entry per prompt token, ``None`` for the first, then ``{token_id: Logprob}``
+            holding the actual prompt token and the top-k alternatives (natural log; may be
+            NaN/-inf: make them JSON-safe). None otherwise.
     """
 
     request_id: str
@@ -87,6 +101,34 @@ class RequestOutput:
     top_logprobs: list[dict[int, float]] | None = None
     error: str | None = None
     error_status: int | None = None
+    prompt_logprobs: list[PromptLogprobEntry | None] | None = None
+
+
+@dataclass
+class PromptLogprobsParams(SamplingParams):
+    """:class:`SamplingParams` plus vLLM's ``prompt_logprobs``.
+
+    Attributes:
+        prompt_logprobs: None = no prompt logprobs; 0..``limits.max_logprobs`` = the logprob
+            of every prompt token given the tokens before it, plus that many top
+            alternatives per position (vLLM ``SamplingParams.prompt_logprobs``).
+
+    Raises :class:`SamplingParamsError` (field ``prompt_logprobs``) for a non-integer or a
+    value out of range. (A subclass because ``SamplingParams`` has no such field yet; the
+    engine reads ``getattr(params, "prompt_logprobs", None)``, so the field can move there.)
+    """
+
+    prompt_logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        value = self.prompt_logprobs
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise SamplingParamsError("prompt_logprobs", f"must be an integer, got {value!r}")
+            limit = self.limits.max_logprobs
+            if not 0 <= value <= limit:
+                raise SamplingParamsError("prompt_logprobs", f"must be >= 0 and <= {limit}, got {value}")
 
 
 #: Below this many weight bytes the engine runs torch with one CPU thread unless
@@ -163,18 +205,22 @@ class LLMEngine:
         self._init_metrics()
 
     # ------------------------------------------------------------------ memory plan
-    def _act(self, num_tokens: int, num_logits: int, sum_q_ctx: int, sum_ctx: int) -> int:
+    def _act(self, num_tokens: int, num_logits: int, sum_q_ctx: int, sum_ctx: int,
+             num_logprob_rows: int = 0) -> int:
         a = self.args
         return estimate_step_activation_bytes(
             num_tokens, num_logits, sum_q_ctx, sum_ctx, a.dim, a.hidden_dim, a.n_heads,
-            a.n_kv_heads, a.vocab_size, torch.empty((), dtype=self.model.dtype).element_size())
+            a.n_kv_heads, a.vocab_size, torch.empty((), dtype=self.model.dtype).element_size(),
+            num_logprob_rows)
 
     def _plan_memory(self) -> None:
         """Size the budget and the KV pool, allocate both through the accountant.
 
         The activation headroom kept free is the estimate of vLLM's profile step: one prefill
         of ``max_num_batched_tokens`` tokens. Steps at longer contexts may need more; they
-        then run out of budget through the accountant (the OOM path, by design).
+        then run out of budget through the accountant (the OOM path, by design). On CPU
+        without an explicit budget, the budget covers the worst step instead: B tokens at
+        full context, every row's logits and their ``log_softmax`` (a prompt-logprobs prefill).
         """
         cfg, a, model = self.config, self.args, self.model
         kv_int8 = cfg.kv_cache_dtype == "int8"
@@ -197,7 +243,7 @@ class LLMEngine:
         elif cfg.memory_budget_bytes is None:
             num_blocks = cfg.num_kv_blocks or max(1, min(S * -(-L // cfg.block_size),
                                                          cfg.cpu_kv_cache_bytes // bpb))
-            worst = self._act(B, min(S, B), B * L, min(S, B) * L)
+            worst = self._act(B, B, B * L, min(S, B) * L, num_logprob_rows=B)
             budget = weights + num_blocks * bpb + max(worst, profile) + slack
         else:
             budget = cfg.memory_budget_bytes
@@ -258,6 +304,11 @@ class LLMEngine:
                 if t >= V:
                     raise AdmissionError(400, "stop_token_ids", f"token id {t} is outside the vocabulary [0, {V})")
             max_tokens = self.scheduler.check_admission(len(ids), params.max_tokens)
+            plk = getattr(params, "prompt_logprobs", None)
+            if plk is not None and (isinstance(plk, bool) or not isinstance(plk, int)
+                                    or not 0 <= plk <= params.limits.max_logprobs):
+                raise AdmissionError(400, "prompt_logprobs", f"must be an integer >= 0 and <= "
+                                     f"{params.limits.max_logprobs}, got {plk!r}")
         except AdmissionError as err:
             self.stats_.admission_errors_total += 1
             reason = "overloaded" if err.status == 503 else "invalid_request"
@@ -270,7 +321,8 @@ class LLMEngine:
             arrival, arrival_wall = now_mono - max(0.0, now_wall - arrival_time), arrival_time
         gen = make_generator(params.seed, self.device) if params.seed is not None else None
         detok = IncrementalDetokenizer(self.tokenizer, params.stop, prompt_ids=ids)
-        seq = Sequence(request_id, ids, params, max_tokens, arrival, arrival_wall, gen, detok)
+        seq = Sequence(request_id, ids, params, max_tokens, arrival, arrival_wall, gen, detok,
+                       prompt_logprobs_k=plk)
         seq.stop_token_ids = frozenset(params.stop_token_ids)
         seq.ignore_eos = params.ignore_eos
         seq.repetition_stop = params.repetition_stop or self.config.repetition_stop_default
@@ -404,6 +456,8 @@ class LLMEngine:
         now = time.monotonic()
         for seq, n in sched.scheduled:
             seq.num_computed_tokens += n
+        for seq, cached, entries in res.prompt_logprobs:
+            seq.set_prompt_logprobs(cached, entries)
         if res.sample is not None:
             self._commit_samples(res.sampled, res.sample, now, outputs)
         batch = len(sched.scheduled)
@@ -438,6 +492,10 @@ class LLMEngine:
             tok = toks[i]
             lp = lps[i]
             first = seq.first_token_time is None
+            prompt_lps = None
+            if seq.prompt_logprobs is not None and not seq.output_token_ids:
+                prompt_lps = [None, *seq.prompt_logprobs]
+                seq.prompt_logprobs = None
             seq.append_token(tok, lp, now)
             if first:
                 ttft = now - seq.arrival_time
@@ -484,7 +542,7 @@ class LLMEngine:
                 self._finish(seq, reason, now)
             outputs.append(RequestOutput(seq.request_id, [tok], text, reason is not None, reason,
                                          [lp], len(seq.prompt_token_ids), len(seq.output_token_ids),
-                                         top, seq.error, seq.error_status))
+                                         top, seq.error, seq.error_status, prompt_lps))
         if new_prompt_tokens:
             st.prompt_tokens_total += new_prompt_tokens
             self.metrics["inferctl_engine_prompt_tokens_total"].labels(self.model_name).inc(new_prompt_tokens)
@@ -522,7 +580,11 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ faults
     def _share(self, seq: Sequence, n: int) -> int:
-        ctx = seq.num_computed_tokens + n
+        c = seq.num_computed_tokens
+        ctx = c + n
+        last_prompt = len(seq.prompt_token_ids) - 1
+        if c < last_prompt and seq.wants_prompt_logprobs:   # the runner's all-logits chunk
+            return self._act(n, n, n * ctx, ctx, num_logprob_rows=min(ctx, last_prompt) - c)
         return self._act(n, 1, n * ctx, ctx)
 
     def _handle_oom(self, exc: BaseException, scheduled: list[tuple[Sequence, int]],

@@ -270,21 +270,25 @@ def classify_error(exc: BaseException, oom_codes: frozenset[int] | set[int]) -> 
 # ---------------------------------------------------------------------------- activations
 def estimate_step_activation_bytes(num_tokens: int, num_logits: int, sum_q_ctx: int, sum_ctx: int,
                                    dim: int, hidden_dim: int, n_heads: int, n_kv_heads: int,
-                                   vocab_size: int, act_bytes: int) -> int:
+                                   vocab_size: int, act_bytes: int, num_logprob_rows: int = 0) -> int:
     """Peak activation bytes of one forward step (one layer's temporaries live at a time).
 
     ``act_bytes × [T·(4·dim + 2·kv_dim + 3·hidden)      hidden states x, h, q, out; k, v; MLP
                    + 2·heads·Σ qᵢ·ctxᵢ                  attention scores and probabilities
                    + 2·kv_dim·Σ ctxᵢ]                    K/V gathered from the paged cache
-      + 4·N·vocab``                                      float32 logits
+      + 4·N·vocab                                        float32 logits
+      + 4·R·vocab``                                      float32 log_softmax of prompt-logprob rows
     with T the step's tokens, qᵢ the new tokens and ctxᵢ the context (cached + new) of
-    sequence i, kv_dim = n_kv_heads·dim/n_heads, N the logits rows. Monotone in T, qᵢ and
-    ctxᵢ. An engineering estimate of the eager PyTorch forward (not a measured profile).
+    sequence i, kv_dim = n_kv_heads·dim/n_heads, N the logits rows (one per sequence, or
+    every new token of a chunk that computes prompt logprobs) and R the rows whose
+    ``log_softmax`` is taken for prompt logprobs (live together with the logits). Monotone in
+    T, N, R, qᵢ and ctxᵢ. An engineering estimate of the eager PyTorch forward (not a
+    measured profile).
     """
     kv_dim = n_kv_heads * (dim // n_heads)
     per_token = 4 * dim + 2 * kv_dim + 3 * hidden_dim
     elems = num_tokens * per_token + 2 * n_heads * sum_q_ctx + 2 * kv_dim * sum_ctx
-    return int(act_bytes * elems + 4 * num_logits * vocab_size)
+    return int(act_bytes * elems + 4 * (num_logits + num_logprob_rows) * vocab_size)
 
 
 # ---------------------------------------------------------------------------- allocator

@@ -9,8 +9,15 @@ Validation policy, chosen where OpenAI and vLLM are loose (field cases F15, F16,
   integral value (``1e12``, ``20.0``), because JSON does not tell the two apart; ``20.5``,
   NaN and infinities are a 400.
 * **max_tokens >= 1.** ``0`` and negative values are a 400 naming ``max_tokens`` — also with
-  ``echo`` and ``logprobs`` (F15: the engine computes no prompt logprobs, so the "echo the
-  prompt with prompt logprobs" reading of ``max_tokens: 0`` is refused rather than faked).
+  ``echo`` and ``logprobs`` (F15: the "echo the prompt with its logprobs" reading of
+  ``max_tokens: 0`` is refused rather than faked; ask for ``prompt_logprobs`` with
+  ``max_tokens: 1`` instead, as vLLM clients do).
+* **prompt_logprobs** (vLLM's extension, ``/v1/completions`` only): an integer 0..
+  ``max_logprobs`` (the legacy ``logprobs`` limit, 5) or null; ``choices[i].prompt_logprobs``
+  is then ``null`` for the first prompt token and, for each later one, ``{"<token id>":
+  {"logprob", "rank", "decoded_token"}}`` holding the actual token and that many top
+  alternatives. Not with ``stream: true`` (400; vLLM refuses it too), and a 400 on chat
+  completions (silently dropping it would change the answer).
   The upper bound ``max_model_len - prompt tokens`` needs the tokenized prompt and is checked
   by the server (:func:`check_max_tokens`), with both numbers in the message.
 * **Empty prompts are a 400** (F17): ``""``, ``[""]``, ``[]``, ``[[]]`` and chat
@@ -379,6 +386,7 @@ class CompletionRequest(_SamplingFields):
     prompt: Any = Field(default=None, validate_default=True)
     echo: bool | None = False
     logprobs: JsonInt | None = Field(default=None, ge=0)
+    prompt_logprobs: JsonInt | None = Field(default=None, ge=0)
     suffix: str | None = None
     best_of: JsonInt | None = None
 
@@ -394,6 +402,20 @@ class CompletionRequest(_SamplingFields):
         if value is not None and value > limit:
             raise PydanticCustomError("out_of_range", "must be between 0 and {limit}, got {n}",
                                       {"limit": limit, "n": value})
+        return value
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _v_prompt_logprobs(cls, value: int | None, info: Any) -> int | None:
+        if value is None:
+            return value
+        limit = _limits(info).max_logprobs
+        if value > limit:
+            raise PydanticCustomError("out_of_range", "must be between 0 and {limit}, got {n}",
+                                      {"limit": limit, "n": value})
+        if info.data.get("stream"):
+            raise PydanticCustomError("unsupported_parameter", "is not supported with stream; send the request "
+                                      "without stream (the answer holds them all)")
         return value
 
     @field_validator("suffix")
@@ -526,6 +548,7 @@ class ChatCompletionRequest(_SamplingFields):
 
     ``max_completion_tokens`` (the newer name) wins over ``max_tokens`` when both are given.
     ``logprobs`` is a boolean; ``top_logprobs`` (0..20) needs ``logprobs: true``.
+    ``prompt_logprobs`` is refused (400): it is served on ``/v1/completions`` only.
     """
 
     messages: list[ChatMessage]
@@ -536,6 +559,15 @@ class ChatCompletionRequest(_SamplingFields):
     functions: list[Any] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
+    prompt_logprobs: Any = None
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _v_prompt_logprobs(cls, value: Any) -> Any:
+        if value is not None:
+            raise PydanticCustomError("unsupported_parameter", "is only supported on /v1/completions "
+                                      "(send the rendered prompt there)")
+        return value
 
     @field_validator("messages")
     @classmethod
@@ -730,11 +762,21 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    """One token of a ``prompt_logprobs`` entry (vLLM's shape): natural-log ``logprob`` (None
+    when non-finite), 1-based ``rank`` in the vocabulary, and the token's text."""
+
+    logprob: float | None
+    rank: int
+    decoded_token: str
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = None
 
 
 class CompletionResponse(BaseModel):

@@ -2,24 +2,34 @@
 
 Per step: the scheduled ``(sequence, new_tokens)`` pairs become one packed batch (no padding):
 ``input_ids[T]``, ``positions[T]`` and ``AttentionMetadata`` built from each sequence's
-``(block_table, num_computed_tokens, new_tokens, all_logits=False)``. The step's activations
+``(block_table, num_computed_tokens, new_tokens, all_logits)``. The step's activations
 are reserved through the :class:`~engine.memory.MemoryAccountant` before the forward and
 released after (so a step that does not fit raises ``torch.OutOfMemoryError`` before any
 state changes). Only sequences whose prefill is complete after this step (the chunk reaches
 the last token) are sampled. Tiny models are bound by per-step Python work (PERFORMANCE.md),
 so the loop builds plain lists and converts each to a tensor once.
+
+Prompt logprobs (vLLM semantics). A prefill chunk of a sequence that asked for them and has
+prompt tokens left to score is built with ``all_logits=True``: row ``r`` (position ``r``)
+holds the distribution of token ``r + 1``, so a chunk over positions ``[c, e)`` scores prompt
+tokens ``c + 1 … min(e, P - 1)`` (P = prompt length). The chunk's last row scores the first
+token of the *next* chunk (the prompt is known in full); the last prompt row (``P - 1``) is not
+a prompt logprob — it is the first generated token's distribution and goes to the sampler.
+Each scored row gets ``log_softmax`` (float32), the actual token's logprob and rank (tokens
+with logprob >= its own, as vLLM) and the top-k alternatives. The logits rows and their
+``log_softmax`` are counted in the step's activation estimate.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from engine.attention import AttentionMetadata, KVCache
 from engine.memory import MemoryAccountant, estimate_step_activation_bytes
 from engine.sampler import Sampler, SampleResult
-from engine.sequence import Sequence
+from engine.sequence import Logprob, PromptLogprobEntry, Sequence
 
 
 @dataclass
@@ -31,12 +41,16 @@ class StepResult:
         sample: the sampler's result for ``sampled`` (row i ↔ sampled[i]); None if none.
         num_tokens: T, tokens fed (all real: the batch is packed, padded tokens = 0).
         activation_bytes: the step's reserved activation estimate.
+        prompt_logprobs: ``(sequence, num_cached, entries)`` for each chunk that scored prompt
+            tokens: ``entries[j]`` is prompt position ``num_cached + 1 + j`` (see
+            :meth:`Sequence.set_prompt_logprobs`).
     """
 
     sampled: list[Sequence]
     sample: SampleResult | None
     num_tokens: int
     activation_bytes: int
+    prompt_logprobs: list[tuple[Sequence, int, list[PromptLogprobEntry]]] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -64,11 +78,11 @@ class ModelRunner:
                           act_bytes=torch.empty((), dtype=model.dtype).element_size())
 
     def estimate_activation_bytes(self, num_tokens: int, num_logits: int, sum_q_ctx: int,
-                                  sum_ctx: int) -> int:
+                                  sum_ctx: int, num_logprob_rows: int = 0) -> int:
         """The accountant's activation estimate for a step of this shape (see
         :func:`engine.memory.estimate_step_activation_bytes`)."""
         return estimate_step_activation_bytes(num_tokens, num_logits, sum_q_ctx, sum_ctx,
-                                              **self._dims)
+                                              num_logprob_rows=num_logprob_rows, **self._dims)
 
     def execute(self, scheduled: list[tuple[Sequence, int]]) -> StepResult:
         """Run one step. Does not change the sequences (the engine commits the result).
@@ -80,9 +94,11 @@ class ModelRunner:
         positions: list[int] = []
         chunks: list[tuple[list[int], int, int, bool]] = []
         sampled: list[Sequence] = []
-        rows: list[int] = []
+        rows: list[int] = []            # the logits row of each sampled sequence
+        scored: list[tuple[Sequence, int, int, int]] = []   # (seq, cached, first row, rows)
         sum_q_ctx = sum_ctx = 0
-        for row, (seq, n) in enumerate(scheduled):
+        num_logits = num_scored = 0
+        for seq, n in scheduled:
             c = seq.num_computed_tokens
             end = c + n
             if n == 1:
@@ -91,14 +107,23 @@ class ModelRunner:
             else:
                 ids.extend(seq.token_ids[c:end])
                 positions.extend(range(c, end))
-            chunks.append((seq.block_table, c, n, False))
+            last_prompt = len(seq.prompt_token_ids) - 1
+            all_logits = c < last_prompt and seq.wants_prompt_logprobs
+            chunks.append((seq.block_table, c, n, all_logits))
+            if all_logits:
+                m = min(end, last_prompt) - c    # rows c … c+m-1 score prompt tokens c+1 … c+m
+                scored.append((seq, c, num_logits, m))
+                num_scored += m
+                num_logits += n
+            else:
+                num_logits += 1
             sum_q_ctx += n * end
             sum_ctx += end
             if end == len(seq.token_ids):
                 sampled.append(seq)
-                rows.append(row)
+                rows.append(num_logits - 1)
         T = len(ids)
-        act = self.estimate_activation_bytes(T, len(chunks), sum_q_ctx, sum_ctx)
+        act = self.estimate_activation_bytes(T, num_logits, sum_q_ctx, sum_ctx, num_scored)
         handle = self.accountant.reserve_activations(act)
         try:
             dev = self.device
@@ -107,9 +132,11 @@ class ModelRunner:
                 logits = self.model(torch.tensor(ids, dtype=torch.long, device=dev),
                                     torch.tensor(positions, dtype=torch.long, device=dev),
                                     self.kv_cache, meta)
+                prompt_lps = [(seq, c, self._score_prompt(logits[start:start + m], seq, c))
+                              for seq, c, start, m in scored]
                 if not sampled:
-                    return StepResult(sampled, None, T, act)
-                if len(rows) != len(chunks):
+                    return StepResult(sampled, None, T, act, prompt_lps)
+                if len(rows) != num_logits:
                     logits = logits.index_select(0, torch.tensor(rows, dtype=torch.long, device=dev))
                 sample = self.sampler(logits, [s.params for s in sampled],
                                       [s.generator for s in sampled],
@@ -117,4 +144,33 @@ class ModelRunner:
                                       [len(s.prompt_token_ids) for s in sampled])
         finally:
             self.accountant.release_activations(handle)
-        return StepResult(sampled, sample, T, act)
+        return StepResult(sampled, sample, T, act, prompt_lps)
+
+    @staticmethod
+    def _score_prompt(logits: torch.Tensor, seq: Sequence, cached: int) -> list[PromptLogprobEntry]:
+        """Prompt-logprob entries of positions ``cached + 1 … cached + m`` from ``logits``
+        ``[m, V]`` (row j = position ``cached + j``): the actual token's :class:`Logprob`
+        (rank = tokens whose logprob is >= its own) and the ``seq.prompt_logprobs_k`` most
+        likely tokens (ranks 1…k)."""
+        m = logits.shape[0]
+        if m == 0:
+            return []
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        target = torch.tensor(seq.token_ids[cached + 1:cached + 1 + m], dtype=torch.long,
+                              device=lp.device).unsqueeze(1)
+        chosen = lp.gather(1, target)
+        ranks = (lp >= chosen).sum(dim=-1).tolist()
+        chosen_l = chosen.squeeze(1).tolist()
+        target_l = seq.token_ids[cached + 1:cached + 1 + m]
+        k = min(seq.prompt_logprobs_k or 0, lp.shape[1])
+        if k:
+            vals, top_ids = lp.topk(k, dim=-1)
+            vals_l, ids_l = vals.tolist(), top_ids.tolist()
+        entries: list[PromptLogprobEntry] = []
+        for j in range(m):
+            entry: PromptLogprobEntry = {target_l[j]: Logprob(chosen_l[j], ranks[j])}
+            if k:
+                for r, (t, v) in enumerate(zip(ids_l[j], vals_l[j]), start=1):
+                    entry.setdefault(t, Logprob(v, r))
+            entries.append(entry)
+        return entries

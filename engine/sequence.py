@@ -5,17 +5,42 @@ so the runner never concatenates). ``num_computed_tokens`` counts the tokens who
 the cache; the scheduler feeds ``token_ids[num_computed_tokens:]`` in chunks. Preemption by
 recompute sets it back to 0 and frees the blocks; the outputs already produced are kept and
 recomputed as part of the next prefill.
+
+Prompt logprobs (vLLM's ``prompt_logprobs``): a sequence built with ``prompt_logprobs_k`` not
+None collects, while its prompt is prefilled, one :data:`PromptLogprobEntry` per prompt token
+after the first (the logprob of token ``t`` given tokens ``0..t-1``, its rank, and the
+``prompt_logprobs_k`` most likely alternatives). They are handed out once, with the request's
+first output, and never recomputed after that (a recompute after preemption skips them).
 """
 
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:   # pragma: no cover
     import torch
 
     from engine.sampling_params import SamplingParams
+
+
+class Logprob(NamedTuple):
+    """One token's logprob in a prompt-logprobs entry (vLLM's ``Logprob``, without the text).
+
+    Attributes:
+        logprob: natural-log probability, ``log_softmax`` of the model's raw logits (float;
+            NaN or -inf when the logits were non-finite — make it JSON-safe before sending).
+        rank: 1-based rank in the vocabulary: the number of tokens whose logprob is >= this
+            one's (vLLM's definition, so ties share the worse rank; 1 = the most likely).
+    """
+
+    logprob: float
+    rank: int
+
+
+#: ``{token_id: Logprob}`` for one prompt position: the actual prompt token plus the top-k
+#: alternatives (at most k + 1 entries).
+PromptLogprobEntry = dict[int, Logprob]
 
 
 class SequenceStatus(enum.Enum):
@@ -62,6 +87,10 @@ class Sequence:
         oom_retries: OOMs this request was blamed for (see LLMEngine).
         num_preemptions: times this sequence was preempted (recompute).
         error: the error message when status is FINISHED_ERROR.
+        prompt_logprobs_k: top alternatives per prompt token when the request asked for
+            prompt logprobs (0..max_logprobs), else None.
+        prompt_logprobs: the entries collected so far, one per prompt position 1, 2, …
+            (index ``p - 1`` holds position ``p``); None when not asked for or once handed out.
     """
 
     __slots__ = ("request_id", "prompt_token_ids", "output_token_ids", "token_ids", "params",
@@ -69,11 +98,12 @@ class Sequence:
                  "arrival_wall", "first_token_time", "last_token_time", "finish_time", "logprobs",
                  "top_logprobs", "generator", "detokenizer", "itl", "oom_retries",
                  "num_preemptions", "error", "error_status", "precision", "stop_token_ids",
-                 "ignore_eos", "repetition_stop")
+                 "ignore_eos", "repetition_stop", "prompt_logprobs_k", "prompt_logprobs")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: "SamplingParams",
                  max_tokens: int, arrival_time: float, arrival_wall: float,
-                 generator: "torch.Generator | None" = None, detokenizer: Any = None):
+                 generator: "torch.Generator | None" = None, detokenizer: Any = None,
+                 prompt_logprobs_k: int | None = None):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
@@ -101,6 +131,8 @@ class Sequence:
         self.stop_token_ids: frozenset[int] = frozenset()
         self.ignore_eos = False
         self.repetition_stop = False
+        self.prompt_logprobs_k = prompt_logprobs_k
+        self.prompt_logprobs: list[PromptLogprobEntry] | None = [] if prompt_logprobs_k is not None else None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -122,6 +154,23 @@ class Sequence:
     def is_prefill(self) -> bool:
         """True while more than one token remains to be fed (prompt or recompute)."""
         return len(self.token_ids) - self.num_computed_tokens > 1
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """True while prompt logprobs are asked for and not handed out yet (no output token)."""
+        return self.prompt_logprobs is not None and not self.output_token_ids
+
+    def set_prompt_logprobs(self, num_cached: int, entries: list[PromptLogprobEntry]) -> None:
+        """Store the entries a chunk starting at position ``num_cached`` produced (positions
+        ``num_cached + 1 …``), replacing anything at or after them (a recompute)."""
+        lst = self.prompt_logprobs
+        if lst is None:
+            return
+        del lst[num_cached:]
+        if len(lst) != num_cached:
+            raise ValueError(f"prompt logprobs of {self.request_id!r}: a chunk at position {num_cached} "
+                             f"follows only {len(lst)} scored positions")
+        lst.extend(entries)
 
     def append_token(self, token_id: int, logprob: float, now: float) -> None:
         """Record a generated token and its timing."""

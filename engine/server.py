@@ -5,6 +5,9 @@ Routes (FastAPI):
 * ``POST /v1/completions``, ``POST /v1/chat/completions`` — OpenAI shapes; ``stream: true``
   answers ``text/event-stream`` chunks (``data: {...}``) ending ``data: [DONE]``; with
   ``stream_options.include_usage`` a last chunk carries ``usage`` and no choices.
+  Completions take vLLM's ``prompt_logprobs`` (computed by the engine during prefill, see
+  :mod:`engine.runner`): ``choices[i].prompt_logprobs`` = ``[null, {"<id>": {"logprob",
+  "rank", "decoded_token"}}, ...]``, one entry per prompt token; refused with ``stream``.
 * ``GET /v1/models`` — the served models (never the route table); each card has
   ``max_model_len``.
 * ``POST /tokenize``, ``POST /detokenize`` — vLLM's tokenizer API: ``{"model"?, "prompt":
@@ -434,6 +437,7 @@ class _Collected:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    prompt_logprobs: list | None = None
 
 
 def _output_logprobs(out: Any) -> tuple[list, list]:
@@ -547,6 +551,9 @@ def _accumulate(acc: _Collected, out: Any) -> None:
     if getattr(out, "finished", False):
         acc.finish_reason = getattr(out, "finish_reason", None)
     acc.prompt_tokens, acc.completion_tokens = _token_counts(out, acc.prompt_tokens, len(acc.token_ids))
+    prompt_lps = getattr(out, "prompt_logprobs", None)
+    if prompt_lps is not None:
+        acc.prompt_logprobs = prompt_lps
 
 
 def _token_counts(out: Any, prompt_tokens: int, completion_tokens: int) -> tuple[int, int]:
@@ -631,6 +638,28 @@ def _completion_logprobs(tokenizer: Any, token_ids: list[int], lps: list, tops: 
     return {"tokens": tokens, "token_logprobs": list(lps), "top_logprobs": top_out, "text_offset": offsets}
 
 
+def _prompt_logprobs_json(tokenizer: Any, entries: list | None) -> list | None:
+    """The engine's prompt logprobs (``[None, {id: Logprob(logprob, rank)}, ...]``) in vLLM's
+    JSON shape: ``[null, {"<id>": {"logprob", "rank", "decoded_token"}}, ...]`` (non-finite
+    logprobs become null when the document is dumped)."""
+    if entries is None:
+        return None
+    texts: dict[int, str] = {}
+    out: list = []
+    for entry in entries:
+        if entry is None:
+            out.append(None)
+            continue
+        doc = {}
+        for tid, (logprob, rank) in entry.items():
+            text = texts.get(tid)
+            if text is None:
+                text = texts[tid] = _token_text(tokenizer, tid)
+            doc[str(tid)] = {"logprob": logprob, "rank": rank, "decoded_token": text}
+        out.append(doc)
+    return out
+
+
 def _chat_logprobs(tokenizer: Any, token_ids: list[int], lps: list, tops: list) -> dict:
     content = []
     for i, tid in enumerate(token_ids):
@@ -650,6 +679,7 @@ def _chat_logprobs(tokenizer: Any, token_ids: list[int], lps: list, tops: list) 
 
 
 def _sampling_params(req: Any, max_tokens: int, logprobs: int | None, limits: ProtocolLimits) -> Any:
+    from engine.engine import PromptLogprobsParams
     from engine.sampling_params import SamplingLimits, SamplingParams
 
     # The protocol layer already enforced these bounds; SamplingParams re-checks against the same
@@ -667,6 +697,9 @@ def _sampling_params(req: Any, max_tokens: int, logprobs: int | None, limits: Pr
             kwargs[name] = value
     if req.stop_token_ids:
         kwargs["stop_token_ids"] = list(req.stop_token_ids)
+    prompt_logprobs = getattr(req, "prompt_logprobs", None)
+    if prompt_logprobs is not None:
+        return PromptLogprobsParams(prompt_logprobs=prompt_logprobs, **kwargs)
     return SamplingParams(**kwargs)
 
 
@@ -971,8 +1004,11 @@ async def _completion_body(served: ServedModel, req: CompletionRequest, jobs: li
         if req.logprobs is not None:
             lp = _completion_logprobs(served.tokenizer, acc.token_ids, acc.logprobs,
                                       acc.top_logprobs if req.logprobs else [None] * len(acc.token_ids), len(prefix))
-        choices.append({"index": job.index, "text": prefix + acc.text, "logprobs": lp,
-                        "finish_reason": acc.finish_reason})
+        choice = {"index": job.index, "text": prefix + acc.text, "logprobs": lp,
+                  "finish_reason": acc.finish_reason}
+        if req.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = _prompt_logprobs_json(served.tokenizer, acc.prompt_logprobs)
+        choices.append(choice)
         prompt_tokens += acc.prompt_tokens or len(job.token_ids)
         completion_tokens += acc.completion_tokens
     return _json({"id": rid, "object": "text_completion", "created": created, "model": served.name,
