@@ -171,9 +171,6 @@ class HardwarePolicySection(PolicySection):
     xid_catalog_dir: str | None = Field(None, description="directory of NVIDIA's xid_catalog.csv;"
                                         " None: the built-in table of well-known Xids")
 
-    def options(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
-
 
 class PoliciesConfig(_Model):
     """Per-policy sections; see docs/policies.md for every key and default.
