@@ -44,7 +44,7 @@ import json
 import math
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol, Sequence
 
@@ -764,7 +764,8 @@ def register(app: Any) -> None:
         model: Optional[str] = typer.Option(None, "--model", help="Model to serve when no --url is given (.bin or HF dir); "
                                                                   "with --url, the served model name."),
         encoding: str = typer.Option("auto", "--encoding", help="auto (UTF-8, else Windows-1252) or a codec name."),
-        chunk_size: int = typer.Option(DEFAULT_CHUNK_SIZE, "--chunk-size", help="Tokens per window, BOS included."),
+        chunk_size: Optional[int] = typer.Option(None, "--chunk-size", help=f"Tokens per window, BOS included "
+                                                 f"(default {DEFAULT_CHUNK_SIZE}, or the longest window the engine can score)."),
         overlap: int = typer.Option(DEFAULT_OVERLAP, "--overlap", help="Book tokens shared by consecutive windows."),
         max_new_tokens: int = typer.Option(DEFAULT_MAX_NEW_TOKENS, "--max-new-tokens"),
         repetition_penalty: float = typer.Option(DEFAULT_REPETITION_PENALTY, "--repetition-penalty"),
@@ -785,7 +786,7 @@ def register(app: Any) -> None:
         console = Console()
         err = Console(stderr=True)
         try:
-            cfg = LongTextConfig(chunk_size=chunk_size, overlap=overlap, max_new_tokens=max_new_tokens,
+            cfg = LongTextConfig(chunk_size=DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size, overlap=overlap, max_new_tokens=max_new_tokens,
                                  repetition_penalty=repetition_penalty, temperature=temperature, seed=seed,
                                  position_bucket=position_bucket, max_chunks=max_chunks,
                                  generate=not no_generate, concurrency=concurrency)
@@ -800,6 +801,12 @@ def register(app: Any) -> None:
             if url is None:
                 sup, url = _start_engine(model, max_model_len, err)
             backend = HttpBackend(url, model=model if sup is None else None)
+            if chunk_size is None and cfg.chunk_size > backend.max_window:
+                # over HTTP a scored window is at most max_model_len - 1 tokens (max_tokens 1)
+                cfg = replace(cfg, chunk_size=backend.max_window)
+                err.print(f"note: --chunk-size {cfg.chunk_size}: the longest window the engine at {backend.base_url} "
+                          f"can score (max_model_len {backend.max_model_len} - 1)", markup=False, highlight=False,
+                          soft_wrap=True)
             last = {"t": 0.0}
 
             def progress(stage: str, done: int, total: int) -> None:

@@ -261,14 +261,11 @@ def test_cli_bad_option_and_unreachable_engine(gutenberg_dir):
 
 @pytest.mark.e2e
 def test_cli_against_the_real_engine(tmp_path, stories_dir, gutenberg_dir):
-    """`inferctl longtext BOOK --model stories260K` starts an engine and measures over HTTP.
-    xfail (not pass) while the engine's server has no /tokenize (see docs/longtext.md)."""
+    """`inferctl longtext BOOK --model stories260K` starts an engine and measures over HTTP
+    (the engine serves /tokenize and prompt_logprobs, as vLLM's OpenAI server)."""
     r = CliRunner().invoke(_app(), ["longtext", str(gutenberg_dir / "pg84.txt"), "--model",
                                     str(stories_dir / "stories260K.bin"), "--max-chunks", "2",
                                     "--max-new-tokens", "8", "--out", str(tmp_path / "lt"), "--quiet"])
-    if "has no POST /tokenize" in r.output:
-        assert r.exit_code == 2 and "Traceback" not in r.output
-        pytest.xfail("the engine server has no /tokenize yet")
     assert r.exit_code == 0, r.output
     rows = (tmp_path / "lt.csv").read_text().splitlines()
     assert len(rows) == 3 and rows[0].startswith("chunk,start,end")
