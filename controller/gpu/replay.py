@@ -22,7 +22,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Collection, Iterable
 
 from controller.gpu.base import GpuSource, down_reading
 from controller.gpu.parsers import ParsedCapture, detect_capture_format, parse_capture
@@ -86,6 +86,21 @@ def _typed(name: str, key: str, v: Any, where: str) -> Any:
     return v
 
 
+def _trace_field(key: str, v: Any, allowed: Collection[str], where: str,
+                 label: str) -> tuple[str, Any]:
+    """One ``key: v`` of a trace object → ``(field name, value)``: a ``*_mib`` alias becomes
+    its ``*_bytes`` field in bytes (× 2**20, rounded), the value is checked by :func:`_typed`.
+    Raises :class:`TraceFormatError` naming the line and the key ("unknown <label> ...") for a
+    field not in ``allowed``."""
+    name = _MIB_ALIASES.get(key, key)
+    if name not in allowed:
+        raise TraceFormatError(f"{where}: unknown {label} {key!r}")
+    v = _typed(name, key, v, where)
+    if key in _MIB_ALIASES and v is not None:
+        v = int(round(float(v) * MIB))
+    return name, v
+
+
 @dataclass
 class _Record:
     t: float
@@ -101,12 +116,7 @@ def _snapshot_from_dict(d: dict[str, Any], where: str) -> GpuSnapshot:
         raise TraceFormatError(f"{where}: a GPU must be a JSON object, got {type(d).__name__}")
     kw: dict[str, Any] = {}
     for k, v in d.items():
-        name = _MIB_ALIASES.get(k, k)
-        if name not in _SNAPSHOT_FIELDS:
-            raise TraceFormatError(f"{where}: unknown GPU field {k!r}")
-        v = _typed(name, k, v, where)
-        if k in _MIB_ALIASES and v is not None:
-            v = int(round(float(v) * MIB))
+        name, v = _trace_field(k, v, _SNAPSHOT_FIELDS, where, "GPU field")
         if name in ("processes", "xid_events", "mig_instances") and not isinstance(v, (list, type(None))):
             raise TraceFormatError(f"{where}: field {k!r} must be a list, got {v!r}")
         if name == "processes":
@@ -128,12 +138,7 @@ def _sub(cls: type, allowed: set[str], d: Any, where: str) -> Any:
         raise TraceFormatError(f"{where}: expected a JSON object, got {type(d).__name__}")
     kw = {}
     for k, v in d.items():
-        name = _MIB_ALIASES.get(k, k)
-        if name not in allowed:
-            raise TraceFormatError(f"{where}: unknown field {k!r}")
-        v = _typed(name, k, v, where)
-        if k in _MIB_ALIASES and v is not None:
-            v = int(round(float(v) * MIB))
+        name, v = _trace_field(k, v, allowed, where, "field")
         if name == "pci_bus_id" and v:
             v = normalize_pci_bus_id(v)
         kw[name] = v
