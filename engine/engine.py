@@ -27,7 +27,7 @@ switched (``model.set_precision``), the old weights' memory is freed and the cac
 before the new weights are accounted, so int8 frees budget for activations. The KV cache is
 untouched, so no request fails.
 
-Prompt logprobs (vLLM's ``prompt_logprobs``, asked for with :class:`PromptLogprobsParams`):
+Prompt logprobs (vLLM's ``prompt_logprobs``, asked for with ``SamplingParams.prompt_logprobs``):
 the prefill chunks of such a request compute logits for every token (see
 :mod:`engine.runner`); the entries are collected on the sequence across chunks and handed
 out once, in the request's first :class:`RequestOutput` (``prompt_logprobs``: ``None`` for
@@ -62,7 +62,7 @@ from engine.scheduler import AdmissionError, Scheduler
 from engine.sequence import Logprob, PromptLogprobEntry, Sequence, SequenceStatus
 from engine.stats import EngineStats
 
-__all__ = ["LLMEngine", "RequestOutput", "AdmissionError", "PromptLogprobsParams", "Logprob"]
+__all__ = ["LLMEngine", "RequestOutput", "AdmissionError", "Logprob"]
 
 _STATUS_BY_REASON = {s.value: s for s in SequenceStatus if s.is_finished}
 
@@ -102,33 +102,6 @@ class RequestOutput:
     error: str | None = None
     error_status: int | None = None
     prompt_logprobs: list[PromptLogprobEntry | None] | None = None
-
-
-@dataclass
-class PromptLogprobsParams(SamplingParams):
-    """:class:`SamplingParams` plus vLLM's ``prompt_logprobs``.
-
-    Attributes:
-        prompt_logprobs: None = no prompt logprobs; 0..``limits.max_logprobs`` = the logprob
-            of every prompt token given the tokens before it, plus that many top
-            alternatives per position (vLLM ``SamplingParams.prompt_logprobs``).
-
-    Raises :class:`SamplingParamsError` (field ``prompt_logprobs``) for a non-integer or a
-    value out of range. (A subclass because ``SamplingParams`` has no such field yet; the
-    engine reads ``getattr(params, "prompt_logprobs", None)``, so the field can move there.)
-    """
-
-    prompt_logprobs: int | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        value = self.prompt_logprobs
-        if value is not None:
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise SamplingParamsError("prompt_logprobs", f"must be an integer, got {value!r}")
-            limit = self.limits.max_logprobs
-            if not 0 <= value <= limit:
-                raise SamplingParamsError("prompt_logprobs", f"must be >= 0 and <= {limit}, got {value}")
 
 
 #: Below this many weight bytes the engine runs torch with one CPU thread unless
@@ -304,7 +277,7 @@ class LLMEngine:
                 if t >= V:
                     raise AdmissionError(400, "stop_token_ids", f"token id {t} is outside the vocabulary [0, {V})")
             max_tokens = self.scheduler.check_admission(len(ids), params.max_tokens)
-            plk = getattr(params, "prompt_logprobs", None)
+            plk = params.prompt_logprobs
             if plk is not None and (isinstance(plk, bool) or not isinstance(plk, int)
                                     or not 0 <= plk <= params.limits.max_logprobs):
                 raise AdmissionError(400, "prompt_logprobs", f"must be an integer >= 0 and <= "

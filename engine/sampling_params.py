@@ -122,6 +122,9 @@ class SamplingParams:
             ``limits.max_stop_token_ids``.
         logprobs: None = no top logprobs; 0..``limits.max_logprobs`` = that many top
             logprobs per generated token (the chosen token's logprob is always computed).
+        prompt_logprobs: None = no prompt logprobs; 0..``limits.max_logprobs`` = the logprob
+            of every prompt token given the tokens before it, plus that many top alternatives
+            per position (vLLM's ``prompt_logprobs``).
         ignore_eos: keep generating after EOS (benchmarks).
         repetition_stop: end with finish_reason "repetition" when
             ``engine.quality.detect_repetition_loop`` fires on the output tokens.
@@ -143,6 +146,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     ignore_eos: bool = False
     repetition_stop: bool = False
     limits: SamplingLimits = field(default_factory=SamplingLimits, repr=False, compare=False)
@@ -190,11 +194,13 @@ class SamplingParams:
         self.stop = self._check_stop(self.stop, lim)
         self.stop_token_ids = self._check_stop_token_ids(self.stop_token_ids, lim)
 
-        if self.logprobs is not None:
-            self.logprobs = _check_int("logprobs", self.logprobs)
-            if not 0 <= self.logprobs <= lim.max_logprobs:
-                raise SamplingParamsError(
-                    "logprobs", f"must be >= 0 and <= {lim.max_logprobs}, got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None:
+                value = _check_int(name, value)
+                if not 0 <= value <= lim.max_logprobs:
+                    raise SamplingParamsError(name, f"must be >= 0 and <= {lim.max_logprobs}, got {value}")
+                setattr(self, name, value)
 
         self.ignore_eos = _check_bool("ignore_eos", self.ignore_eos)
         self.repetition_stop = _check_bool("repetition_stop", self.repetition_stop)

@@ -679,7 +679,6 @@ def _chat_logprobs(tokenizer: Any, token_ids: list[int], lps: list, tops: list) 
 
 
 def _sampling_params(req: Any, max_tokens: int, logprobs: int | None, limits: ProtocolLimits) -> Any:
-    from engine.engine import PromptLogprobsParams
     from engine.sampling_params import SamplingLimits, SamplingParams
 
     # The protocol layer already enforced these bounds; SamplingParams re-checks against the same
@@ -699,7 +698,7 @@ def _sampling_params(req: Any, max_tokens: int, logprobs: int | None, limits: Pr
         kwargs["stop_token_ids"] = list(req.stop_token_ids)
     prompt_logprobs = getattr(req, "prompt_logprobs", None)
     if prompt_logprobs is not None:
-        return PromptLogprobsParams(prompt_logprobs=prompt_logprobs, **kwargs)
+        kwargs["prompt_logprobs"] = prompt_logprobs
     return SamplingParams(**kwargs)
 
 

@@ -14,7 +14,7 @@ import torch
 
 from core_helpers import drain, gutenberg_text
 from engine.config import EngineConfig
-from engine.engine import LLMEngine, PromptLogprobsParams
+from engine.engine import LLMEngine
 from engine.loader import load_model
 from engine.memory import estimate_step_activation_bytes
 from engine.sampling_params import SamplingParams, SamplingParamsError
@@ -41,8 +41,8 @@ def reference(model, ids: list[int]) -> torch.Tensor:
     return torch.log_softmax(Harness(model, num_blocks=64).step([(0, ids, True)]).float(), dim=-1)
 
 
-def pl(k: int | None, max_tokens: int = 4, **kw) -> PromptLogprobsParams:
-    return PromptLogprobsParams(max_tokens=max_tokens, temperature=0.0, prompt_logprobs=k, **kw)
+def pl(k: int | None, max_tokens: int = 4, **kw) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, prompt_logprobs=k, **kw)
 
 
 def check_against_reference(entries, ids: list[int], ref: torch.Tensor, k: int) -> float:
@@ -116,7 +116,7 @@ def test_zero_alternatives_one_token_prompt_and_validation(bundle):
     assert outs["bos"].prompt_logprobs == [None]
     for bad in (-1, 21, True, 1.5, "2"):
         with pytest.raises(SamplingParamsError) as e:
-            PromptLogprobsParams(prompt_logprobs=bad)
+            SamplingParams(prompt_logprobs=bad)
         assert e.value.field == "prompt_logprobs"
 
 
