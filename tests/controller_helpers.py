@@ -201,26 +201,51 @@ class FakeEngineClient:
         return {"kind": kind, "count": count}
 
 
+#: Loop timing for tests: short polls, each call's timeout below every poll interval.
+FAST_INTERVALS = {"engine_poll_seconds": 0.2, "gpu_poll_seconds": 0.5, "reconcile_seconds": 0.5,
+                  "call_timeout_seconds": 0.15, "max_backoff_seconds": 5}
+
+
+def loop_parts(tmp_path: Path, engines: list[dict], intervals: dict | None = None):
+    """What every loop test builds first: the validated config for ``engines`` (with
+    ``FAST_INTERVALS`` unless ``intervals`` is given), a fresh metrics registry and an event log
+    in ``tmp_path/ev.db`` counting into it: (config, registry, metrics, event_log)."""
+    from controller.config import parse_config
+    from controller.events import EventLog
+    from controller.metrics import build_registry
+
+    cfg = parse_config({"engines": engines, "intervals": intervals or FAST_INTERVALS})
+    registry, metrics = build_registry()
+    log = EventLog(tmp_path / "ev.db", metrics=metrics)
+    return cfg, registry, metrics, log
+
+
+def run_until(ctl, pred, t0: float, step: float = 1.0, n: int = 20) -> float:
+    """Tick ``ctl`` at t0 + step, t0 + 2·step, ... (waiting for its actions after each) until
+    ``pred()`` holds; returns that time. Raises AssertionError after ``n`` ticks."""
+    t = t0
+    for _ in range(n):
+        t += step
+        ctl.tick(t)
+        ctl.wait_for_actions(10)
+        if pred():
+            return t
+    raise AssertionError("condition not reached")
+
+
 def make_controller(tmp_path: Path, clients: dict, gpu_source=None, intervals: dict | None = None,
                     policies: dict | None = None, resetter_opts: dict | None = None, clock=time.time,
                     hold_seconds: float = 2.0):
     """A real Controller over engine client doubles: (controller, registry, event_log)."""
     from controller.actions import Actions
-    from controller.config import parse_config
-    from controller.events import EventLog
     from controller.loop import Controller
-    from controller.metrics import build_registry
     from controller.policies.precision import PrecisionPolicy
     from controller.reset import GpuResetter
     from controller.signals import InvalidSampleCounter
 
-    cfg = parse_config({"engines": [{"name": n, "url": f"http://127.0.0.1:{9000 + i}", "gpu": 0}
-                                    for i, n in enumerate(clients)],
-                        "intervals": intervals or {"engine_poll_seconds": 0.2, "gpu_poll_seconds": 0.5,
-                                                   "reconcile_seconds": 0.5, "call_timeout_seconds": 0.15,
-                                                   "max_backoff_seconds": 5}})
-    registry, metrics = build_registry()
-    log = EventLog(tmp_path / "ev.db", metrics=metrics)
+    cfg, registry, metrics, log = loop_parts(
+        tmp_path, [{"name": n, "url": f"http://127.0.0.1:{9000 + i}", "gpu": 0}
+                   for i, n in enumerate(clients)], intervals)
     gpu_source = gpu_source or StaticGpuSource()
     resetter = GpuResetter(gpu_source=gpu_source, event_log=log, metrics=metrics, clock=clock,
                            verify_interval_seconds=0.0, **(resetter_opts or {}))

@@ -17,7 +17,8 @@ from controller.metrics import build_registry
 from controller.policies import HardwarePolicy
 from controller.reset import GpuResetter
 from controller.types import XidEvent
-from tests.controller_helpers import FakeEngineClient, FakeNvidiaSmi, StaticGpuSource, gpu, make_controller
+from tests.controller_helpers import (FakeEngineClient, FakeNvidiaSmi, StaticGpuSource, gpu, make_controller,
+                                      run_until)
 
 RESET = ["--gpu-reset", "-i", "0"]
 
@@ -142,17 +143,6 @@ def test_verification_does_not_count_an_impossible_memory_reading_as_readable(tm
 
 
 # --------------------------------------------------------------------------- hardware + loop
-def run_until(ctl, pred, t0, n=25):
-    t = t0
-    for _ in range(n):
-        t += 1.0
-        ctl.tick(t)
-        ctl.wait_for_actions(10)
-        if pred():
-            return t
-    raise AssertionError("condition not reached")
-
-
 def xid(src, index: int, code: int, t: float, text: str = "") -> None:
     src.gpus[index].xid_events = [XidEvent(xid=code, pci_bus_id=src.gpus[index].pci_bus_id,
                                            message=text or f"NVRM: Xid (PCI:{src.gpus[index].pci_bus_id}): {code}",
@@ -173,7 +163,7 @@ def test_dry_run_reset_leaves_the_hardware_state_machine_where_it_was(tmp_path, 
     xid(src, 0, 48, t0 + 0.5)
     uuid = src.gpus[0].uuid
     t = run_until(ctl, lambda: any(e["inputs"].get("outcome") == "dry_run"
-                                   for e in log.query(kind="observation", limit=200)), t0)
+                                   for e in log.query(kind="observation", limit=200)), t0, n=25)
     src.gpus[0].xid_events = []
     assert hw.gpu_state(uuid) == "resetting"
     assert smi.calls() == []

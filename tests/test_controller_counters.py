@@ -6,24 +6,18 @@ from __future__ import annotations
 import pytest
 
 from controller.actions import RESTART_REASONS, Actions, restart_reason
-from controller.config import parse_config
-from controller.events import EVENT_KINDS, EventLog
+from controller.events import EVENT_KINDS
 from controller.loop import Controller
-from controller.metrics import build_registry
 from controller.policies import LatencyBreaker
 from controller.policies.precision import PrecisionPolicy
-from tests.controller_helpers import FakeClock, FakeEngineClient, StaticGpuSource
+from tests.controller_helpers import FakeClock, FakeEngineClient, StaticGpuSource, loop_parts
 from tests.policy_helpers import ttft_hist
 
 
 def build(tmp_path, clock=None):
-    cfg = parse_config({"engines": [{"name": "main", "url": "http://127.0.0.1:9000"},
-                                    {"name": "vllm0", "kind": "vllm", "url": "http://127.0.0.1:9001"}],
-                        "intervals": {"engine_poll_seconds": 0.2, "gpu_poll_seconds": 0.5,
-                                      "reconcile_seconds": 0.5, "call_timeout_seconds": 0.15,
-                                      "max_backoff_seconds": 5}})
-    registry, metrics = build_registry()
-    log = EventLog(tmp_path / "ev.db", metrics=metrics)
+    cfg, registry, metrics, log = loop_parts(
+        tmp_path, [{"name": "main", "url": "http://127.0.0.1:9000"},
+                   {"name": "vllm0", "kind": "vllm", "url": "http://127.0.0.1:9001"}])
     clients = {"main": FakeEngineClient("main"), "vllm0": FakeEngineClient("vllm0")}
     acts = Actions(clients, event_log=log, metrics=metrics, confirm_timeout_seconds=0.2,
                    poll_interval_seconds=0.01)

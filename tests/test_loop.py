@@ -7,26 +7,20 @@ import time
 import pytest
 
 from controller.actions import Actions
-from controller.config import parse_config
-from controller.events import EventLog
 from controller.loop import Controller, SourceJob
 from controller.metrics import build_registry
 from controller.policies.precision import PrecisionPolicy
 from controller.signals import InvalidSampleCounter
 from controller.types import GpuReading
-from tests.controller_helpers import FakeClock, FakeEngineClient, StaticGpuSource
+from tests.controller_helpers import FakeClock, FakeEngineClient, StaticGpuSource, loop_parts
 
 MIB = 1024 * 1024
 
 
 def build(tmp_path, clients, gpu_source=None, intervals=None, policies=None, clock=time.time):
-    cfg = parse_config({"engines": [{"name": n, "url": f"http://127.0.0.1:{9000 + i}"}
-                                    for i, n in enumerate(clients)],
-                        "intervals": intervals or {"engine_poll_seconds": 0.2, "gpu_poll_seconds": 0.5,
-                                                   "reconcile_seconds": 0.5, "call_timeout_seconds": 0.15,
-                                                   "max_backoff_seconds": 5}})
-    registry, metrics = build_registry()
-    log = EventLog(tmp_path / "ev.db", metrics=metrics)
+    cfg, registry, metrics, log = loop_parts(
+        tmp_path, [{"name": n, "url": f"http://127.0.0.1:{9000 + i}"} for i, n in enumerate(clients)],
+        intervals)
     acts = Actions(clients, event_log=log, metrics=metrics, confirm_timeout_seconds=0.5,
                    poll_interval_seconds=0.01)
     counter = InvalidSampleCounter()

@@ -6,27 +6,21 @@ from __future__ import annotations
 import time
 
 from controller.actions import Actions
-from controller.config import parse_config
-from controller.events import EventLog
 from controller.loop import Controller
-from controller.metrics import build_registry
 from controller.policies import HardwarePolicy
 from controller.policies.precision import PrecisionPolicy
 from controller.reset import GpuResetter
 from controller.types import XidEvent
-from tests.controller_helpers import FakeEngineClient, FakeNvidiaSmi, StaticGpuSource, gpu
+from tests.controller_helpers import (FakeEngineClient, FakeNvidiaSmi, StaticGpuSource, gpu, loop_parts,
+                                      run_until)
 
 MIB = 1024 * 1024
 XID48_TEXT = "CUDA error: uncorrectable ECC error encountered (Xid 48) during the forward pass"
 
 
 def build(tmp_path, engine_gpu, src, hw_config=None):
-    cfg = parse_config({"engines": [{"name": "main", "url": "http://127.0.0.1:9000", "gpu": engine_gpu}],
-                        "intervals": {"engine_poll_seconds": 0.2, "gpu_poll_seconds": 0.5,
-                                      "reconcile_seconds": 0.5, "call_timeout_seconds": 0.15,
-                                      "max_backoff_seconds": 5}})
-    registry, metrics = build_registry()
-    log = EventLog(tmp_path / "ev.db", metrics=metrics)
+    cfg, registry, metrics, log = loop_parts(
+        tmp_path, [{"name": "main", "url": "http://127.0.0.1:9000", "gpu": engine_gpu}])
     client = FakeEngineClient()
     resetter = GpuResetter("nvidia-smi", src, log, min_interval_seconds=0, metrics=metrics)
     acts = Actions({"main": client}, resetter=resetter, event_log=log, metrics=metrics,
@@ -43,17 +37,6 @@ def build(tmp_path, engine_gpu, src, hw_config=None):
 def hw_fault(t):
     return {"id": 1, "time": t, "kind": "exhaustion", "requested_bytes": 2 * MIB, "free_bytes": 1 * MIB,
             "message": XID48_TEXT, "source": "cuda", "precision": "full"}
-
-
-def run_until(ctl, pred, t0, step=1.0, n=20):
-    t = t0
-    for _ in range(n):
-        t += step
-        ctl.tick(t)
-        ctl.wait_for_actions(10)
-        if pred():
-            return t
-    raise AssertionError("condition not reached")
 
 
 def test_engine_hardware_fault_goes_to_the_hardware_policy_not_int8(tmp_path, monkeypatch):
@@ -89,8 +72,10 @@ def test_without_a_gpu_for_the_engine_the_handoff_is_an_observation(tmp_path):
     assert client.calls == []
 
 
-def test_failed_reset_reaches_the_hardware_policy_and_isolates(tmp_path, monkeypatch):
-    FakeNvidiaSmi(tmp_path, monkeypatch, gpus={0: {"mode": "lost_on_reset"}, 1: {}})
+def xid48_until_isolated(tmp_path, monkeypatch, smi_gpus):
+    """GPU 0 (the engine's) reports Xid 48 with the fake nvidia-smi set up as ``smi_gpus``; the
+    loop runs until the hardware policy isolates it. Returns the event log."""
+    FakeNvidiaSmi(tmp_path, monkeypatch, gpus=smi_gpus)
     src = StaticGpuSource({0: gpu(0), 1: gpu(1)})
     ctl, hw, client, log = build(tmp_path, 0, src)
     t0 = time.time()
@@ -98,6 +83,11 @@ def test_failed_reset_reaches_the_hardware_policy_and_isolates(tmp_path, monkeyp
     src.gpus[0].xid_events = [XidEvent(xid=48, pci_bus_id=src.gpus[0].pci_bus_id, message="Xid 48", time=t0)]
     uuid = src.gpus[0].uuid
     run_until(ctl, lambda: hw.gpu_state(uuid) == "isolated", t0)
+    return log
+
+
+def test_failed_reset_reaches_the_hardware_policy_and_isolates(tmp_path, monkeypatch):
+    log = xid48_until_isolated(tmp_path, monkeypatch, {0: {"mode": "lost_on_reset"}, 1: {}})
     trans = [(e["outcome"]["from"], e["outcome"]["to"]) for e in log.query(kind="transition", limit=100)
              if e["source"] == "hardware"]
     assert trans == [("healthy", "draining"), ("draining", "resetting"), ("resetting", "isolated")]
@@ -105,14 +95,7 @@ def test_failed_reset_reaches_the_hardware_policy_and_isolates(tmp_path, monkeyp
 
 
 def test_refused_reset_reaches_the_hardware_policy_and_isolates(tmp_path, monkeypatch):
-    FakeNvidiaSmi(tmp_path, monkeypatch, gpus={0: {"processes": [[4242, "stranger", 512]]}, 1: {}})
-    src = StaticGpuSource({0: gpu(0), 1: gpu(1)})
-    ctl, hw, client, log = build(tmp_path, 0, src)
-    t0 = time.time()
-    ctl.tick(t0)
-    src.gpus[0].xid_events = [XidEvent(xid=48, pci_bus_id=src.gpus[0].pci_bus_id, message="Xid 48", time=t0)]
-    uuid = src.gpus[0].uuid
-    run_until(ctl, lambda: hw.gpu_state(uuid) == "isolated", t0)
+    log = xid48_until_isolated(tmp_path, monkeypatch, {0: {"processes": [[4242, "stranger", 512]]}, 1: {}})
     [iso] = [e for e in log.query(kind="transition", limit=100)
              if e["source"] == "hardware" and e["outcome"]["to"] == "isolated"]
     assert iso["outcome"]["from"] == "resetting" and "reset failed" in iso["reason"]

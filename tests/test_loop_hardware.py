@@ -7,18 +7,8 @@ import time
 
 from controller.policies import HardwarePolicy
 from controller.types import XidEvent
-from tests.controller_helpers import FakeEngineClient, FakeNvidiaSmi, StaticGpuSource, gpu, make_controller
-
-
-def run_until(ctl, pred, t0, step=1.0, n=20):
-    t = t0
-    for _ in range(n):
-        t += step
-        ctl.tick(t)
-        ctl.wait_for_actions(10)
-        if pred():
-            return t
-    raise AssertionError("condition not reached")
+from tests.controller_helpers import (FakeEngineClient, FakeNvidiaSmi, StaticGpuSource, gpu, make_controller,
+                                      run_until)
 
 
 def test_xid_48_drains_resets_verifies_and_undrains(tmp_path, monkeypatch):

@@ -4,12 +4,9 @@ undone without a new OOM; a manual degrade stays in int8 until the hold has pass
 from __future__ import annotations
 
 from controller.actions import Actions
-from controller.config import parse_config
-from controller.events import EventLog
 from controller.loop import Controller
-from controller.metrics import build_registry
 from controller.policies.precision import PrecisionPolicy
-from tests.controller_helpers import FakeClock, FakeEngineClient, StaticGpuSource
+from tests.controller_helpers import FakeClock, FakeEngineClient, StaticGpuSource, loop_parts
 
 MIB = 1024 * 1024
 # budget 1024 MiB, full weights 4 MiB, int8 1 MiB: threshold = 3 MiB + 10 % of 1024 MiB
@@ -20,12 +17,7 @@ HOLD = 2.0
 
 
 def build(tmp_path, client, clock):
-    cfg = parse_config({"engines": [{"name": "main", "url": "http://127.0.0.1:9000"}],
-                        "intervals": {"engine_poll_seconds": 0.2, "gpu_poll_seconds": 0.5,
-                                      "reconcile_seconds": 0.5, "call_timeout_seconds": 0.15,
-                                      "max_backoff_seconds": 5}})
-    registry, metrics = build_registry()
-    log = EventLog(tmp_path / "ev.db", metrics=metrics)
+    cfg, registry, metrics, log = loop_parts(tmp_path, [{"name": "main", "url": "http://127.0.0.1:9000"}])
     acts = Actions({"main": client}, event_log=log, metrics=metrics, confirm_timeout_seconds=0.5,
                    poll_interval_seconds=0.01)
     pol = PrecisionPolicy({"hold_seconds": HOLD, "confirm_timeout_seconds": 5}, engine="main")
