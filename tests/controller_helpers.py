@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -199,6 +200,22 @@ class FakeEngineClient:
     def inject_fault(self, kind: str = "oom", count: int = 1) -> dict:
         self.calls.append(("fault", kind, count))
         return {"kind": kind, "count": count}
+
+
+def wait_for_line(path: Path, pattern: str, proc, timeout: float):
+    """Poll the output file ``path`` of the process ``proc`` (a ``subprocess.Popen``) every 0.1 s
+    until a line matches ``pattern`` (``re.MULTILINE``); returns the match. Raises
+    AssertionError, with the output, when ``proc`` exits first or after ``timeout`` seconds."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        text = path.read_text() if path.exists() else ""
+        m = re.search(pattern, text, re.MULTILINE)
+        if m:
+            return m
+        if proc.poll() is not None:
+            raise AssertionError(f"the process exited with {proc.returncode}:\n{text}")
+        time.sleep(0.1)
+    raise AssertionError(f"no {pattern!r} within {timeout} s:\n{path.read_text() if path.exists() else ''}")
 
 
 #: Loop timing for tests: short polls, each call's timeout below every poll interval.

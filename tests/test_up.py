@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -13,22 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.controller_helpers import free_port, port_is_free
+from tests.controller_helpers import free_port, port_is_free, wait_for_line
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def wait_for(path: Path, pattern: str, proc: subprocess.Popen, timeout: float) -> re.Match:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        text = path.read_text() if path.exists() else ""
-        m = re.search(pattern, text, re.MULTILINE)
-        if m:
-            return m
-        if proc.poll() is not None:
-            raise AssertionError(f"inferctl up exited with {proc.returncode}:\n{text}")
-        time.sleep(0.1)
-    raise AssertionError(f"no {pattern!r} within {timeout} s:\n{path.read_text()}")
 
 
 def alive(pid: int) -> bool:
@@ -52,12 +38,12 @@ def test_up_prints_urls_serves_status_and_stops_cleanly(tmp_path, sig):
                                  "--engine-log-dir", str(tmp_path / "logs")],
                                 cwd=tmp_path, stdout=f, stderr=subprocess.STDOUT, env=env)
     try:
-        m = wait_for(out, r"^engine:\s+(http://127\.0\.0\.1:(\d+))\s+\(main, pid (\d+)\)", proc, 90)
+        m = wait_for_line(out, r"^engine:\s+(http://127\.0\.0\.1:(\d+))\s+\(main, pid (\d+)\)", proc, 90)
         assert int(m.group(2)) == engine_port
         engine_pid = int(m.group(3))
-        c = wait_for(out, r"^controller:\s+(http://127\.0\.0\.1:(\d+))", proc, 30)
+        c = wait_for_line(out, r"^controller:\s+(http://127\.0\.0\.1:(\d+))", proc, 30)
         assert int(c.group(2)) == controller_port
-        token = wait_for(out, r"^admin token: (\S+)$", proc, 5).group(1)
+        token = wait_for_line(out, r"^admin token: (\S+)$", proc, 5).group(1)
         status = None
         deadline = time.time() + 20
         while time.time() < deadline:

@@ -28,7 +28,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.controller_helpers import free_port
+from tests.controller_helpers import free_port, wait_for_line
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET = 8_760_000
@@ -51,18 +51,6 @@ def long_prompts(gutenberg_dir: Path, n: int = 16, chars: int = 660) -> list[str
     text = (gutenberg_dir / "pg1342.txt").read_bytes().decode("cp1252").replace("\r\n", "\n")
     start = text.index("It is a truth universally acknowledged")
     return [text[start + i * chars: start + (i + 1) * chars] for i in range(n)]
-
-
-def wait_line(path: Path, pattern: str, proc: subprocess.Popen, timeout: float) -> re.Match:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        m = re.search(pattern, path.read_text() if path.exists() else "", re.MULTILINE)
-        if m:
-            return m
-        if proc.poll() is not None:
-            raise AssertionError(f"inferctl up exited ({proc.returncode}):\n{path.read_text()}")
-        time.sleep(0.1)
-    raise AssertionError(f"{pattern!r} not seen in {timeout} s:\n{path.read_text()}")
 
 
 def metric(text: str, name: str, labels: str) -> float | None:
@@ -92,8 +80,8 @@ def test_oom_degrades_once_no_request_fails_then_rolls_back(tmp_path, stories_di
                                  "--engine-log-dir", str(tmp_path)], cwd=tmp_path, stdout=f,
                                 stderr=subprocess.STDOUT, env=env)
     try:
-        engine = wait_line(out, r"^engine:\s+(\S+)", proc, 90).group(1)
-        ctl = wait_line(out, r"^controller:\s+(\S+)", proc, 30).group(1)
+        engine = wait_for_line(out, r"^engine:\s+(\S+)", proc, 90).group(1)
+        ctl = wait_for_line(out, r"^controller:\s+(\S+)", proc, 30).group(1)
         http = httpx.Client(timeout=60)
         models = http.get(f"{engine}/v1/models").json()["data"]
         model = models[0]["id"]
