@@ -277,3 +277,23 @@ def make_controller(tmp_path: Path, clients: dict, gpu_source=None, intervals: d
                      counter=counter, resetter=resetter, clock=clock)
     acts.gpu_index_of = ctl.gpu_index_of
     return ctl, registry, log
+
+
+def api_setup(tmp_path: Path, token: str, **test_client_kw):
+    """A controller over one ``FakeEngineClient`` "main" (fake clock, ticked once) and a
+    ``TestClient`` on its API guarded by ``token``: (http, controller, client, event_log)."""
+    from fastapi.testclient import TestClient
+
+    from controller.api import create_app
+
+    client = FakeEngineClient()
+    ctl, registry, log = make_controller(tmp_path, {"main": client}, clock=FakeClock())
+    ctl.tick()
+    return TestClient(create_app(ctl, token), **test_client_kw), ctl, client, log
+
+
+def strict_json(text: str):
+    """``text`` parsed as strict JSON: NaN/Infinity literals fail the test."""
+    import pytest
+
+    return json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON {c}"))

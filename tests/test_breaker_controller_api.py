@@ -3,13 +3,10 @@ field and the limit, never a 500, and a request never chooses who the audit log 
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from fastapi.testclient import TestClient
 
-from controller.api import MAX_BODY_BYTES, create_app
-from tests.controller_helpers import FakeClock, FakeEngineClient, make_controller
+from controller.api import MAX_BODY_BYTES
+from tests.controller_helpers import api_setup, strict_json
 
 TOKEN = "t0ken-for-breaker-tests"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -17,14 +14,11 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 @pytest.fixture
 def setup(tmp_path):
-    client = FakeEngineClient()
-    ctl, registry, log = make_controller(tmp_path, {"main": client}, clock=FakeClock())
-    ctl.tick()
-    return TestClient(create_app(ctl, TOKEN), raise_server_exceptions=False), ctl, client, log
+    return api_setup(tmp_path, TOKEN, raise_server_exceptions=False)
 
 
 def error(resp) -> dict:
-    return json.loads(resp.text, parse_constant=lambda c: pytest.fail(f"non-strict JSON {c}"))["error"]
+    return strict_json(resp.text)["error"]
 
 
 @pytest.mark.parametrize("since_id", ["99999999999999999999999", str(2 ** 63)])

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from fastapi.testclient import TestClient
 
 from controller.api import create_app
-from tests.controller_helpers import (FakeClock, FakeEngineClient, FakeNvidiaSmi, StaticGpuSource, gpu,
-                                      make_controller)
+from tests.controller_helpers import (FakeClock, FakeEngineClient, FakeNvidiaSmi, StaticGpuSource, api_setup,
+                                      gpu, make_controller, strict_json)
 
 TOKEN = "t0ken-for-tests"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -17,14 +15,11 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 @pytest.fixture
 def setup(tmp_path):
-    client = FakeEngineClient()
-    ctl, registry, log = make_controller(tmp_path, {"main": client}, clock=FakeClock())
-    ctl.tick()
-    return TestClient(create_app(ctl, TOKEN)), ctl, client, log
+    return api_setup(tmp_path, TOKEN)
 
 
 def strict(resp):
-    return json.loads(resp.text, parse_constant=lambda c: pytest.fail(f"non-strict JSON {c}"))
+    return strict_json(resp.text)
 
 
 @pytest.mark.parametrize("path, body", [
