@@ -17,6 +17,16 @@ INT8_W = 100_000
 THRESHOLD = (FULL_W - INT8_W) + BUDGET // 10
 
 
+def acts(decisions: Iterable) -> list:
+    """The decisions' actions in order (None for a refusal or a note)."""
+    return [d.action for d in decisions]
+
+
+def actions(decisions: Iterable) -> list:
+    """The decisions' actions in order, refusals and notes (action None) left out."""
+    return [d.action for d in decisions if d.action is not None]
+
+
 def engine(t: float = 0.0, *, name: str = "e0", precision: str | None = "full",
            faults: Sequence[dict] = (), reserved: int | None = 500_000,
            allocated: int | None = None, ok: bool = True, **kw: Any) -> EngineSnapshot:

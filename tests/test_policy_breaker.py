@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from controller.policies import BreakerConfig, BreakerState, LatencyBreaker
-from tests.policy_helpers import engine, ttft_hist
+from tests.policy_helpers import acts, engine, ttft_hist
 
 
 def eng(t, hist, **kw):
@@ -19,10 +19,6 @@ def breaker(**kw):
                probe_min_requests=5)
     cfg.update(kw)
     return LatencyBreaker(BreakerConfig(**cfg))
-
-
-def acts(ds):
-    return [d.action for d in ds]
 
 
 def test_opens_when_p99_over_threshold_with_enough_requests():

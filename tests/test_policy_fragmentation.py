@@ -7,7 +7,7 @@ import pytest
 
 from controller.policies import FragmentationConfig, FragmentationPolicy, FragmentationState
 from controller.signals import InvalidSampleCounter
-from tests.policy_helpers import MiB, engine
+from tests.policy_helpers import MiB, acts, engine
 
 R = 1000 * MiB
 
@@ -26,10 +26,6 @@ def policy(**kw):
     cfg = dict(hold_seconds=60.0, min_interval_seconds=600.0, restart_timeout_seconds=120.0)
     cfg.update(kw)
     return FragmentationPolicy(FragmentationConfig(**cfg))
-
-
-def acts(ds):
-    return [d.action for d in ds]
 
 
 def test_restart_after_hold_above_threshold():

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from controller.policies import FragmentationConfig, FragmentationPolicy
-from tests.policy_helpers import engine
+from tests.policy_helpers import acts, engine
 
 ALLOC = 4_380_672
 BUSY_RESERVED = 8_560_128
@@ -28,10 +28,6 @@ def idle(t, reserved=ALLOC):
 
 def policy(**kw):
     return FragmentationPolicy(FragmentationConfig(**{"hold_seconds": 60.0, **kw}))
-
-
-def acts(ds):
-    return [d.action for d in ds]
 
 
 def test_busy_engine_is_never_restarted_by_its_cached_working_set():

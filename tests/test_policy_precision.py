@@ -11,7 +11,7 @@ from controller.policies import (FragmentationPolicy, PolicyError, PrecisionConf
                                  PrecisionPolicy, PrecisionState)
 from controller.signals import InvalidSampleCounter
 from controller.types import XidEvent
-from tests.policy_helpers import (BUDGET, GiB, MiB, THRESHOLD, engine, free_of, gpu, oom)
+from tests.policy_helpers import (BUDGET, GiB, MiB, THRESHOLD, actions, engine, free_of, gpu, oom)
 
 F12_MSG = ("CUDA out of memory. Tried to allocate 96.00 MiB. GPU 0 has a total capacity of "
            "31.40 GiB of which 41.56 MiB is free.")
@@ -25,10 +25,6 @@ def policy(**kw) -> PrecisionPolicy:
                max_hold_seconds=80.0)
     cfg.update(kw)
     return PrecisionPolicy(PrecisionConfig(**cfg))
-
-
-def actions(ds):
-    return [d.action for d in ds if d.action is not None]
 
 
 def degrade_and_confirm(p, t0=0.0, fid=1):

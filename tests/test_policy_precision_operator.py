@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from controller.policies import PolicyError, PrecisionConfig, PrecisionPolicy, PrecisionState
-from tests.policy_helpers import THRESHOLD, engine, free_of, oom
+from tests.policy_helpers import THRESHOLD, actions, engine, free_of, oom
 
 HIGH = free_of(THRESHOLD + 50_000)     # more than the rollback threshold free
 LOW = free_of(THRESHOLD - 50_000)
@@ -17,10 +17,6 @@ def policy(**kw) -> PrecisionPolicy:
                max_hold_seconds=80.0)
     cfg.update(kw)
     return PrecisionPolicy(PrecisionConfig(**cfg), engine="e0")
-
-
-def actions(ds):
-    return [d.action for d in ds if d.action is not None]
 
 
 def to_int8_by_oom(p: PrecisionPolicy) -> None:
