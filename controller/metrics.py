@@ -98,7 +98,7 @@ CONTROLLER_METRICS: list[dict] = [
      "help": "Volatile ECC error count as the GPU reports it, by type (corrected, uncorrected).",
      "labels": ("gpu", "uuid", "type")},
     {"name": "inferctl_gpu_xid_events_total", "type": "counter", "unit": "events",
-     "help": "Xid events seen, by Xid code and the catalogue's action.", "labels": ("gpu", "xid", "action")},
+     "help": "Xid events after the hardware policy's deduplication, by GPU, Xid code and the catalogue's action.", "labels": ("gpu", "xid", "action")},
     {"name": "inferctl_gpu_lost", "type": "gauge", "unit": "",
      "help": "1 if the GPU is lost (fell off the bus / NVML GpuIsLost): isolated, never reset.",
      "labels": ("gpu", "uuid")},
@@ -110,9 +110,9 @@ CONTROLLER_METRICS: list[dict] = [
     {"name": "inferctl_events_total", "type": "counter", "unit": "events",
      "help": "Events appended to the event log, by kind (Grafana annotations read these).", "labels": ("kind",)},
     {"name": "inferctl_poll_duration_seconds", "type": "histogram", "unit": "seconds",
-     "help": "Duration of one poll of a source or engine, by poller (gpu or the engine name).", "labels": ("poller",), "buckets": DURATION_BUCKETS},
+     "help": "Duration of one poll of a source or engine, by poller (gpu, or engine:NAME).", "labels": ("poller",), "buckets": DURATION_BUCKETS},
     {"name": "inferctl_poll_errors_total", "type": "counter", "unit": "errors",
-     "help": "Failed polls, by poller (gpu or the engine name).", "labels": ("poller",)},
+     "help": "Failed polls, by poller (gpu, or engine:NAME).", "labels": ("poller",)},
 ]
 
 _KINDS = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
