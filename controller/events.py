@@ -166,6 +166,25 @@ class EventLog:
             self._metrics["inferctl_events_total"].labels(kind=kind).inc()
         return event_id
 
+    def scan(self, kind: str | None = None, source: str | None = None, batch: int = 5000):
+        """Every event of ``kind`` (and ``source``), oldest first, read in pages of ``batch``.
+
+        For rebuilding state at start (the reset rails' lost GPUs and rate limits): unlike
+        :meth:`query` it has no overall limit, so nothing old is forgotten however many events
+        came after it. Raises ValueError for an unknown ``kind`` or ``batch`` < 1.
+        """
+        if batch < 1:
+            raise ValueError(f"batch: must be >= 1, got {batch}")
+        last = 0
+        while True:
+            rows = self.query(since_id=last, limit=batch, kind=kind)
+            if not rows:
+                return
+            for row in rows:
+                if source is None or row["source"] == source:
+                    yield row
+            last = rows[-1]["id"]
+
     def query(self, since_id: int | None = None, limit: int = 100, kind: str | None = None,
               target: str | None = None) -> list[dict]:
         """Events in ascending id order.

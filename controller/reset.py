@@ -382,9 +382,8 @@ class GpuResetter:
         """Rebuild the per-GPU last attempt and lost set from the event log (restart-safe)."""
         if self.event_log is None:
             return
-        for ev in self.event_log.query(kind="action", limit=10_000):
-            if ev["source"] != SOURCE:
-                continue
+        # The whole log, paged: a lost mark must never age out behind newer events.
+        for ev in self.event_log.scan(kind="action", source=SOURCE):
             out = ev["outcome"] or {}
             gpu = out.get("gpu")
             if not isinstance(gpu, int):
@@ -392,13 +391,13 @@ class GpuResetter:
             when = out.get("attempt_time")
             if out.get("attempted") and isinstance(when, (int, float)):
                 self._last_attempt[gpu] = max(self._last_attempt.get(gpu, float("-inf")), float(when))
-        for ev in self.event_log.query(kind="escalation", limit=10_000):
+        for ev in self.event_log.scan(kind="escalation", source=SOURCE):
             gpu = (ev["outcome"] or {}).get("gpu")
-            if ev["source"] == SOURCE and isinstance(gpu, int):
+            if isinstance(gpu, int):
                 self._lost.add(gpu)
-        for ev in self.event_log.query(kind="observation", limit=10_000):
+        for ev in self.event_log.scan(kind="observation", source=SOURCE):
             out = ev["outcome"] or {}
-            if ev["source"] == SOURCE and out.get("lost") is True and isinstance(out.get("gpu"), int):
+            if out.get("lost") is True and isinstance(out.get("gpu"), int):
                 self._lost.add(out["gpu"])
 
 

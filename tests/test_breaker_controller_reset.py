@@ -262,3 +262,18 @@ def test_a_lost_gpu_reported_by_an_engine_is_remembered_by_the_rails(tmp_path, m
     assert res.refused and "lost" in res.message
     assert not any(c[:1] == ["--gpu-reset"] for c in smi.calls())
     assert ctl.reset_gpu(1).ok                      # the other GPU is not affected
+
+
+def test_a_lost_mark_is_remembered_behind_more_than_ten_thousand_newer_events(tmp_path):
+    """The rails rebuild from the whole event log: a lost GPU never ages out of it."""
+    log = EventLog(tmp_path / "events.db")
+    src = StaticGpuSource({0: gpu(0), 1: gpu(1)})
+    GpuResetter(gpu_source=src, event_log=log).mark_lost(1, "Xid 79")
+    with log._lock, log._conn:       # 10,050 newer observations of the same kind and source, fast
+        log._conn.executemany(
+            "INSERT INTO events (time, kind, source, target, severity, reason, inputs, outcome) "
+            "VALUES (?, 'observation', 'gpu_reset', 'gpu:0', 'info', 'noise', '{}', '{}')",
+            [(time.time(),)] * 10_050)
+    assert log.count() > 10_050
+    again = GpuResetter(gpu_source=src, event_log=log)
+    assert again.state()["lost"] == [1]

@@ -119,3 +119,13 @@ def test_concurrent_appends_are_all_kept_with_unique_ids(tmp_path):
         t.join()
     assert len(set(ids)) == 400
     assert log.count() == 400
+
+
+def test_scan_pages_through_everything_oldest_first(tmp_path):
+    log = EventLog(tmp_path / "scan.db")
+    for i in range(11):
+        log.append("observation" if i % 2 else "action", "src-a" if i < 6 else "src-b", f"e{i}")
+    seen = [e["reason"] for e in log.scan(kind="observation", batch=2)]
+    assert seen == ["e1", "e3", "e5", "e7", "e9"]
+    assert [e["reason"] for e in log.scan(source="src-b", batch=3)] == ["e6", "e7", "e8", "e9", "e10"]
+    assert len(list(log.scan(batch=1))) == 11
