@@ -311,7 +311,7 @@ def control_plane() -> DashboardSpec:
                 PanelSpec("Events per second", "Event-log appends by kind.", (
                     T(q.rate_sum("inferctl_events_total", ("kind",), W), "{{kind}}"),
                 ), "short", width=8),
-                PanelSpec("Poll duration P99 and errors", "P99 duration of one poll, and failed polls per second, by poller (gpu or the engine name).", (
+                PanelSpec("Poll duration P99 and errors", "P99 duration of one poll, and failed polls per second, by poller (gpu, or engine:NAME).", (
                     T(q.quantile(0.99, "inferctl_poll_duration_seconds", ("poller",), W), "p99 {{poller}}"),
                     T(q.rate_sum("inferctl_poll_errors_total", ("poller",), W), "errors/s {{poller}}"),
                 ), "s", width=8),
