@@ -93,7 +93,9 @@ def _traffic(engine: str, stop: threading.Event, counts: dict) -> None:
     i = 0
     with httpx.Client(timeout=30.0) as client:
         while not stop.is_set():
-            body = {"model": "stories260K", "prompt": prompts[i % len(prompts)], "max_tokens": 24,
+            # long enough (and close enough together) that a request holds KV blocks at most of
+            # the controller's polls: the KV-waste panels need a busy engine to have data
+            body = {"model": "stories260K", "prompt": prompts[i % len(prompts)], "max_tokens": 64,
                     "temperature": 0.0 if i % 3 == 0 else 0.8, "seed": i}
             try:
                 ok = client.post(f"{engine}/v1/completions", json=body).status_code == 200
@@ -101,7 +103,7 @@ def _traffic(engine: str, stop: threading.Event, counts: dict) -> None:
                 ok = False
             counts["ok" if ok else "failed"] += 1
             i += 1
-            stop.wait(0.1)
+            stop.wait(0.02)
 
 
 @pytest.fixture(scope="module")
