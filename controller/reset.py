@@ -28,7 +28,8 @@ The flow of :meth:`GpuResetter.reset`, each step an event (kind ``step``, source
    GPU is marked lost and the failure escalated (critical). nvidia-smi(1) RETURN VALUE:
    15 = GPU is lost, 255 = other error.
 7. Verification through the GPU source: the GPU is present, not lost, its memory readable
-   (``memory_total_bytes`` not None). The outcome is ``success`` only when verified.
+   (``memory_total_bytes`` not None). The outcome is ``success`` only when verified; a GPU
+   the source shows lost after the reset fails and is escalated like exit 15.
 """
 
 from __future__ import annotations
@@ -316,8 +317,9 @@ class GpuResetter:
             return run.finish("failed", f"nvidia-smi could not reset GPU {n}: {why}")
         verified, detail = self._verify(n, run)
         if not verified:
+            # lost after the reset: a person must reboot the node (escalated, remembered)
             return run.finish("failed", f"nvidia-smi reported GPU {n} reset, but verification failed:"
-                              f" {detail}")
+                              f" {detail}", escalate=n in self._lost)
         msg = f"GPU {n} was reset and verified ({detail})"
         if persistence == "enabled" and not run.persistence_restored:
             return run.finish("failed", msg + "; but persistence mode could not be restored")

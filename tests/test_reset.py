@@ -263,3 +263,34 @@ def test_simulated_gpu_is_never_reset(tmp_path, monkeypatch, log):
         out = r.reset(0, reason="t", dry_run=dry)
         assert out.outcome == "refused" and "simulated" in out.message
     assert smi.calls() == []
+
+
+def test_gpu_lost_at_verification_escalates_and_is_remembered_after_a_restart(tmp_path, monkeypatch, log):
+    """nvidia-smi says "successfully reset" but the GPU source then shows the GPU lost: the
+    failure is escalated (a person must reboot the node; engines on it are not started again)
+    and the lost mark survives a controller restart through the event log."""
+    smi = FakeNvidiaSmi(tmp_path, monkeypatch, {0: {"persistence": False}})
+    src = StaticGpuSource()
+
+    class LostAfterFirstPoll:
+        name, simulated = "static", False
+
+        def poll(self, now):
+            reading = src.poll(now)
+            if src.polls > 1:            # the rails' check saw it healthy; verification sees it lost
+                src.gpus[0] = gpu(0, lost=True)
+                reading = src.poll(now)
+            return reading
+
+    r, _ = make(log, source=LostAfterFirstPoll())
+    out = r.reset(0, reason="xid 48")
+    assert out.outcome == "failed" and "lost after the reset" in out.message
+    assert out.escalated
+    esc = log.query(kind="escalation")
+    assert len(esc) == 1 and esc[0]["target"] == "gpu:0" and esc[0]["severity"] == "critical"
+    restarted, _ = make(log, source=StaticGpuSource(), clock=FakeClock(t=1_800_000_000.0))
+    assert restarted.state()["lost"] == [0]
+    n_calls = len(smi.calls())
+    again = restarted.reset(0, reason="t")
+    assert again.outcome == "refused" and "lost" in again.message
+    assert len(smi.calls()) == n_calls
