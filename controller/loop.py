@@ -741,10 +741,12 @@ class Controller:
         self._gauge("inferctl_perplexity", sig.perplexity_summary(snap.recent_requests, counter=c).value,
                     engine=name)
         seen = self._seen_faults.setdefault(name, set())
+        current = set()
         for fault in snap.faults:
             if not isinstance(fault, dict):
                 continue
             key = _hashable((fault.get("time"), fault.get("id")))
+            current.add(key)
             if key in seen:
                 continue
             seen.add(key)
@@ -752,8 +754,8 @@ class Controller:
                                                                "hardware") else "unknown"
             if "inferctl_engine_oom_events_total" in m:
                 m["inferctl_engine_oom_events_total"].labels(engine=name, kind=kind).inc()
-        if len(seen) > 10_000:
-            seen.clear()
+        if len(seen) > 10_000:      # bounded memory; the faults still reported stay known
+            seen.intersection_update(current)
 
     def _export_gpu(self, reading: GpuReading) -> None:
         self._gauge("inferctl_gpu_telemetry_up", 1.0 if reading.ok else 0.0, source=reading.source)

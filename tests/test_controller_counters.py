@@ -130,3 +130,19 @@ def test_ttft_p99_in_the_inf_bucket_is_exported_as_a_saturated_lower_bound(tmp_p
     ctl.wait_for_actions(5)
     assert value(reg, "inferctl_ttft_p99_seconds", engine="main") == pytest.approx(0.0495)
     assert value(reg, "inferctl_ttft_p99_saturated", engine="main") == 0.0
+
+
+def test_oom_counter_dedupe_survives_the_bound_on_remembered_faults(tmp_path):
+    """The loop remembers at most ~10,000 fault keys; trimming them must not count the faults
+    the engine still reports (its recent list) a second time."""
+    ctl, reg, clients = build(tmp_path)
+    clients["main"].faults.append({"id": 1, "time": 1_700_000_000.0, "kind": "exhaustion",
+                                   "requested_bytes": 1 << 20, "free_bytes": 0, "message": "oom"})
+    ctl.tick(1_700_000_000.5)
+    ctl.wait_for_actions(5)
+    ctl._seen_faults["main"].update(("old", i) for i in range(10_001))   # a long-lived controller
+    for t in (1_700_000_001.5, 1_700_000_002.5):
+        ctl.tick(t)
+        ctl.wait_for_actions(5)
+    assert value(reg, "inferctl_engine_oom_events_total", engine="main", kind="exhaustion") == 1.0
+    assert len(ctl._seen_faults["main"]) <= 10_001
