@@ -339,7 +339,8 @@ class Actions:
             try:
                 snap = client.poll(time.time())
                 last = {"running": snap.running, "waiting": snap.waiting, "ok": snap.ok}
-                if snap.ok and snap.running == 0 and (snap.waiting or 0) == 0:
+                # running/waiting None is no data, never an empty queue
+                if snap.ok and snap.running == 0 and snap.waiting == 0:
                     return True, last
             except Exception as exc:
                 last = {"error": repr(exc)}

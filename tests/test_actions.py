@@ -220,3 +220,27 @@ def test_supervisor_reports_an_engine_that_exits_before_healthy():
     sup, _ = fake_supervisor(mode="exit")
     with pytest.raises(RuntimeError, match="exited with code 3"):
         sup.start()
+
+
+def test_drain_restart_does_not_read_an_unreported_queue_as_empty(env):
+    """``waiting`` None (the engine did not report its queue) is no data, not 0: the engine is
+    not known idle, so the restart is postponed rather than dropping queued requests."""
+    import dataclasses
+
+    class NoQueueClient(FakeEngineClient):
+        def poll(self, now):
+            return dataclasses.replace(super().poll(now), waiting=None)
+
+    class CountingSupervisor:
+        pid, running, restarts = 4242, True, 0
+
+        def restart(self):
+            self.restarts += 1
+
+    sup = CountingSupervisor()
+    client = NoQueueClient(running=0)
+    acts = make_actions(env, {"main": client}, supervisors={"main": sup}, drain_timeout_seconds=0.1)
+    res = acts.execute(decision("drain_restart"))
+    assert not res.ok and "postponed" in res.message
+    assert sup.restarts == 0 and client.draining is False
+    assert res.details["last_poll"] == {"running": 0, "waiting": None, "ok": True}
