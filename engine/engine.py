@@ -375,15 +375,19 @@ class LLMEngine:
         acct = self.accountant
         acct.free(self._weights_handle)
         acct.empty_cache()
-        self.model.set_precision(mode)
         try:
+            self.model.set_precision(mode)
             self._weights_handle = acct.allocate(self.model.weight_bytes(), "weights")
-        except torch.OutOfMemoryError as err:
-            self.model.set_precision(old)
+        except Exception as err:   # noqa: BLE001 — the budget's OOM, or the device's (CUDA)
+            # Refused, never retried: the weights are accounted again in the precision they
+            # are in, so the next step neither frees a stale handle nor re-tries the switch.
+            if getattr(self.model, "precision", old) != old:
+                self.model.set_precision(old)
             self._weights_handle = acct.allocate(self.model.weight_bytes(), "weights")
             self._requested_precision = old
-            self._precision_error = (f"switch to {mode} refused: the weights need "
-                                     f"{format_size(self.model.weight_bytes_by_mode()[mode])}; {err}")
+            need = self._weight_bytes_by_mode.get(mode)
+            need_text = f"the weights need {format_size(need)}; " if need is not None else ""
+            self._precision_error = f"switch to {mode} refused: {need_text}{type(err).__name__}: {err}"
             return
         self.precision = mode
         self._precision_error = None

@@ -433,3 +433,27 @@ def test_fragmentation_oom_empties_the_cache_and_retries(bundle):
     assert round(100 * f["fragmentation_ratio"], 2) == round(100 * 3 / (10 * 1024 + 3), 2)
     assert emptied == [True, False]
     assert engine.backoff_remaining() == 0.0          # no backoff for fragmentation
+
+
+def test_a_precision_switch_that_raises_is_refused_and_the_engine_keeps_serving(bundle, monkeypatch):
+    # CUDA: restoring the full weights onto the device can itself run out of memory. The switch
+    # must be refused (weights still accounted, requested precision back to the current one),
+    # never leave the engine re-trying a switch whose weights handle is gone on every step.
+    engine = LLMEngine(bundle, EngineConfig())
+    weights = engine.stats()["memory"]["weights_bytes"]
+
+    def fail(mode):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB.")
+
+    monkeypatch.setattr(bundle.model, "set_precision", fail)
+    engine.add_request("r", bundle.tokenizer.encode("Once upon a time"), greedy(60))
+    engine.request_precision("int8")
+    text = "".join(o.new_text for o in engine.step())
+    monkeypatch.undo()
+    s = engine.stats()["engine"]
+    assert s["precision"] == "full" and s["requested_precision"] == "full"
+    assert "switch to int8 refused" in s["precision_error"] and "Tried to allocate" in s["precision_error"]
+    assert engine.stats()["memory"]["weights_bytes"] == weights
+    while engine.has_unfinished_requests():
+        text += "".join(o.new_text for o in engine.step())
+    assert text.startswith(REFERENCE)
