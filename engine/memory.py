@@ -508,8 +508,9 @@ class MemoryAccountant:
 
     def reserve_activations(self, nbytes: int) -> int:
         """Reserve a step's activations before the forward; :meth:`release_activations`
-        after. Raises ``torch.OutOfMemoryError`` with an ``oom_info`` and an ``oom_source``
-        (``"budget"``, ``"cuda"`` or ``"injected"``) attribute."""
+        after. Raises ``torch.OutOfMemoryError`` with an ``oom_source`` (``"budget"``,
+        ``"cuda"`` or ``"injected"``) attribute and an ``oom_info`` one (absent for a CUDA
+        message without a "Tried to allocate" clause)."""
         injected = self._injected > 0
         if injected:
             self._injected -= 1
@@ -538,8 +539,11 @@ class MemoryAccountant:
         try:
             probe = torch.empty(int(nbytes), dtype=torch.uint8, device=self.device)
         except torch.OutOfMemoryError as err:
-            err.oom_info = parse_oom_message(str(err))
             err.oom_source = "cuda"
+            try:
+                err.oom_info = parse_oom_message(str(err))
+            except ValueError:   # e.g. "CUDA error: out of memory": no numbers, still an OOM
+                pass
             raise
         del probe   # stays in PyTorch's cache; the forward's temporaries reuse it
         return 0

@@ -193,3 +193,22 @@ def test_activation_estimate_is_monotone_and_documented_formula():
     assert estimate_step_activation_bytes(11, 2, 10 * 100, 200, **dims) > base
     assert estimate_step_activation_bytes(10, 2, 10 * 101, 201, **dims) > base
     assert estimate_step_activation_bytes(10, 3, 10 * 100, 200, **dims) > base
+
+
+def test_cuda_oom_without_a_tried_to_allocate_clause_stays_an_oom(monkeypatch):
+    # A C10_CUDA_CHECK failure raises torch.OutOfMemoryError("CUDA error: out of memory") with
+    # no "Tried to allocate" clause; the reservation must still raise that OOM (source "cuda",
+    # no parsed numbers), not a ValueError from the parser, which the engine would take for
+    # an "other" step error and fail the step's requests with 500.
+    acct = MemoryAccountant.__new__(MemoryAccountant)   # a CUDA accountant without a GPU
+    acct.device, acct.is_cuda, acct.budget_bytes = torch.device("cuda", 0), True, 1 * GiB
+    acct._device_index, acct._sim, acct._injected = 0, None, 0
+
+    def cuda_oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA error: out of memory")
+
+    monkeypatch.setattr(torch, "empty", cuda_oom)
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        acct.reserve_activations(4 * MiB)
+    assert info.value.oom_source == "cuda"
+    assert getattr(info.value, "oom_info", None) is None
