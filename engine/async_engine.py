@@ -237,10 +237,17 @@ class AsyncLLMEngine:
                 pass
 
     def _fail_all(self, exc: BaseException) -> None:
+        """Abort every request after a step raised; every open stream gets the error, so the
+        requests queued meanwhile are dropped too (else they would run with no listener).
+        Counted in ``/stats`` ``scheduler.step_errors_total`` / ``last_step_error``."""
         with self._step_lock:
             self.engine.abort_all()
+            st = self.engine.stats_
+            st.step_errors_total += 1
+            st.last_step_error = f"step raised: {type(exc).__name__}: {exc}"
         with self._cv:
             streams, self._streams = self._streams, {}
+            self._pending_adds.clear()
         for loop, queue in streams.values():
             try:
                 loop.call_soon_threadsafe(queue.put_nowait, RuntimeError(f"engine step failed: {exc}"))

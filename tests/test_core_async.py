@@ -4,6 +4,7 @@ blocks, admin calls between steps, clean shutdown."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -170,3 +171,39 @@ def test_shutdown_ends_open_streams(bundle):
     got = asyncio.run(main())
     assert len(got) >= 2
     assert not aengine.is_running
+
+
+def test_a_failed_step_fails_the_queued_requests_too_and_is_counted(bundle, aengine):
+    # A request submitted while a step is failing gets the failure on its stream; it must
+    # then not run on with nobody listening. The failure shows in /stats like a step error.
+    engine = aengine.engine
+    real_step = engine.step
+    entered, go = threading.Event(), threading.Event()
+
+    def failing_step():
+        engine.step = real_step
+        entered.set()
+        go.wait(5)
+        raise RuntimeError("boom")
+
+    engine.step = failing_step
+    ids = bundle.tokenizer.encode("Once upon a time")
+
+    async def main():
+        a = asyncio.create_task(collect(aengine, "a", ids, greedy(5)))
+        assert await asyncio.get_running_loop().run_in_executor(None, entered.wait, 5)
+        b = asyncio.create_task(collect(aengine, "b", ids, greedy(300)))
+        await asyncio.sleep(0.05)   # b is queued for the next step
+        go.set()
+        return await asyncio.gather(a, b, return_exceptions=True)
+
+    results = asyncio.run(main())
+    assert [type(r) for r in results] == [RuntimeError, RuntimeError]
+    assert all("boom" in str(r) for r in results)
+    time.sleep(0.3)
+    stats = aengine.stats()
+    assert stats["engine"]["unfinished_requests"] == 0
+    assert stats["requests"]["by_finish_reason"] == {**stats["requests"]["by_finish_reason"],
+                                                     "abort": 1, "length": 0}
+    assert stats["scheduler"]["step_errors_total"] == 1
+    assert "boom" in stats["scheduler"]["last_step_error"]
