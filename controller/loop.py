@@ -279,13 +279,16 @@ class Controller:
     def poll_gpu(self, now: float | None = None, force: bool = False) -> GpuReading | None:
         """Poll the GPU source (timeout + backoff). Impossible values in the reading (a string
         for a number, negative memory, used above total, ...) become None — no data — before
-        anything sees them (``signals.clean_gpu_snapshot``; counted as invalid samples)."""
+        anything sees them (``signals.clean_gpu_snapshot``; counted as invalid samples). The Xid
+        events of a previous reading that no reconcile has seen yet are carried into this one."""
         reading = self._jobs["gpu"].run(now, force=force)
         if reading is None:
             return None
         reading = self._clean_reading(reading)
         self._remember_lost(reading)
         with self._lock:
+            if self._reading is not None and self._reading_seq != self._reading_done:
+                reading = _carry_xids(self._reading, reading)
             self._reading = reading
             self._reading_seq += 1
             self._export_gpu(reading)
@@ -818,6 +821,27 @@ class Controller:
             if count > done:
                 self.metrics["inferctl_invalid_samples_total"].labels(signal=signal).inc(count - done)
                 self._invalid_exported[signal] = count
+
+
+def _carry_xids(unseen: Any, reading: Any) -> Any:
+    """``reading`` with the Xid events of ``unseen`` — the previous reading, which no reconcile
+    has looked at — put before its own, per GPU uuid. A source delivers an Xid event once
+    (NVML's event set is drained by the poll), so a reading replaced before the policies saw
+    it must not take its Xids with it. The policies' deduplication drops repeats. Readings
+    that are not ok carry nothing (telemetry down decides nothing)."""
+    if not (getattr(unseen, "ok", False) and getattr(reading, "ok", False)):
+        return reading
+    old = getattr(unseen, "gpus", None)
+    new = getattr(reading, "gpus", None)
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return reading
+    gpus = dict(new)
+    for uuid, snap in new.items():
+        before = getattr(old.get(uuid), "xid_events", None) or []
+        if before and isinstance(snap, GpuSnapshot):
+            gpus[uuid] = dataclasses.replace(
+                snap, xid_events=list(before) + [x for x in snap.xid_events if x not in before])
+    return dataclasses.replace(reading, gpus=gpus)
 
 
 def _hashable(value: Any) -> Any:

@@ -67,3 +67,29 @@ def test_lost_gpu_is_isolated_escalated_and_never_reset(tmp_path, monkeypatch):
     res = ctl.reset_gpu(1)
     assert res.refused and "lost" in res.message
     assert smi.calls() == []
+
+
+def test_xid_in_a_reading_replaced_before_reconcile_is_not_lost(tmp_path, monkeypatch):
+    """NVML delivers an Xid event once. When the GPU source is polled again before a reconcile
+    (a GPU poll faster than the reconcile job), the Xid of the unseen reading still reaches
+    the hardware policy — exactly once."""
+    FakeNvidiaSmi(tmp_path, monkeypatch)
+    src = StaticGpuSource({0: gpu(0), 1: gpu(1)})
+    hw = HardwarePolicy(gpu_engines={"0": ["main"]})
+    ctl, registry, log = make_controller(tmp_path, {"main": FakeEngineClient()}, gpu_source=src)
+    ctl.gpu_policies["hardware"] = hw
+    t0 = time.time()
+    ctl.tick(t0)
+    uuid = src.gpus[0].uuid
+    src.gpus[0].xid_events = [XidEvent(xid=48, pci_bus_id=src.gpus[0].pci_bus_id,
+                                       message="NVRM: Xid (PCI:0000:3b:00): 48, ECC", time=t0 + 0.5)]
+    ctl.poll_gpu(t0 + 0.5, force=True)
+    src.gpus[0].xid_events = []                 # delivered once
+    ctl.poll_gpu(t0 + 1.0, force=True)
+    ctl.reconcile(t0 + 1.0)
+    assert hw.gpu_state(uuid) == "draining"
+    ctl.poll_gpu(t0 + 1.5, force=True)
+    ctl.reconcile(t0 + 1.5)
+    ctl.wait_for_actions(10)
+    assert registry.get_sample_value("inferctl_gpu_xid_events_total",
+                                     {"gpu": "0", "xid": "48", "action": "reset_gpu"}) == 1.0
