@@ -331,10 +331,6 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self._seqs)
 
-    @property
-    def num_unfinished_requests(self) -> int:
-        return len(self._seqs)
-
     # ------------------------------------------------------------------ admin
     def request_precision(self, mode: str) -> None:
         """Ask for precision ``"full"`` or ``"int8"``; applied before the next step.

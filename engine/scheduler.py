@@ -220,6 +220,3 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         return len(self.waiting)
-
-    def has_work(self) -> bool:
-        return bool(self.running or self.waiting)

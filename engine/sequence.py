@@ -151,11 +151,6 @@ class Sequence:
         return self.status in _FINISHED
 
     @property
-    def is_prefill(self) -> bool:
-        """True while more than one token remains to be fed (prompt or recompute)."""
-        return len(self.token_ids) - self.num_computed_tokens > 1
-
-    @property
     def wants_prompt_logprobs(self) -> bool:
         """True while prompt logprobs are asked for and not handed out yet (no output token)."""
         return self.prompt_logprobs is not None and not self.output_token_ids
