@@ -263,7 +263,7 @@ def create_app(controller: Any, admin_token: str) -> FastAPI:
         if "precision" not in controller.policies.get(name, {}):
             raise ApiError(409, "no_precision_policy", f"engine {name} has no precision policy", "engine")
         try:
-            decisions = controller.unpin(name, actor)
+            decisions = await run_in_threadpool(controller.unpin, name, actor)   # takes the controller lock
         except ValueError as exc:   # PolicyError: not pinned
             raise ApiError(409, "not_pinned", str(exc), "engine") from None
         return _json({"ok": True, "action": "unpin", "target": name,

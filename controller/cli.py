@@ -145,6 +145,13 @@ def _when(t: Any) -> str:
     return dt.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _fmt_seconds(v: Any) -> str:
+    """A duration for people: ``1800`` → ``1800 s (30 min)``; no data → ``-``."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return "-"
+    return f"{v:g} s ({v / 60:g} min)" if v >= 60 else f"{v:g} s"
+
+
 def _fmt(v: Any) -> str:
     if v is None:
         return "-"
@@ -208,7 +215,7 @@ def status(url: Optional[str] = UrlOpt,
     rails = doc.get("rails")
     if rails:
         con.print(f"rails: dry_run={_fmt(rails.get('dry_run'))}, one reset per GPU per "
-                  f"{_fmt(rails.get('min_interval_seconds'))} s, reset in progress: "
+                  f"{_fmt_seconds(rails.get('min_interval_seconds'))}, reset in progress: "
                   f"{_fmt(rails.get('in_progress'))}, lost GPUs: {rails.get('lost') or 'none'}")
 
 

@@ -139,3 +139,10 @@ def test_events_filters_and_bad_values(served):
     assert [json.loads(x)["reason"] for x in r.output.splitlines()] == ["r1", "r2"]
     r = run("events", "--url", s.url, "--kind", "bogus")
     assert r.exit_code == 1 and "kind" in r.output
+
+
+def test_status_prints_the_reset_interval_for_people():
+    from controller.cli import _fmt_seconds
+    assert _fmt_seconds(1800.0) == "1800 s (30 min)"
+    assert _fmt_seconds(30) == "30 s"
+    assert _fmt_seconds(None) == "-" and _fmt_seconds(True) == "-"
