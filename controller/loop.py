@@ -53,6 +53,11 @@ MANUAL_ACTIONS = ("degrade", "rollback", "drain", "undrain", "restart")
 _LABELS = {spec["name"]: tuple(spec["labels"]) for spec in CONTROLLER_METRICS}
 
 
+class ReleaseRefused(RuntimeError):
+    """An operator's GPU release that is refused (nothing to release, or the GPU source does not
+    show the GPU back); the message says why."""
+
+
 class SourceJob:
     """One polled source (an engine or the GPU source) with a per-call timeout and backoff.
 
@@ -597,6 +602,79 @@ class Controller:
                 self._handle(d, now)
             self._export_policies(now)
         return decisions
+
+    def release_gpu(self, gpu_index: int, actor: str = "operator") -> dict:
+        """Release GPU ``gpu_index`` after the node was rebooted or the GPU replaced: the
+        hardware policy's ISOLATED entries with that index go back to HEALTHY
+        (``HardwarePolicy.release``, their history cleared) and the reset rails forget their lost
+        mark (``GpuResetter.forget_lost``). Recorded as one ``action`` event (source ``actor``,
+        target ``gpu:N``, outcome ``{"gpu": N, "released": True}``) that a restarted controller's
+        rails honour while no newer lost mark follows it.
+
+        The GPU source is polled first: the release is refused when telemetry is down, when the
+        source does not show GPU N, or when it shows GPU N lost now (``lost_evidence``: NVML
+        GpuIsLost, health ``lost``, Xid 79) — a release never overrides current evidence.
+
+        Returns ``{"ok": True, "action": "release_gpu", "target", "message", "event_id",
+        "decisions"}``. Raises ``ValueError`` for a negative or non-integer ``gpu_index`` and
+        :class:`ReleaseRefused` when the GPU is neither isolated nor marked lost, or when the
+        GPU source does not show it present and not lost."""
+        from controller.reset import RELEASE_ACTION, lost_evidence
+
+        if isinstance(gpu_index, bool) or not isinstance(gpu_index, int) or gpu_index < 0:
+            raise ValueError(f"gpu: must be a non-negative integer, got {gpu_index!r}")
+        n = gpu_index
+        hw = self.gpu_policies.get("hardware")
+        is_lost = getattr(self.resetter, "is_lost", None)
+        if not self._isolated_uuids(hw, n) and not (is_lost is not None and is_lost(n)):
+            raise ReleaseRefused(f"GPU {n} is neither isolated by the hardware policy nor marked lost"
+                                 " by the reset rails: nothing to release")
+        reading = self.poll_gpu(force=True)
+        if reading is None or not getattr(reading, "ok", False):
+            why = "no reading" if reading is None else (reading.error or "no detail")
+            raise ReleaseRefused(f"GPU telemetry is down ({why}): cannot check that GPU {n} is back;"
+                                 " nothing released")
+        snap = next((s for s in reading.gpus.values() if s.index == n), None)
+        if snap is None:
+            raise ReleaseRefused(f"GPU {n} is not in the GPU source's reading ({reading.source}): it"
+                                 " is not back; nothing released")
+        evidence = lost_evidence(snap)
+        if evidence is not None:
+            raise ReleaseRefused(f"GPU {n} ({snap.uuid}) is lost now ({evidence}): a release does not"
+                                 " override current evidence; drain the node and reboot it")
+        with self._lock:
+            now = self.clock()
+            decisions: list[Decision] = []
+            for uuid in self._isolated_uuids(hw, n):
+                decisions += hw.release(now, uuid, actor)
+            rails = bool(is_lost is not None and is_lost(n) and self.resetter.forget_lost(n))
+            if not decisions and not rails:
+                raise ReleaseRefused(f"GPU {n} is neither isolated by the hardware policy nor marked"
+                                     " lost by the reset rails: nothing to release")
+            for d in decisions:
+                self._handle(d, now)
+            done = ([f"hardware policy: {len(decisions)} isolated entr{'y' if len(decisions) == 1 else 'ies'}"
+                     " -> healthy"] if decisions else []) + (["reset rails: lost mark cleared"] if rails else [])
+            message = (f"GPU {n} ({snap.uuid}) released by {actor} ({'; '.join(done)}): the source shows"
+                       " it present and not lost")
+            event_id = self.event_log.append(
+                "action", actor, message, target=f"gpu:{n}", severity="warning", time=now,
+                inputs={"gpu": n, "uuid": snap.uuid, "action": RELEASE_ACTION, "actor": actor,
+                        "hardware_released": [d.target for d in decisions], "rails_lost_cleared": rails},
+                outcome={"gpu": n, "released": True})
+            self._export_policies(now)
+        return {"ok": True, "action": RELEASE_ACTION, "target": f"gpu:{n}", "message": message,
+                "event_id": event_id, "decisions": [json_safe(d) for d in decisions]}
+
+    def _isolated_uuids(self, hw: Any, index: int) -> list[str]:
+        """UUIDs of the hardware policy's GPUs with ``index`` (its own or, for a GPU it knows only
+        by UUID, the last reading's) that are ISOLATED."""
+        state = getattr(hw, "state", None)
+        if state is None:
+            return []
+        gpus = (state(self.clock()) or {}).get("gpus") or {}
+        return [u for u, g in gpus.items() if g.get("policy_state") == "isolated"
+                and (g.get("index") if g.get("index") is not None else self.gpu_index_of(u)) == index]
 
     # ------------------------------------------------------------------ status
     def status(self) -> dict:

@@ -11,7 +11,8 @@ The flow of :meth:`GpuResetter.reset`, each step an event (kind ``step``, source
 1. Rails: never a simulated GPU; one reset at a time (a lock; a concurrent call is refused), at most one reset per
    GPU per ``min_interval_seconds`` (default 1800 s; refused with the time left; attempts
    are read back from the event log, so the limit survives a controller restart), a GPU
-   once seen lost is never reset again.
+   once seen lost is never reset again — until an operator releases it after the node was
+   rebooted or the GPU replaced (``inferctl release-gpu N``, :meth:`GpuResetter.forget_lost`).
 2. Preconditions through the GPU source: the GPU index is known and telemetry works; a lost
    GPU (fell off the bus, NVML ``GpuIsLost``) is refused and escalated: a reset cannot help,
    the node must be drained and rebooted (Xid 79).
@@ -48,6 +49,9 @@ from controller.types import GpuReading, GpuSnapshot
 
 OUTCOMES = ("success", "failed", "refused", "dry_run")
 SOURCE = "gpu_reset"
+#: ``action`` of the operator's release event (``Controller.release_gpu``): kind ``action``,
+#: source the operator, target ``gpu:N``, outcome ``{"gpu": N, "released": True}``.
+RELEASE_ACTION = "release_gpu"
 EXIT_GPU_IS_LOST = 15      # nvidia-smi(1) RETURN VALUE
 EXIT_OTHER_ERROR = 255
 
@@ -210,6 +214,22 @@ class GpuResetter:
                                   target=f"gpu:{gpu_index}", severity="critical",
                                   inputs={"gpu": gpu_index, "why": why},
                                   outcome={"gpu": gpu_index, "lost": True})
+        return True
+
+    def is_lost(self, gpu_index: int) -> bool:
+        """Whether the rails remember GPU ``gpu_index`` as lost (every reset of it refused)."""
+        return gpu_index in self._lost
+
+    def forget_lost(self, gpu_index: int) -> bool:
+        """Forget the lost mark of GPU ``gpu_index`` (an operator released it after the node
+        was rebooted or the GPU replaced); resets of it go through the other rails again. Records
+        nothing: the caller records the release as an ``action`` event (outcome
+        ``{"gpu": N, "released": True}``, target ``gpu:N``), which :meth:`_load_history` honours
+        after a restart when it is newer than the GPU's last lost mark. The per-GPU interval
+        between reset attempts is kept. Returns True when the GPU was marked lost."""
+        if gpu_index not in self._lost:
+            return False
+        self._lost.discard(gpu_index)
         return True
 
     def _busy_message(self) -> str:
@@ -381,14 +401,24 @@ class GpuResetter:
         return False, detail
 
     def _load_history(self) -> None:
-        """Rebuild the per-GPU last attempt and lost set from the event log (restart-safe)."""
+        """Rebuild the per-GPU last attempt and lost set from the event log (restart-safe).
+
+        A GPU is lost when its newest lost mark (an ``escalation`` or a ``lost`` observation of
+        the rails) is newer (higher event id) than its newest operator release (an ``action``
+        event with outcome ``released: True``, target ``gpu:N``, :meth:`forget_lost`)."""
         if self.event_log is None:
             return
+        lost_at: dict[int, int] = {}
+        released_at: dict[int, int] = {}
         # The whole log, paged: a lost mark must never age out behind newer events.
-        for ev in self.event_log.scan(kind="action", source=SOURCE):
+        for ev in self.event_log.scan(kind="action"):
             out = ev["outcome"] or {}
             gpu = out.get("gpu")
-            if not isinstance(gpu, int):
+            if isinstance(gpu, bool) or not isinstance(gpu, int):
+                continue
+            if ev["source"] != SOURCE:
+                if out.get("released") is True and ev.get("target") == f"gpu:{gpu}":
+                    released_at[gpu] = max(released_at.get(gpu, 0), ev["id"])
                 continue
             when = out.get("attempt_time")
             if out.get("attempted") and isinstance(when, (int, float)):
@@ -396,11 +426,12 @@ class GpuResetter:
         for ev in self.event_log.scan(kind="escalation", source=SOURCE):
             gpu = (ev["outcome"] or {}).get("gpu")
             if isinstance(gpu, int):
-                self._lost.add(gpu)
+                lost_at[gpu] = max(lost_at.get(gpu, 0), ev["id"])
         for ev in self.event_log.scan(kind="observation", source=SOURCE):
             out = ev["outcome"] or {}
             if out.get("lost") is True and isinstance(out.get("gpu"), int):
-                self._lost.add(out["gpu"])
+                lost_at[out["gpu"]] = max(lost_at.get(out["gpu"], 0), ev["id"])
+        self._lost.update(g for g, at in lost_at.items() if at > released_at.get(g, 0))
 
 
 @dataclass

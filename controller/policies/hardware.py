@@ -271,14 +271,22 @@ class HardwarePolicy:
                                     f"{g.state.value}", {"outcome": "dry_run", "detail": detail}, "warning")]
 
     def release(self, now: float, gpu_uuid: str, who: str) -> list[Decision]:
-        """Operator action after repair/reboot: ISOLATED → HEALTHY. Raises
-        :class:`PolicyError` when the GPU is not isolated."""
+        """Operator action after repair/reboot: ISOLATED → HEALTHY, with the GPU's history
+        cleared — the last reset (so the next reset-worthy fault drains and resets instead of
+        isolating for ``reset_min_interval_seconds``), the restart-class fault count, the
+        last fault, the phase timer and the ECC baseline. Reports already seen stay seen (a
+        source re-sending an old Xid 79 does not isolate it again). Raises
+        :class:`PolicyError` when the GPU is not isolated or ``who`` is empty."""
         g = self._gpus.get(gpu_uuid)
         if g is None or g.state is not GpuHealth.ISOLATED:
             raise PolicyError(f"gpu {gpu_uuid}: not isolated")
         if not who:
             raise PolicyError("who: the operator's name is required")
         g.ecc_uncorrected = None
+        g.last_reset = None
+        g.last_fault = None
+        g.phase_started = None
+        g.restart_faults.clear()
         return [self._move(now, g, GpuHealth.HEALTHY, None, f"released by {who}",
                            {"who": who})]
 
