@@ -10,7 +10,9 @@
 * ``POST /actions/degrade|rollback|drain|undrain|restart`` ``{"engine": "name"}``,
   ``POST /actions/unpin`` ``{"engine": "name"}``,
   ``POST /actions/reset-gpu`` ``{"gpu": 0, "dry_run": false}`` (``dry_run`` omitted: the
-  rails' default) — bearer token
+  rails' default), ``POST /actions/release-gpu`` ``{"gpu": 0}`` (after a node reboot or a
+  GPU replacement: the hardware policy's isolation and the rails' lost mark are released;
+  409 when there is nothing to release or the GPU source shows the GPU lost now) — bearer token
   (``Authorization: Bearer <token>``): 401 without it or with a wrong one, checked before
   the body. Bodies are strict JSON objects (no NaN/Infinity, no unknown keys, no type
   coercion, at most :data:`MAX_BODY_BYTES`, nested at most :data:`MAX_JSON_DEPTH` deep); a bad
@@ -41,6 +43,7 @@ from starlette.requests import ClientDisconnect
 
 from controller.actions import ActionResult
 from controller.events import EVENT_KINDS, json_safe
+from controller.loop import ReleaseRefused
 
 MAX_EVENTS = 1000
 MAX_BODY_BYTES = 64 * 1024
@@ -66,6 +69,10 @@ class EngineActionBody(_Strict):
 class ResetGpuBody(_Strict):
     gpu: int
     dry_run: bool | None = None     # None: the rails' default (rails.dry_run)
+
+
+class ReleaseGpuBody(_Strict):
+    gpu: int
 
 
 class ApiError(Exception):
@@ -278,5 +285,17 @@ def create_app(controller: Any, admin_token: str) -> FastAPI:
             raise ApiError(400, "invalid_field", f"gpu: must be >= 0, got {body.gpu}", "gpu")
         res = await run_in_threadpool(controller.reset_gpu, body.gpu, body.dry_run, actor)
         return _result(res)
+
+    @app.post("/actions/release-gpu")
+    async def release_gpu(request: Request) -> Response:
+        actor = auth(request)
+        body = await _body(request, ReleaseGpuBody)
+        if body.gpu < 0:
+            raise ApiError(400, "invalid_field", f"gpu: must be >= 0, got {body.gpu}", "gpu")
+        try:   # polls the GPU source and takes the controller lock: off the event loop
+            doc = await run_in_threadpool(controller.release_gpu, body.gpu, actor)
+        except ReleaseRefused as exc:
+            raise ApiError(409, "release_refused", str(exc), "gpu") from None
+        return _json({**doc, "refused": False})
 
     return app

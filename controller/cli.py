@@ -10,6 +10,8 @@ over HTTP (``--url``, default ``$INFERCTL_URL`` or ``http://127.0.0.1:8900``; ad
 * ``inferctl status`` / ``inferctl events`` — what the controller sees and did.
 * ``inferctl degrade|rollback|drain|undrain|restart|unpin [--engine NAME]`` — engine actions.
 * ``inferctl reset-gpu N [--yes] [--dry-run]`` — a GPU reset through the rails.
+* ``inferctl release-gpu N [--yes]`` — release an isolated / lost GPU after a node reboot or a
+  GPU replacement.
 
 Errors are one line on stderr and exit code 1 (2 for bad usage); never a traceback.
 """
@@ -376,6 +378,32 @@ def reset_gpu(gpu: int = typer.Argument(..., min=0, help="GPU index (as nvidia-s
         typer.echo(f"  {mark:9} {argv}")
     typer.echo(f"outcome: {details.get('outcome') or ('success' if doc.get('ok') else 'failed')}")
     _print_result(doc, code)
+
+
+@app.command("release-gpu")
+def release_gpu(gpu: int = typer.Argument(..., min=0, help="GPU index (as nvidia-smi numbers it)."),
+                url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
+                yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+                timeout: float = typer.Option(30.0, "--timeout", min=1.0)) -> None:
+    """Release GPU N after the node was rebooted or the GPU replaced: the hardware policy's
+    isolation and the reset rails' lost mark are cleared (refused while the GPU source shows it
+    lost, or when there is nothing to release)."""
+    tok = _token(token)
+    _base(url)          # a bad --url is bad usage before anything is asked
+    if not yes:
+        try:
+            confirmed = typer.confirm(f"Release GPU {gpu}? Only after the node was rebooted or the GPU"
+                                      " replaced: the controller will use it and may reset it again.",
+                                      default=False)
+        except (typer.Abort, EOFError, KeyboardInterrupt):   # no answer (stdin closed, Ctrl-C): no release
+            confirmed = False
+            typer.echo("", err=True)
+        if not confirmed:
+            typer.echo("aborted: nothing done (pass --yes to release without asking)", err=True)
+            raise typer.Exit(1)
+    _, doc = _request("POST", url, "/actions/release-gpu", token=tok, body={"gpu": gpu}, timeout=timeout,
+                      ok_statuses=(200,), expect=("ok", "message"))
+    typer.echo(f"ok: {doc.get('message')}" + (f"  (event #{doc['event_id']})" if doc.get("event_id") else ""))
 
 
 # --------------------------------------------------------------------------- running
