@@ -343,6 +343,19 @@ def unpin(url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
     typer.echo(f"ok: {doc.get('message')}")
 
 
+def _confirm_or_exit(question: str, verb: str) -> None:
+    """Ask ``question``; anything but yes — including no answer (stdin closed, Ctrl-C) — exits 1
+    having done nothing."""
+    try:
+        confirmed = typer.confirm(question, default=False)
+    except (typer.Abort, EOFError, KeyboardInterrupt):
+        confirmed = False
+        typer.echo("", err=True)
+    if not confirmed:
+        typer.echo(f"aborted: nothing done (pass --yes to {verb} without asking)", err=True)
+        raise typer.Exit(1)
+
+
 @app.command("reset-gpu")
 def reset_gpu(gpu: int = typer.Argument(..., min=0, help="GPU index (as nvidia-smi numbers it)."),
               url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
@@ -355,16 +368,8 @@ def reset_gpu(gpu: int = typer.Argument(..., min=0, help="GPU index (as nvidia-s
     tok = _token(token)
     _base(url)          # a bad --url is bad usage before anything is asked
     if not dry_run and not yes:
-        try:
-            confirmed = typer.confirm(f"Reset GPU {gpu}? Engines the controller launched on it are drained"
-                                      " and restarted; other processes on it make the reset refuse.",
-                                      default=False)
-        except (typer.Abort, EOFError, KeyboardInterrupt):   # no answer (stdin closed, Ctrl-C): no reset
-            confirmed = False
-            typer.echo("", err=True)
-        if not confirmed:
-            typer.echo("aborted: nothing done (pass --yes to reset without asking)", err=True)
-            raise typer.Exit(1)
+        _confirm_or_exit(f"Reset GPU {gpu}? Engines the controller launched on it are drained"
+                         " and restarted; other processes on it make the reset refuse.", "reset")
     body: dict[str, Any] = {"gpu": gpu}
     if dry_run:
         body["dry_run"] = True
@@ -391,16 +396,8 @@ def release_gpu(gpu: int = typer.Argument(..., min=0, help="GPU index (as nvidia
     tok = _token(token)
     _base(url)          # a bad --url is bad usage before anything is asked
     if not yes:
-        try:
-            confirmed = typer.confirm(f"Release GPU {gpu}? Only after the node was rebooted or the GPU"
-                                      " replaced: the controller will use it and may reset it again.",
-                                      default=False)
-        except (typer.Abort, EOFError, KeyboardInterrupt):   # no answer (stdin closed, Ctrl-C): no release
-            confirmed = False
-            typer.echo("", err=True)
-        if not confirmed:
-            typer.echo("aborted: nothing done (pass --yes to release without asking)", err=True)
-            raise typer.Exit(1)
+        _confirm_or_exit(f"Release GPU {gpu}? Only after the node was rebooted or the GPU"
+                         " replaced: the controller will use it and may reset it again.", "release")
     _, doc = _request("POST", url, "/actions/release-gpu", token=tok, body={"gpu": gpu}, timeout=timeout,
                       ok_statuses=(200,), expect=("ok", "message"))
     typer.echo(f"ok: {doc.get('message')}" + (f"  (event #{doc['event_id']})" if doc.get("event_id") else ""))
