@@ -36,10 +36,10 @@ TARGET_TICK_CPU_SECONDS = 0.100
 
 def bundled_stats_doc() -> dict:
     """A real ``/stats`` document: stories260K, 8 requests served in-process."""
-    from engine.config import EngineConfig
-    from engine.engine import LLMEngine
-    from engine.loader import load_model
-    from engine.sampling_params import SamplingParams
+    from inferctl.engine.config import EngineConfig
+    from inferctl.engine.engine import LLMEngine
+    from inferctl.engine.loader import load_model
+    from inferctl.engine.sampling_params import SamplingParams
 
     eng = LLMEngine(load_model(STORIES_BIN), EngineConfig(num_threads=1))
     ids = eng.tokenizer.encode("Once upon a time, there was a little girl", bos=True)
@@ -58,7 +58,7 @@ class RecordedEngine:
         self.base_url = f"http://recorded/{name}"
 
     def poll(self, now: float):
-        from controller.engines import snapshot_from_metrics_text, snapshot_from_stats
+        from inferctl.controller.engines import snapshot_from_metrics_text, snapshot_from_stats
 
         if self.kind == "bundled":
             return snapshot_from_stats(copy.deepcopy(self.payload), name=self.name, now=now)
@@ -70,8 +70,8 @@ class RecordedEngine:
 
 def gpu_reading(n: int):
     """``n`` GPUs cloned from the real 8×H100 capture."""
-    from controller.gpu.parsers import parse_smi_q
-    from controller.types import GpuReading
+    from inferctl.controller.gpu.parsers import parse_smi_q
+    from inferctl.controller.types import GpuReading
 
     cap = parse_smi_q((FIXTURES / "gpu" / "nvsmi_q_h100x8_535.161.08.txt").read_text())
     gpus = {}
@@ -86,14 +86,14 @@ def gpu_reading(n: int):
 
 def build_controller(n_engines: int, n_gpus: int, workdir: Path):
     """The controller over recorded engines and the replayed GPUs (see the module doc)."""
-    from controller.actions import Actions
-    from controller.config import parse_config
-    from controller.events import EventLog
-    from controller.gpu.replay import ReplayGpuSource
-    from controller.loop import Controller
-    from controller.metrics import build_registry
-    from controller.signals import InvalidSampleCounter
-    from controller.up import _policies
+    from inferctl.controller.actions import Actions
+    from inferctl.controller.config import parse_config
+    from inferctl.controller.events import EventLog
+    from inferctl.controller.gpu.replay import ReplayGpuSource
+    from inferctl.controller.loop import Controller
+    from inferctl.controller.metrics import build_registry
+    from inferctl.controller.signals import InvalidSampleCounter
+    from inferctl.controller.up import _policies
 
     stats = bundled_stats_doc()
     vllm_text = (FIXTURES / "vllm" / "metrics_samples.txt").read_text()

@@ -54,7 +54,7 @@ def bandwidth(mib: int = 256, repeats: int = 5, threads: int = 2) -> dict[str, f
 
 def engine_decode(model: str, precision: str, output: int, threads: int, prompt_len: int = 16) -> dict:
     """Batch-1 decode on the engine: ``{"tok_s", "weight_bytes", "tokens"}``."""
-    from engine.sampling_params import SamplingParams
+    from inferctl.engine.sampling_params import SamplingParams
 
     from bench.runners import load_engine
 

@@ -34,7 +34,7 @@ BOOKS = {"pg1342.txt": "Pride and Prejudice", "pg2641.txt": "A Room with a View"
 
 
 def run_all(model: str, max_chunks: int | None, out: Path, threads: int, runs: str) -> dict:
-    from controller.longtext import LongTextConfig, read_book, run_longtext, write_outputs
+    from inferctl.controller.longtext import LongTextConfig, read_book, run_longtext, write_outputs
 
     from bench.longtext_inproc import EngineBackend
 

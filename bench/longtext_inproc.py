@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller.longtext import Generation, LongTextConfig
+from inferctl.controller.longtext import Generation, LongTextConfig
 
 
 class EngineBackend:
@@ -34,9 +34,9 @@ class EngineBackend:
 
     def __init__(self, model: str | Path, max_model_len: int | None = None, threads: int = 2,
                  max_num_seqs: int = 32, pack: int = 8) -> None:
-        from engine.config import EngineConfig
-        from engine.engine import LLMEngine
-        from engine.loader import load_model
+        from inferctl.engine.config import EngineConfig
+        from inferctl.engine.engine import LLMEngine
+        from inferctl.engine.loader import load_model
 
         bundle = load_model(str(model))
         self.bundle = bundle
@@ -54,7 +54,7 @@ class EngineBackend:
         return list(self.bundle.tokenizer.encode(text, bos=False))
 
     def _scratch(self, blocks: int):
-        from engine.attention import KVCache
+        from inferctl.engine.attention import KVCache
 
         if self._cache is None or self._cache[1] < blocks:
             a = self.bundle.args
@@ -66,7 +66,7 @@ class EngineBackend:
     def score(self, windows: list[list[int]]) -> list[list[float | None]]:
         import torch
 
-        from engine.attention import AttentionMetadata
+        from inferctl.engine.attention import AttentionMetadata
 
         bs = self.engine.config.block_size
         model = self.bundle.model
@@ -96,7 +96,7 @@ class EngineBackend:
         return out
 
     def generate(self, prompts: list[list[int]], max_tokens: list[int], config: LongTextConfig) -> list[Generation]:
-        from engine.sampling_params import SamplingParams
+        from inferctl.engine.sampling_params import SamplingParams
 
         eng = self.engine
         ids: list[str] = []

@@ -35,7 +35,7 @@ def cache_dir() -> Path:
 
 def stories_hf_dir(cache: Path | None = None) -> Path:
     """stories260K converted to a Hugging Face directory (made once)."""
-    from engine.loader import load_llama2c, save_hf_dir
+    from inferctl.engine.loader import load_llama2c, save_hf_dir
 
     out = (cache or cache_dir()) / "stories260K-hf"
     if not (out / "model.safetensors").exists():

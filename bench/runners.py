@@ -180,9 +180,9 @@ def run_hf_continuous(model_dir: str | Path, requests: Sequence[Request], thread
 
 def load_engine(model_dir: str | Path, threads: int = 2, precision: str = "full", **config):
     """An :class:`engine.engine.LLMEngine` over the model (fp32, CPU), precision applied."""
-    from engine.config import EngineConfig
-    from engine.engine import LLMEngine
-    from engine.loader import load_model
+    from inferctl.engine.config import EngineConfig
+    from inferctl.engine.engine import LLMEngine
+    from inferctl.engine.loader import load_model
 
     bundle = load_model(str(model_dir))
     eng = LLMEngine(bundle, EngineConfig(num_threads=threads, device="cpu", **config))
@@ -197,7 +197,7 @@ def run_engine(model_dir: str | Path, requests: Sequence[Request], threads: int 
     """The bundled engine: all requests added at t = 0, ``step()`` until done (greedy,
     ``ignore_eos``). ``config`` goes to ``EngineConfig`` (default ``max_num_seqs`` = the
     number of requests). ``engine`` reuses an already loaded LLMEngine."""
-    from engine.sampling_params import SamplingParams
+    from inferctl.engine.sampling_params import SamplingParams
 
     config.setdefault("max_num_seqs", max(1, len(requests)))
     eng = engine or load_engine(model_dir, threads, precision, **config)

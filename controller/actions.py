@@ -39,9 +39,9 @@ from typing import Any, Callable
 
 import httpx
 
-from controller.events import EventLog, json_safe
-from controller.reset import GpuResetter
-from controller.types import Decision
+from inferctl.controller.events import EventLog, json_safe
+from inferctl.controller.reset import GpuResetter
+from inferctl.controller.types import Decision
 
 PRECISION_FOR = {"degrade": "int8", "rollback": "full"}
 #: ``reason`` label values of ``inferctl_engine_restarts_total``: the policy that asked
@@ -81,7 +81,7 @@ class EngineSupervisor:
     Args:
         name: the engine's configured name.
         argv: the command (an argv list, run without a shell), e.g.
-            ``[sys.executable, "-m", "controller.cli", "engine", "serve", "--port", "8000"]``.
+            ``[sys.executable, "-m", "inferctl", "engine", "serve", "--port", "8000"]``.
         base_url: where the engine listens (``/health`` is polled there).
         env: extra environment variables (the admin token travels here, not on argv).
         health_timeout_seconds: how long :meth:`start` waits for ``/health`` 200.
@@ -205,7 +205,7 @@ def engine_serve_argv(port: int, host: str = "127.0.0.1", model: str | None = No
 
     The supervised engine runs without uvicorn's access log: the controller polls it every
     second, and those lines would bury everything else in ``inferctl up``'s terminal."""
-    argv = [sys.executable, "-m", "controller.cli", "engine", "serve", "--host", host, "--port", str(port),
+    argv = [sys.executable, "-m", "inferctl", "engine", "serve", "--host", host, "--port", str(port),
             "--no-access-log"]
     if model:
         argv += ["--model", str(model)]

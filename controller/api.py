@@ -41,9 +41,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
-from controller.actions import ActionResult
-from controller.events import EVENT_KINDS, json_safe
-from controller.loop import ReleaseRefused
+from inferctl.controller.actions import ActionResult
+from inferctl.controller.events import EVENT_KINDS, json_safe
+from inferctl.controller.loop import ReleaseRefused
 
 MAX_EVENTS = 1000
 MAX_BODY_BYTES = 64 * 1024

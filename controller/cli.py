@@ -55,7 +55,7 @@ def _die(message: str, code: int = 1) -> None:
 def _base(url: Optional[str]) -> str:
     """The controller's base URL (``--url``, else ``$INFERCTL_URL``, else the default); a value
     that is not an http(s) URL with a valid port is bad usage (exit 2, naming where it came from)."""
-    from controller.config import check_http_url
+    from inferctl.controller.config import check_http_url
 
     where = "--url" if url else f"${URL_ENV}" if os.environ.get(URL_ENV) else None
     base = url or os.environ.get(URL_ENV) or DEFAULT_URL
@@ -80,7 +80,7 @@ def _request(method: str, url: Optional[str], path: str, *, token: Optional[str]
     headers = {}
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
-    from controller.engines.base import ResponseTooLarge, bounded_request
+    from inferctl.controller.engines.base import ResponseTooLarge, bounded_request
 
     try:
         with httpx.Client(timeout=timeout) as client:
@@ -405,7 +405,7 @@ def release_gpu(gpu: int = typer.Argument(..., min=0, help="GPU index (as nvidia
 
 # --------------------------------------------------------------------------- running
 def _run_config(config, token: Optional[str], engine_log_dir: Optional[str]) -> None:  # noqa: ANN001
-    from controller.up import serve
+    from inferctl.controller.up import serve
 
     src = "--token / $INFERCTL_ADMIN_TOKEN" if token else "the configuration"
     tok = token or config.token()
@@ -415,7 +415,7 @@ def _run_config(config, token: Optional[str], engine_log_dir: Optional[str]) -> 
 
 
 def _load(config_path: Optional[str]):  # noqa: ANN202
-    from controller.config import ConfigError, load_config, parse_config
+    from inferctl.controller.config import ConfigError, load_config, parse_config
 
     try:
         return load_config(config_path) if config_path else parse_config({})
@@ -453,7 +453,7 @@ def up(model: Optional[str] = typer.Option(None, "--model", help="Model path (ll
     (NVML, else the simulated GPU), default policies. With --config: that file, with --model,
     --memory-budget and --engine-port applied to its first launched engine.
     """
-    from controller.config import ConfigError, parse_config
+    from inferctl.controller.config import ConfigError, parse_config
 
     cfg = _load(config)
     data = cfg.model_dump()
@@ -486,19 +486,19 @@ def up(model: Optional[str] = typer.Option(None, "--model", help="Model path (ll
 
 
 try:  # the engine's commands; absent only in a partial checkout
-    from engine.cli import register as _register_engine_commands
+    from inferctl.engine.cli import register as _register_engine_commands
 except ImportError:  # pragma: no cover
     _register_engine_commands = None
 if _register_engine_commands is not None:
     _register_engine_commands(app)
 
 # `inferctl dashboards build|check`: dashboards, rules and Alertmanager config from the catalogs.
-from dashboards.cli import register as _register_dashboards  # noqa: E402
+from inferctl.dashboards.cli import register as _register_dashboards  # noqa: E402
 
 _register_dashboards(app)
 
 # `inferctl drill oom` (the OOM game day) and `inferctl longtext` (books in chunks).
-from controller import drill as _drill, longtext as _longtext  # noqa: E402
+from inferctl.controller import drill as _drill, longtext as _longtext  # noqa: E402
 
 _drill.register(app)
 _longtext.register(app)

@@ -110,10 +110,10 @@ def check_http_url(v: str) -> str:
 def gpu_source_option_names(kind: str) -> tuple[str, ...]:
     """The options a GPU source kind takes: its class's ``OPTIONS`` (``auto``: NVML's and the
     simulated GPU's) plus ``timeout_s``, every kind's call deadline (controller/up.py)."""
-    from controller.gpu.dcgm import DcgmGpuSource
-    from controller.gpu.nvml import NvmlGpuSource
-    from controller.gpu.replay import ReplayGpuSource
-    from controller.gpu.sim import SimGpuSource
+    from inferctl.controller.gpu.dcgm import DcgmGpuSource
+    from inferctl.controller.gpu.nvml import NvmlGpuSource
+    from inferctl.controller.gpu.replay import ReplayGpuSource
+    from inferctl.controller.gpu.sim import SimGpuSource
 
     by_kind = {"nvml": NvmlGpuSource.OPTIONS, "dcgm": DcgmGpuSource.OPTIONS,
                "replay": ReplayGpuSource.OPTIONS, "sim": SimGpuSource.OPTIONS,
@@ -186,9 +186,9 @@ class PoliciesConfig(_Model):
 
     @model_validator(mode="after")
     def _validate_with_the_policies(self) -> "PoliciesConfig":
-        from controller.policies import (BreakerConfig, FragmentationConfig, HardwareConfig,
+        from inferctl.controller.policies import (BreakerConfig, FragmentationConfig, HardwareConfig,
                                          PrecisionConfig)
-        from controller.policies.common import config_from_mapping
+        from inferctl.controller.policies.common import config_from_mapping
 
         checks = [("precision", PrecisionConfig, self.precision),
                   ("fragmentation", FragmentationConfig, self.fragmentation),

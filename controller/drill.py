@@ -55,7 +55,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from controller.longtext import LongTextError, read_book
+from inferctl.controller.longtext import LongTextError, read_book
 
 PHASES = ("baseline", "pressure", "int8", "recovery", "after")
 
@@ -689,7 +689,7 @@ def start_stack(config: dict, workdir: Path, timeout: float = 150.0) -> Stack:
     env = {**os.environ, "INFERCTL_ADMIN_TOKEN": token}
     env.setdefault("OMP_NUM_THREADS", "1")
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "controller.cli", "up", "--config", str(cfg_path),
+        proc = subprocess.Popen([sys.executable, "-m", "inferctl", "up", "--config", str(cfg_path),
                                  "--engine-log-dir", str(workdir)], stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, cwd=str(workdir), start_new_session=True)
     deadline = time.time() + timeout

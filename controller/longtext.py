@@ -841,7 +841,7 @@ def _start_engine(model: str | None, max_model_len: int | None, err: Any) -> tup
     import socket
     import tempfile
 
-    from controller.actions import EngineSupervisor, engine_serve_argv
+    from inferctl.controller.actions import EngineSupervisor, engine_serve_argv
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -34,12 +34,12 @@ from typing import Any, Callable
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from controller.actions import RESTART_REASONS, ActionResult, Actions
-from controller.config import ControllerConfig
-from controller.events import EVENT_KINDS, EventLog, json_safe
-from controller.metrics import CONTROLLER_METRICS
-from controller.reset import OUTCOMES as RESET_OUTCOMES
-from controller.types import Decision, EngineSnapshot, GpuReading, GpuSnapshot
+from inferctl.controller.actions import RESTART_REASONS, ActionResult, Actions
+from inferctl.controller.config import ControllerConfig
+from inferctl.controller.events import EVENT_KINDS, EventLog, json_safe
+from inferctl.controller.metrics import CONTROLLER_METRICS
+from inferctl.controller.reset import OUTCOMES as RESET_OUTCOMES
+from inferctl.controller.types import Decision, EngineSnapshot, GpuReading, GpuSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -303,7 +303,7 @@ class Controller:
         """Tell the reset rails about every GPU this reading shows lost (an Xid 79 event is
         delivered once; the rails poll the source again at reset time and must not see a GPU
         that answers again as healthy)."""
-        from controller.reset import lost_evidence
+        from inferctl.controller.reset import lost_evidence
 
         mark = getattr(self.resetter, "mark_lost", None)
         if mark is None or not getattr(reading, "ok", False):
@@ -316,7 +316,7 @@ class Controller:
     def _clean_reading(self, reading: Any) -> Any:
         """A copy of ``reading`` whose snapshots carry no impossible value (the source's own
         objects are left as they are)."""
-        from controller.signals import clean_gpu_snapshot
+        from inferctl.controller.signals import clean_gpu_snapshot
 
         gpus = getattr(reading, "gpus", None)
         if not isinstance(gpus, dict) or not gpus:
@@ -619,7 +619,7 @@ class Controller:
         "decisions"}``. Raises ``ValueError`` for a negative or non-integer ``gpu_index`` and
         :class:`ReleaseRefused` when the GPU is neither isolated nor marked lost, or when the
         GPU source does not show it present and not lost."""
-        from controller.reset import RELEASE_ACTION, lost_evidence
+        from inferctl.controller.reset import RELEASE_ACTION, lost_evidence
 
         if isinstance(gpu_index, bool) or not isinstance(gpu_index, int) or gpu_index < 0:
             raise ValueError(f"gpu: must be a non-negative integer, got {gpu_index!r}")
@@ -789,7 +789,7 @@ class Controller:
         g.labels(**labels).set(float(value))
 
     def _export_engine(self, name: str, snap: EngineSnapshot) -> None:
-        from controller import signals as sig   # pure functions; imported here to keep startup light
+        from inferctl.controller import signals as sig   # pure functions; imported here to keep startup light
 
         m = self.metrics
         self._gauge("inferctl_engine_up", 1.0 if snap.ok else 0.0, engine=name)

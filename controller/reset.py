@@ -44,8 +44,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
-from controller.events import EventLog
-from controller.types import GpuReading, GpuSnapshot
+from inferctl.controller.events import EventLog
+from inferctl.controller.types import GpuReading, GpuSnapshot
 
 OUTCOMES = ("success", "failed", "refused", "dry_run")
 SOURCE = "gpu_reset"
@@ -358,7 +358,7 @@ class GpuResetter:
         return plan
 
     def _find(self, n: int) -> tuple[GpuSnapshot | None, str]:
-        from controller.signals import clean_gpu_snapshot
+        from inferctl.controller.signals import clean_gpu_snapshot
 
         try:
             reading: GpuReading = self.gpu_source.poll(self.clock())

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping, Sequence
 
-from controller.gpu.base import MEMORY_ROUNDING_TOLERANCE_BYTES
-from controller.types import EngineSnapshot
+from inferctl.controller.gpu.base import MEMORY_ROUNDING_TOLERANCE_BYTES
+from inferctl.controller.types import EngineSnapshot
 
 MIB = 1 << 20
 GIB = 1 << 30

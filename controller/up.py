@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from controller.actions import Actions, EngineSupervisor, engine_serve_argv
-from controller.api import create_app
-from controller.config import ConfigError, ControllerConfig, check_files
-from controller.events import EventLog, EventLogError
-from controller.loop import Controller
-from controller.metrics import build_registry
-from controller.reset import GpuResetter
+from inferctl.controller.actions import Actions, EngineSupervisor, engine_serve_argv
+from inferctl.controller.api import create_app
+from inferctl.controller.config import ConfigError, ControllerConfig, check_files
+from inferctl.controller.events import EventLog, EventLogError
+from inferctl.controller.loop import Controller
+from inferctl.controller.metrics import build_registry
+from inferctl.controller.reset import GpuResetter
 
 TOKEN_BYTES = 24   # secrets.token_urlsafe(24): 32 characters, 192 bits
 
@@ -92,7 +92,7 @@ def _gpu_source(config: ControllerConfig) -> Any:
     """Build the configured GPU source. Raises :class:`ConfigError` naming the field when the
     options cannot make one (a missing driver for ``auto`` without a bundled engine, a replay
     trace that does not parse, a bad value)."""
-    from controller.gpu import make_gpu_source
+    from inferctl.controller.gpu import make_gpu_source
 
     opts = gpu_source_options(config)
     if config.gpu.kind in ("auto", "sim") and "engine_stats_url" not in opts and "stats_fn" not in opts:
@@ -116,8 +116,8 @@ def _gpu_source(config: ControllerConfig) -> Any:
 
 
 def _policies(config: ControllerConfig, counter: Any) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    from controller.gpu.xid import XidCatalog
-    from controller.policies import (FragmentationPolicy, HardwarePolicy, LatencyBreaker,
+    from inferctl.controller.gpu.xid import XidCatalog
+    from inferctl.controller.policies import (FragmentationPolicy, HardwarePolicy, LatencyBreaker,
                                      PrecisionPolicy)
 
     pc = config.policies
@@ -162,8 +162,8 @@ def build_runtime(config: ControllerConfig, admin_token: str, *, engine_log_dir:
     starts (a missing model, replay trace or Xid catalogue, an unusable event log, GPU source
     options that do not work), ``RuntimeError`` (an engine did not start; already-started ones
     are stopped) or ``ValueError`` (a bad option for a policy)."""
-    from controller.engines import make_engine_client
-    from controller.signals import InvalidSampleCounter
+    from inferctl.controller.engines import make_engine_client
+    from inferctl.controller.signals import InvalidSampleCounter
 
     check_files(config)
     registry, metrics = build_registry()

@@ -28,8 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
-from dashboards import promql as q
-from dashboards.catalog import CONTROLLER_JOB, ENGINE_JOB
+from inferctl.dashboards import promql as q
+from inferctl.dashboards.catalog import CONTROLLER_JOB, ENGINE_JOB
 
 #: Where ``runbook_url`` points: the runbooks/ folder of the repository's main branch.
 DEFAULT_RUNBOOK_BASE_URL = "https://github.com/inferctl/inferctl/blob/main/runbooks/"

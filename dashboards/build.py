@@ -31,8 +31,8 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 
-from dashboards import promql as q
-from dashboards.catalog import CONTROLLER_JOB, ENGINE_JOB, metric_catalog, scraped_label
+from inferctl.dashboards import promql as q
+from inferctl.dashboards.catalog import CONTROLLER_JOB, ENGINE_JOB, metric_catalog, scraped_label
 
 W = "$__rate_interval"
 DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -342,7 +342,7 @@ def _uncharted_panel(name: str, spec: dict) -> PanelSpec:
 
 
 def _charted_metrics(specs: list[DashboardSpec]) -> set[str]:
-    from dashboards.promql_lint import analyze   # local: keeps the import graph one-way
+    from inferctl.dashboards.promql_lint import analyze   # local: keeps the import graph one-way
     names: set[str] = set()
     for d in specs:
         for _row, panels in d.rows:

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
-from controller.metrics import CONTROLLER_METRICS
-from engine.metrics import ENGINE_METRICS
+from inferctl.controller.metrics import CONTROLLER_METRICS
+from inferctl.engine.metrics import ENGINE_METRICS
 
 #: Labels Prometheus attaches to every scraped series (target labels).
 TARGET_LABELS: tuple[str, ...] = ("job", "instance")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import typer
 
-from dashboards.alerts import DEFAULT_RUNBOOK_BASE_URL
-from dashboards.generate import REPO_ROOT, stale_files, write_all
+from inferctl.dashboards.alerts import DEFAULT_RUNBOOK_BASE_URL
+from inferctl.dashboards.generate import REPO_ROOT, stale_files, write_all
 
 RootOption = typer.Option(REPO_ROOT, "--root", help="Repository root whose generated files are written or checked (default: this checkout).",
                           file_okay=False, dir_okay=True)

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import yaml
 
-from dashboards.alertmanager import alertmanager_config
-from dashboards.alerts import DEFAULT_RUNBOOK_BASE_URL, prometheus_rule_object, rule_groups, rules_document
-from dashboards.build import render_dashboards
+from inferctl.dashboards.alertmanager import alertmanager_config
+from inferctl.dashboards.alerts import DEFAULT_RUNBOOK_BASE_URL, prometheus_rule_object, rule_groups, rules_document
+from inferctl.dashboards.build import render_dashboards
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RULES_FILE = "alerts/inferctl.rules.yaml"

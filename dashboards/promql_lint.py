@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from dashboards.catalog import Series
+from inferctl.dashboards.catalog import Series
 
 AGGREGATORS = frozenset({
     "sum", "avg", "min", "max", "count", "group", "stddev", "stdvar", "topk", "bottomk",

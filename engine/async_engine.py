@@ -18,10 +18,10 @@ import threading
 import time
 from collections.abc import AsyncIterator
 
-from engine.engine import LLMEngine, RequestOutput
-from engine.sampling_params import SamplingParams
-from engine.scheduler import AdmissionError
-from engine.sequence import Sequence
+from inferctl.engine.engine import LLMEngine, RequestOutput
+from inferctl.engine.sampling_params import SamplingParams
+from inferctl.engine.scheduler import AdmissionError
+from inferctl.engine.sequence import Sequence
 
 logger = logging.getLogger(__name__)
 

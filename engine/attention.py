@@ -28,7 +28,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from engine.quant import dequantize_kv, quantize_kv
+from inferctl.engine.quant import dequantize_kv, quantize_kv
 
 Chunk = tuple[Sequence[int], int, int, bool]
 """(block_table, num_cached_tokens, num_new_tokens, all_logits) of one sequence in a step."""

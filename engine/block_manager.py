@@ -11,7 +11,7 @@ unused tail slots of each sequence's last block; ``None`` when no block is used.
 
 from __future__ import annotations
 
-from engine.sequence import Sequence
+from inferctl.engine.sequence import Sequence
 
 
 class BlockManager:

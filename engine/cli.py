@@ -65,7 +65,7 @@ def _die(message: str, code: int = 2) -> None:
 
 
 def _config(**kwargs):  # noqa: ANN202 - EngineConfig, imported lazily
-    from engine.config import ConfigError, EngineConfig
+    from inferctl.engine.config import ConfigError, EngineConfig
 
     try:
         return EngineConfig(**kwargs)
@@ -100,7 +100,7 @@ def _load(spec: Optional[str], tokenizer: Optional[str], device: str, dtype: str
     """
     import torch
 
-    from engine.loader import load_model
+    from inferctl.engine.loader import load_model
 
     dev = device
     if dev == "auto":
@@ -122,9 +122,9 @@ def _load(spec: Optional[str], tokenizer: Optional[str], device: str, dtype: str
 
 
 def _build_engine(bundle, config, precision: str):  # noqa: ANN001, ANN202
-    from engine.async_engine import AsyncLLMEngine
-    from engine.config import ConfigError
-    from engine.engine import LLMEngine
+    from inferctl.engine.async_engine import AsyncLLMEngine
+    from inferctl.engine.config import ConfigError
+    from inferctl.engine.engine import LLMEngine
 
     try:
         llm = LLMEngine(bundle, config)
@@ -178,8 +178,8 @@ def serve(
 
     import uvicorn
 
-    from engine.protocol import CHAT_TEMPLATES
-    from engine.server import create_app
+    from inferctl.engine.protocol import CHAT_TEMPLATES
+    from inferctl.engine.server import create_app
 
     if kv_cache_dtype not in ("auto", "int8"):
         _die(f"--kv-cache-dtype: must be auto or int8, got {kv_cache_dtype!r}")
@@ -241,7 +241,7 @@ def generate(
     device: str = typer.Option("cpu", "--device", help="auto | cpu | cuda"),
 ) -> None:
     """Generate one completion in-process and print only its text to stdout."""
-    from engine.sampling_params import SamplingParams, SamplingParamsError
+    from inferctl.engine.sampling_params import SamplingParams, SamplingParamsError
 
     if prompt == "":
         _die("--prompt: must not be empty")
@@ -250,7 +250,7 @@ def generate(
                                 top_k=top_k, repetition_penalty=repetition_penalty)
     except SamplingParamsError as exc:
         _die(f"--{exc.field.replace('_', '-')}: {exc.message}")
-    from engine.engine import LLMEngine
+    from inferctl.engine.engine import LLMEngine
 
     bundle = _load(model, tokenizer, device)
     config = _config(max_model_len=max_model_len)

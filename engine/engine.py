@@ -46,21 +46,21 @@ from dataclasses import dataclass
 
 import torch
 
-from engine import __version__
-from engine.attention import KVCache
-from engine.block_manager import BlockManager
-from engine.config import ConfigError, EngineConfig
-from engine.detokenizer import IncrementalDetokenizer
-from engine.memory import (MemoryAccountant, OomInfo, classify_error, classify_oom,
+from inferctl.engine import __version__
+from inferctl.engine.attention import KVCache
+from inferctl.engine.block_manager import BlockManager
+from inferctl.engine.config import ConfigError, EngineConfig
+from inferctl.engine.detokenizer import IncrementalDetokenizer
+from inferctl.engine.memory import (MemoryAccountant, OomInfo, classify_error, classify_oom,
                            estimate_step_activation_bytes, format_size, parse_oom_message)
-from engine.metrics import build_registry
-from engine.quality import detect_repetition_loop, score_output
-from engine.runner import ModelRunner
-from engine.sampler import Sampler, make_generator
-from engine.sampling_params import SamplingParams, SamplingParamsError
-from engine.scheduler import AdmissionError, Scheduler
-from engine.sequence import Logprob, PromptLogprobEntry, Sequence, SequenceStatus
-from engine.stats import EngineStats
+from inferctl.engine.metrics import build_registry
+from inferctl.engine.quality import detect_repetition_loop, score_output
+from inferctl.engine.runner import ModelRunner
+from inferctl.engine.sampler import Sampler, make_generator
+from inferctl.engine.sampling_params import SamplingParams, SamplingParamsError
+from inferctl.engine.scheduler import AdmissionError, Scheduler
+from inferctl.engine.sequence import Logprob, PromptLogprobEntry, Sequence, SequenceStatus
+from inferctl.engine.stats import EngineStats
 
 __all__ = ["LLMEngine", "RequestOutput", "AdmissionError", "Logprob"]
 

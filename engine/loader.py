@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.model import LlamaModel, ModelArgs, canonical_weight_names
-from engine.tokenizer import (BaseTokenizer, ByteTokenizer, HFTokenizer, Llama2cTokenizer,
+from inferctl.engine.model import LlamaModel, ModelArgs, canonical_weight_names
+from inferctl.engine.tokenizer import (BaseTokenizer, ByteTokenizer, HFTokenizer, Llama2cTokenizer,
                               build_hf_tokenizer_json)
 
 LLAMA2C_MAGIC = 0x616B3432  # "ak42": llama2.c export.py version >= 1 header

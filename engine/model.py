@@ -30,8 +30,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from engine.attention import AttentionMetadata, KVCache, paged_attention
-from engine.quant import Int8Weight, int8_matmul, int8_weight_nbytes, quantize_per_channel
+from inferctl.engine.attention import AttentionMetadata, KVCache, paged_attention
+from inferctl.engine.quant import Int8Weight, int8_matmul, int8_weight_nbytes, quantize_per_channel
 
 PRECISIONS = ("full", "int8")
 

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.attention import AttentionMetadata, KVCache
-from engine.memory import MemoryAccountant, estimate_step_activation_bytes
-from engine.sampler import Sampler, SampleResult
-from engine.sequence import Logprob, PromptLogprobEntry, Sequence
+from inferctl.engine.attention import AttentionMetadata, KVCache
+from inferctl.engine.memory import MemoryAccountant, estimate_step_activation_bytes
+from inferctl.engine.sampler import Sampler, SampleResult
+from inferctl.engine.sequence import Logprob, PromptLogprobEntry, Sequence
 
 
 @dataclass

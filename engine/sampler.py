@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from engine.sampling_params import SamplingParams
+from inferctl.engine.sampling_params import SamplingParams
 
 _FLOAT32_MAX = torch.finfo(torch.float32).max
 

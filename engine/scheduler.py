@@ -25,8 +25,8 @@ import bisect
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.block_manager import BlockManager
-from engine.sequence import Sequence, SequenceStatus
+from inferctl.engine.block_manager import BlockManager
+from inferctl.engine.sequence import Sequence, SequenceStatus
 
 
 class AdmissionError(Exception):

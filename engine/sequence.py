@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 if TYPE_CHECKING:   # pragma: no cover
     import torch
 
-    from engine.sampling_params import SamplingParams
+    from inferctl.engine.sampling_params import SamplingParams
 
 
 class Logprob(NamedTuple):

@@ -75,7 +75,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.core import Metric
 
-from engine.protocol import (
+from inferctl.engine.protocol import (
     AdminDrainRequest,
     AdminFaultRequest,
     AdminPrecisionRequest,
@@ -98,7 +98,7 @@ from engine.protocol import (
     validate_model,
     validation_error_to_api_error,
 )
-from engine.quality import json_safe
+from inferctl.engine.quality import json_safe
 
 log = logging.getLogger("inferctl.engine.server")
 
@@ -280,7 +280,7 @@ def create_app(engines: dict[str, Any], *, admin_token: str | None, default_mode
 
 
 def _version() -> str:
-    from engine import __version__
+    from inferctl.engine import __version__
 
     return __version__
 
@@ -679,7 +679,7 @@ def _chat_logprobs(tokenizer: Any, token_ids: list[int], lps: list, tops: list) 
 
 
 def _sampling_params(req: Any, max_tokens: int, logprobs: int | None, limits: ProtocolLimits) -> Any:
-    from engine.sampling_params import SamplingLimits, SamplingParams
+    from inferctl.engine.sampling_params import SamplingLimits, SamplingParams
 
     # The protocol layer already enforced these bounds; SamplingParams re-checks against the same
     # numbers so an operator who raises a protocol limit is not refused one layer further down.
@@ -757,7 +757,7 @@ async def _prepare_jobs(served: ServedModel, prompts: list, req_id: str, request
 
 def _params_for(req: Any, jobs: list[_PromptJob], served: ServedModel, logprobs: int | None,
                 limits: ProtocolLimits) -> list[Any]:
-    from engine.sampling_params import SamplingParamsError
+    from inferctl.engine.sampling_params import SamplingParamsError
 
     try:
         return [_sampling_params(req, job.max_tokens, logprobs, limits) for job in jobs]

@@ -13,7 +13,7 @@ from collections import deque
 
 import numpy as np
 
-from engine.quality import OutputQuality
+from inferctl.engine.quality import OutputQuality
 
 FINISH_REASONS = ("stop", "length", "repetition", "abort", "error")
 

@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from controller.types import EngineSnapshot, GpuReading, GpuSnapshot
+from inferctl.controller.types import EngineSnapshot, GpuReading, GpuSnapshot
 
 FAKE_BIN = Path(__file__).resolve().parent / "fake_bin"
 GIB = 1024 ** 3
@@ -227,9 +227,9 @@ def loop_parts(tmp_path: Path, engines: list[dict], intervals: dict | None = Non
     """What every loop test builds first: the validated config for ``engines`` (with
     ``FAST_INTERVALS`` unless ``intervals`` is given), a fresh metrics registry and an event log
     in ``tmp_path/ev.db`` counting into it: (config, registry, metrics, event_log)."""
-    from controller.config import parse_config
-    from controller.events import EventLog
-    from controller.metrics import build_registry
+    from inferctl.controller.config import parse_config
+    from inferctl.controller.events import EventLog
+    from inferctl.controller.metrics import build_registry
 
     cfg = parse_config({"engines": engines, "intervals": intervals or FAST_INTERVALS})
     registry, metrics = build_registry()
@@ -254,11 +254,11 @@ def make_controller(tmp_path: Path, clients: dict, gpu_source=None, intervals: d
                     policies: dict | None = None, resetter_opts: dict | None = None, clock=time.time,
                     hold_seconds: float = 2.0):
     """A real Controller over engine client doubles: (controller, registry, event_log)."""
-    from controller.actions import Actions
-    from controller.loop import Controller
-    from controller.policies.precision import PrecisionPolicy
-    from controller.reset import GpuResetter
-    from controller.signals import InvalidSampleCounter
+    from inferctl.controller.actions import Actions
+    from inferctl.controller.loop import Controller
+    from inferctl.controller.policies.precision import PrecisionPolicy
+    from inferctl.controller.reset import GpuResetter
+    from inferctl.controller.signals import InvalidSampleCounter
 
     cfg, registry, metrics, log = loop_parts(
         tmp_path, [{"name": n, "url": f"http://127.0.0.1:{9000 + i}", "gpu": 0}
@@ -284,7 +284,7 @@ def api_setup(tmp_path: Path, token: str, **test_client_kw):
     ``TestClient`` on its API guarded by ``token``: (http, controller, client, event_log)."""
     from fastapi.testclient import TestClient
 
-    from controller.api import create_app
+    from inferctl.controller.api import create_app
 
     client = FakeEngineClient()
     ctl, registry, log = make_controller(tmp_path, {"main": client}, clock=FakeClock())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.engine import LLMEngine, RequestOutput
+from inferctl.engine.engine import LLMEngine, RequestOutput
 
 
 def drain(engine: LLMEngine, max_steps: int = 10_000) -> tuple[dict[str, list[int]], dict[str, RequestOutput]]:

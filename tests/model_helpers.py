@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.attention import AttentionMetadata, KVCache
+from inferctl.engine.attention import AttentionMetadata, KVCache
 
 
 class Harness:

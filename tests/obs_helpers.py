@@ -190,4 +190,4 @@ def prom_query_range(base: str, expr: str, start: float, end: float, step: float
 
 def python_cli(*args: str) -> list[str]:
     """argv running the inferctl CLI with this interpreter (no dependence on PATH)."""
-    return [sys.executable, "-m", "controller.cli", *args]
+    return [sys.executable, "-m", "inferctl", *args]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-from controller.types import EngineSnapshot, GpuReading, GpuSnapshot, XidEvent
+from inferctl.controller.types import EngineSnapshot, GpuReading, GpuSnapshot, XidEvent
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -19,11 +19,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.async_engine import AsyncLLMEngine
-from engine.config import EngineConfig
-from engine.engine import LLMEngine
-from engine.loader import build_demo_model, load_model
-from engine.server import create_app
+from inferctl.engine.async_engine import AsyncLLMEngine
+from inferctl.engine.config import EngineConfig
+from inferctl.engine.engine import LLMEngine
+from inferctl.engine.loader import build_demo_model, load_model
+from inferctl.engine.server import create_app
 
 STORIES = "stories260K"
 ADMIN_TOKEN = "test-admin-token"

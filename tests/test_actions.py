@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from controller.actions import Actions, EngineSupervisor
-from controller.events import EventLog
-from controller.metrics import build_registry
-from controller.reset import GpuResetter
-from controller.types import Decision
+from inferctl.controller.actions import Actions, EngineSupervisor
+from inferctl.controller.events import EventLog
+from inferctl.controller.metrics import build_registry
+from inferctl.controller.reset import GpuResetter
+from inferctl.controller.types import Decision
 from tests.controller_helpers import (FAKE_ENGINE_SRC, FakeClock, FakeEngineClient, FakeNvidiaSmi,
                                       StaticGpuSource, free_port, port_is_free)
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dashboards.alertmanager import alertmanager_config
-from dashboards.alerts import (DEFAULT_RUNBOOK_BASE_URL, AlertRule, alert_rules, recorded_series, rule_groups,
+from inferctl.dashboards.alertmanager import alertmanager_config
+from inferctl.dashboards.alerts import (DEFAULT_RUNBOOK_BASE_URL, AlertRule, alert_rules, recorded_series, rule_groups,
                                rules_document)
-from dashboards.catalog import ENGINE_JOB, exposed_series, gauge_names
-from dashboards.generate import dump_yaml
-from dashboards.promql_lint import analyze, check_expression
+from inferctl.dashboards.catalog import ENGINE_JOB, exposed_series, gauge_names
+from inferctl.dashboards.generate import dump_yaml
+from inferctl.dashboards.promql_lint import analyze, check_expression
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "alerts" / "inferctl.rules.yaml"
@@ -203,8 +203,8 @@ def test_promtool_check_metrics_on_every_catalog_series():
     """Every catalog metric, with every label set, passes promtool's lint (names, units, help)."""
     from prometheus_client import generate_latest
 
-    from controller.metrics import CONTROLLER_METRICS, build_registry as build_controller
-    from engine.metrics import ENGINE_METRICS, build_registry as build_engine
+    from inferctl.controller.metrics import CONTROLLER_METRICS, build_registry as build_controller
+    from inferctl.engine.metrics import ENGINE_METRICS, build_registry as build_engine
 
     for build, catalog in ((build_engine, ENGINE_METRICS), (build_controller, CONTROLLER_METRICS)):
         registry, metrics = build()

@@ -80,7 +80,7 @@ def test_engine_runner_on_stories(stories_dir):
 
 
 def test_hf_static_runner_on_converted_stories(tmp_path, stories_dir):
-    from engine.loader import load_llama2c, save_hf_dir
+    from inferctl.engine.loader import load_llama2c, save_hf_dir
 
     d = save_hf_dir(load_llama2c(stories_dir / "stories260K.bin"), tmp_path / "hf")
     reqs = [common.Request(tuple(range(10, 14)), 2), common.Request(tuple(range(10, 16)), 4)]

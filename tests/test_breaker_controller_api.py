@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.api import MAX_BODY_BYTES
+from inferctl.controller.api import MAX_BODY_BYTES
 from tests.controller_helpers import api_setup, strict_json
 
 TOKEN = "t0ken-for-breaker-tests"

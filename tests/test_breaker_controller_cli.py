@@ -10,7 +10,7 @@ import threading
 import pytest
 from typer.testing import CliRunner
 
-from controller.cli import app
+from inferctl.cli import app
 from tests.controller_helpers import FakeClock, FakeEngineClient, FakeNvidiaSmi, free_port, make_controller
 from tests.test_cli_admin import TOKEN, Served
 
@@ -136,7 +136,7 @@ def test_an_answer_that_is_not_the_controllers_is_one_line_exit_1(body, cmd):
 
 def test_an_endless_answer_is_cut_off(monkeypatch):
     """Something at --url that streams without end: one line, exit 1, bounded memory."""
-    import controller.cli as cli
+    import inferctl.controller.cli as cli
 
     monkeypatch.setattr(cli, "MAX_ANSWER_BYTES", 1024 * 1024)
     with NotAController(b"[" + b"1," * (2 * 1024 * 1024)) as fake:

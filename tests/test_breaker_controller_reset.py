@@ -10,13 +10,13 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from controller.actions import Actions
-from controller.api import create_app
-from controller.events import EventLog
-from controller.metrics import build_registry
-from controller.policies import HardwarePolicy
-from controller.reset import GpuResetter
-from controller.types import XidEvent
+from inferctl.controller.actions import Actions
+from inferctl.controller.api import create_app
+from inferctl.controller.events import EventLog
+from inferctl.controller.metrics import build_registry
+from inferctl.controller.policies import HardwarePolicy
+from inferctl.controller.reset import GpuResetter
+from inferctl.controller.types import XidEvent
 from tests.controller_helpers import (FakeEngineClient, FakeNvidiaSmi, StaticGpuSource, gpu, make_controller,
                                       run_until)
 
@@ -65,7 +65,7 @@ def test_a_concurrent_reset_is_refused_before_it_drains_or_restarts_anything(tmp
 
     # mark the window in which nvidia-smi --gpu-reset runs
     real_cmd = resetter_cmd = None
-    from controller import reset as reset_mod
+    from inferctl.controller import reset as reset_mod
     real_cmd = reset_mod._Run.cmd
 
     def cmd(run, name, argv):
@@ -78,7 +78,7 @@ def test_a_concurrent_reset_is_refused_before_it_drains_or_restarts_anything(tmp
         return real_cmd(run, name, argv)
     monkeypatch.setattr(reset_mod._Run, "cmd", cmd)
 
-    from controller.types import Decision
+    from inferctl.controller.types import Decision
     results: dict[str, object] = {}
 
     def go(who: str, delay: float) -> None:

@@ -13,11 +13,11 @@ import time
 import httpx
 import pytest
 
-from controller.engines.bundled import BundledEngineClient, snapshot_from_stats
-from controller.engines.promtext import PromTextEngineClient
-from controller.gpu.dcgm import DcgmGpuSource
-from controller.policies.precision import PrecisionPolicy
-from controller.types import GpuReading, GpuSnapshot
+from inferctl.controller.engines.bundled import BundledEngineClient, snapshot_from_stats
+from inferctl.controller.engines.promtext import PromTextEngineClient
+from inferctl.controller.gpu.dcgm import DcgmGpuSource
+from inferctl.controller.policies.precision import PrecisionPolicy
+from inferctl.controller.types import GpuReading, GpuSnapshot
 from tests.controller_helpers import FakeClock, FakeEngineClient, StaticGpuSource, gpu, make_controller
 
 GIB = 1024 ** 3
@@ -96,7 +96,7 @@ def test_vllm_garbage_lines_leave_fields_missing_and_log_once(caplog):
             "vllm:gpu_cache_usage_perc{model_name=\"m\"} 17\n")
     client = PromTextEngineClient("v", "http://vllm.test", flavor="vllm",
                                   transport=httpx.MockTransport(lambda r: httpx.Response(200, text=text)))
-    with caplog.at_level(logging.WARNING, logger="controller.engines.promtext"):
+    with caplog.at_level(logging.WARNING, logger="inferctl.controller.engines.promtext"):
         snaps = [client.poll(float(i)) for i in range(5)]
     assert all(s.ok for s in snaps)
     assert snaps[-1].running is None and snaps[-1].waiting is None and snaps[-1].kv_usage_ratio is None
@@ -264,7 +264,7 @@ def test_an_endless_body_is_cut_off_not_read_forever(kind, pause):
         reading = DcgmGpuSource("http://d.test/metrics", timeout_s=0.5, transport=transport).poll(1.0)
         ok, error = reading.ok, reading.error
     else:
-        from controller.gpu.sim import SimGpuSource
+        from inferctl.controller.gpu.sim import SimGpuSource
         reading = SimGpuSource("http://e.test/stats", timeout_s=0.5, transport=transport).poll(1.0)
         ok, error = reading.ok, reading.error
     elapsed = time.monotonic() - t0

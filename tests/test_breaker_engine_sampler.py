@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.sampler import Sampler, top_k_top_p_mask
-from engine.sampling_params import SamplingParams
+from inferctl.engine.sampler import Sampler, top_k_top_p_mask
+from inferctl.engine.sampling_params import SamplingParams
 
 
 @pytest.mark.parametrize("top_p", [1e-300, 1e-46, 5e-324])

@@ -1,7 +1,7 @@
 """The metric catalogs follow the Prometheus naming conventions and never overlap."""
 
-from controller.metrics import CONTROLLER_METRICS, build_registry as build_controller
-from engine.metrics import ENGINE_METRICS, build_registry as build_engine
+from inferctl.controller.metrics import CONTROLLER_METRICS, build_registry as build_controller
+from inferctl.engine.metrics import ENGINE_METRICS, build_registry as build_engine
 
 
 def test_engine_names_prefixed_and_counters_end_total():

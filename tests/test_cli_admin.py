@@ -10,8 +10,8 @@ import pytest
 import uvicorn
 from typer.testing import CliRunner
 
-from controller.api import create_app
-from controller.cli import app
+from inferctl.controller.api import create_app
+from inferctl.cli import app
 from tests.controller_helpers import FakeClock, FakeEngineClient, FakeNvidiaSmi, free_port, make_controller
 
 TOKEN = "cli-test-token"
@@ -142,7 +142,7 @@ def test_events_filters_and_bad_values(served):
 
 
 def test_status_prints_the_reset_interval_for_people():
-    from controller.cli import _fmt_seconds
+    from inferctl.controller.cli import _fmt_seconds
     assert _fmt_seconds(1800.0) == "1800 s (30 min)"
     assert _fmt_seconds(30) == "30 s"
     assert _fmt_seconds(None) == "-" and _fmt_seconds(True) == "-"

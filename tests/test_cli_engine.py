@@ -9,14 +9,14 @@ import sys
 import pytest
 import typer
 
-from engine.cli import parse_size
+from inferctl.engine.cli import parse_size
 from server_helpers import REFERENCE, STORIES, client, engines_running, make_app, run, stories_engine
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
 
 
 def _inferctl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "controller.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "inferctl", *args], capture_output=True, text=True,
                           env=ENV, timeout=timeout)
 
 
@@ -46,10 +46,10 @@ def test_generate_without_model_uses_the_demo_model():
     assert proc.returncode == 0, proc.stderr
     assert "prompt_tokens=6" in proc.stderr  # BOS + 5 bytes of the demo ByteTokenizer
     # the same seeded request on the built-in demo model, in-process
-    from engine.config import EngineConfig
-    from engine.engine import LLMEngine
-    from engine.loader import build_demo_model
-    from engine.sampling_params import SamplingParams
+    from inferctl.engine.config import EngineConfig
+    from inferctl.engine.engine import LLMEngine
+    from inferctl.engine.loader import build_demo_model
+    from inferctl.engine.sampling_params import SamplingParams
 
     bundle = build_demo_model()
     llm = LLMEngine(bundle, EngineConfig(num_threads=1))

@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from engine.cli import oom_options
+from inferctl.engine.cli import oom_options
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
 
@@ -19,11 +19,11 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
 def test_flags_reach_the_engine_config(monkeypatch):
     import uvicorn
 
-    from controller.cli import app
+    from inferctl.cli import app
 
     seen = {}
     monkeypatch.setattr(uvicorn, "run", lambda asgi, **kw: seen.setdefault("app", asgi))
-    import engine.server
+    import inferctl.engine.server
 
     real = engine.server.create_app
 
@@ -41,7 +41,7 @@ def test_flags_reach_the_engine_config(monkeypatch):
 
 
 def test_defaults_are_the_engine_config_defaults():
-    from engine.config import EngineConfig
+    from inferctl.engine.config import EngineConfig
 
     d = EngineConfig()
     assert oom_options(3, 0.05, 2.0) == {"max_oom_retries": d.max_oom_retries,
@@ -67,7 +67,7 @@ def test_oom_options_name_the_flag(args, flag):
     (["--oom-backoff-max-seconds", "-1"], "--oom-backoff-max-seconds"),
 ])
 def test_serve_rejects_bad_oom_flags_before_loading(args, words):
-    proc = subprocess.run([sys.executable, "-m", "controller.cli", "engine", "serve", "--port", "0",
+    proc = subprocess.run([sys.executable, "-m", "inferctl", "engine", "serve", "--port", "0",
                            "--model", "/nonexistent/model.bin", *args],
                           capture_output=True, text=True, env=ENV, timeout=60)
     assert proc.returncode == 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from controller.api import create_app
+from inferctl.controller.api import create_app
 from tests.controller_helpers import (FakeClock, FakeEngineClient, FakeNvidiaSmi, StaticGpuSource, api_setup,
                                       gpu, make_controller, strict_json)
 

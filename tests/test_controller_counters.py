@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from controller.actions import RESTART_REASONS, Actions, restart_reason
-from controller.events import EVENT_KINDS
-from controller.loop import Controller
-from controller.policies import LatencyBreaker
-from controller.policies.precision import PrecisionPolicy
+from inferctl.controller.actions import RESTART_REASONS, Actions, restart_reason
+from inferctl.controller.events import EVENT_KINDS
+from inferctl.controller.loop import Controller
+from inferctl.controller.policies import LatencyBreaker
+from inferctl.controller.policies.precision import PrecisionPolicy
 from tests.controller_helpers import FakeClock, FakeEngineClient, StaticGpuSource, loop_parts
 from tests.policy_helpers import ttft_hist
 

@@ -10,12 +10,12 @@ import time
 import pytest
 
 from core_helpers import drain
-from engine.async_engine import AsyncLLMEngine, EngineDeadError
-from engine.config import EngineConfig
-from engine.engine import LLMEngine
-from engine.loader import load_llama2c
-from engine.sampling_params import SamplingParams
-from engine.scheduler import AdmissionError
+from inferctl.engine.async_engine import AsyncLLMEngine, EngineDeadError
+from inferctl.engine.config import EngineConfig
+from inferctl.engine.engine import LLMEngine
+from inferctl.engine.loader import load_llama2c
+from inferctl.engine.sampling_params import SamplingParams
+from inferctl.engine.scheduler import AdmissionError
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,9 @@
 """llama2.c checkpoints end a story with BOS (id 1): generation stops there, as llama2.c's run.c does."""
 
-from engine.config import EngineConfig
-from engine.engine import LLMEngine
-from engine.loader import load_model
-from engine.sampling_params import SamplingParams
+from inferctl.engine.config import EngineConfig
+from inferctl.engine.engine import LLMEngine
+from inferctl.engine.loader import load_model
+from inferctl.engine.sampling_params import SamplingParams
 
 
 def _run(engine, ids, **params):

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from core_helpers import drain, gutenberg_text
-from engine.config import ConfigError, EngineConfig
-from engine.engine import LLMEngine
-from engine.loader import load_llama2c
-from engine.sampling_params import SamplingParams
-from engine.scheduler import AdmissionError
+from inferctl.engine.config import ConfigError, EngineConfig
+from inferctl.engine.engine import LLMEngine
+from inferctl.engine.loader import load_llama2c
+from inferctl.engine.sampling_params import SamplingParams
+from inferctl.engine.scheduler import AdmissionError
 
 # llama2.c's documented greedy continuation of "Once upon a time" (models/stories260K/README.md)
 REFERENCE = (", there was a little girl named Lily. She loved to play outside in the park. One day, "
@@ -415,7 +415,7 @@ def test_cuda_oom_codes_requeue_and_hardware_errors_fail_the_step(bundle):
 
 
 def test_fragmentation_oom_empties_the_cache_and_retries(bundle):
-    from engine.memory import GiB, MiB, format_oom_message
+    from inferctl.engine.memory import GiB, MiB, format_oom_message
     msg = format_oom_message(2 * MiB, 80 * GiB, 1 * MiB, 10 * GiB, 3 * MiB)   # U 3 MiB >= R 2 MiB
     engine = LLMEngine(bundle, EngineConfig())
     engine.runner.model = FailingModel(bundle.model, [torch.OutOfMemoryError(msg)])

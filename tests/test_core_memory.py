@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.memory import (GiB, KiB, MiB, MemoryAccountant, SimulatedCachingAllocator,
+from inferctl.engine.memory import (GiB, KiB, MiB, MemoryAccountant, SimulatedCachingAllocator,
                            classify_error, classify_oom, estimate_step_activation_bytes,
                            format_oom_message, format_oom_message_old, format_size,
                            parse_cuda_error_code, parse_oom_message)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.block_manager import BlockManager
-from engine.sampling_params import SamplingParams
-from engine.scheduler import AdmissionError, Scheduler
-from engine.sequence import Sequence, SequenceStatus
+from inferctl.engine.block_manager import BlockManager
+from inferctl.engine.sampling_params import SamplingParams
+from inferctl.engine.scheduler import AdmissionError, Scheduler
+from inferctl.engine.sequence import Sequence, SequenceStatus
 
 
 def make_seq(rid: str, prompt_len: int, arrival: float, max_tokens: int = 16) -> Sequence:

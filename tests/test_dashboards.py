@@ -16,12 +16,12 @@ from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import prometheus as pm
 from typer.testing import CliRunner
 
-from dashboards.alerts import recorded_series
-from dashboards.build import annotation_queries, panel_queries, render_dashboards
-from dashboards.catalog import exposed_series, gauge_names, metric_catalog
-from dashboards.cli import make_app
-from dashboards.generate import render_all, stale_files
-from dashboards.promql_lint import analyze, check_expression
+from inferctl.dashboards.alerts import recorded_series
+from inferctl.dashboards.build import annotation_queries, panel_queries, render_dashboards
+from inferctl.dashboards.catalog import exposed_series, gauge_names, metric_catalog
+from inferctl.dashboards.cli import make_app
+from inferctl.dashboards.generate import render_all, stale_files
+from inferctl.dashboards.promql_lint import analyze, check_expression
 
 ROOT = Path(__file__).resolve().parents[1]
 UIDS = {"inferctl-service", "inferctl-gpu", "inferctl-batching", "inferctl-model-health", "inferctl-control-plane"}
@@ -189,19 +189,19 @@ def test_render_is_deterministic():
     assert render_dashboards() == render_dashboards()
 
 
-ALLOWED_INTERNAL = {"engine.metrics", "controller.metrics"}
+ALLOWED_INTERNAL = {"inferctl.engine.metrics", "inferctl.controller.metrics"}
 
 
 def _internal_imports(path: Path) -> list[str]:
     """Modules of the engine/controller packages that ``path`` imports (dotted names)."""
+    parts = ("inferctl.engine", "inferctl.controller")
     found = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
-            found += [a.name for a in node.names if a.name.split(".")[0] in ("engine", "controller")]
+            found += [a.name for a in node.names if a.name.startswith(parts)]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            top = node.module.split(".")[0]
-            if top in ("engine", "controller"):
-                if node.module in ("engine", "controller"):
+            if node.module.startswith(parts):
+                if node.module in parts:
                     found += [f"{node.module}.{a.name}" for a in node.names]
                 else:
                     found.append(node.module)
@@ -221,9 +221,9 @@ def test_dashboards_package_imports_only_the_two_catalogs():
 
 def test_import_checker_catches_forbidden_forms(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("import engine.server\nfrom controller import loop\nfrom controller.metrics import X\n"
-                   "from engine import metrics\nimport os\n")
-    assert _internal_imports(bad) == ["engine.server", "controller.loop", "controller.metrics", "engine.metrics"]
+    bad.write_text("import inferctl.engine.server\nfrom inferctl.controller import loop\n"
+                   "from inferctl.controller.metrics import X\nfrom inferctl.engine import metrics\nimport os\n")
+    assert _internal_imports(bad) == ["inferctl.engine.server", "inferctl.controller.loop", "inferctl.controller.metrics", "inferctl.engine.metrics"]
 
 
 def test_recorded_series_names_follow_level_metric_operations():

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from dashboards import promql as q
-from dashboards.catalog import exposed_series, gauge_names, metric_catalog, scraped_label
-from dashboards.promql_lint import PromQLSyntaxError, analyze, check_expression
+from inferctl.dashboards import promql as q
+from inferctl.dashboards.catalog import exposed_series, gauge_names, metric_catalog, scraped_label
+from inferctl.dashboards.promql_lint import PromQLSyntaxError, analyze, check_expression
 
 SERIES = exposed_series()
 GAUGES = gauge_names()

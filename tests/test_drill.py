@@ -13,7 +13,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from controller import drill as dr
+from inferctl.controller import drill as dr
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,7 +121,7 @@ def test_stack_config_uses_the_stories_calibration(tmp_path):
     other = dr.stack_config(None, tmp_path, "64MiB", ["--max-num-seqs", "8"], 3.0, 0.2)
     assert other["engines"][0]["launch"]["memory_budget"] == "64MiB"
     assert other["engines"][0]["launch"]["args"] == ["--max-num-seqs", "8"]
-    from controller.config import parse_config
+    from inferctl.controller.config import parse_config
 
     assert parse_config(cfg).engines[0].launch.memory_budget == str(dr.STORIES_BUDGET)
 

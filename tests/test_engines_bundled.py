@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from controller.engines import BundledEngineClient, EngineAdminError, make_engine_client, snapshot_from_stats
+from inferctl.controller.engines import BundledEngineClient, EngineAdminError, make_engine_client, snapshot_from_stats
 from tests.gpu_helpers import TextServer
 
 TOKEN = "s3cret"

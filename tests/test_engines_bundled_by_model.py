@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 from server_helpers import STORIES, auth, client, demo_engine, engines_running, make_app, run, stories_engine
 
-from controller.engines import BundledEngineClient
+from inferctl.controller.engines import BundledEngineClient
 
 
 def test_ttft_by_model_from_a_real_two_model_engine(stories_dir):

@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from controller.engines import EngineAdminError, make_engine_client
-from controller.engines.promtext import PromTextEngineClient, parse_prometheus_text, snapshot_from_metrics_text
+from inferctl.controller.engines import EngineAdminError, make_engine_client
+from inferctl.controller.engines.promtext import PromTextEngineClient, parse_prometheus_text, snapshot_from_metrics_text
 from tests.gpu_helpers import TextServer
 
 F01 = ('# TYPE vllm:kv_cache_usage_perc gauge\n'

@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from controller.events import EventLog
-from controller.metrics import build_registry
+from inferctl.controller.events import EventLog
+from inferctl.controller.metrics import build_registry
 
 
 def test_wal_mode_and_roundtrip(tmp_path):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.gpu.dcgm import DcgmGpuSource, is_dcgm_blank, parse_dcgm_text
+from inferctl.controller.gpu.dcgm import DcgmGpuSource, is_dcgm_blank, parse_dcgm_text
 from tests.gpu_helpers import TextServer
 
 MIB = 1024 * 1024

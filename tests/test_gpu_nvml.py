@@ -9,9 +9,9 @@ import time
 import pynvml
 import pytest
 
-from controller.gpu.base import make_gpu_source
-from controller.gpu.nvml import NvmlGpuSource, probe_nvml
-from controller.gpu.sim import SimGpuSource
+from inferctl.controller.gpu.base import make_gpu_source
+from inferctl.controller.gpu.nvml import NvmlGpuSource, probe_nvml
+from inferctl.controller.gpu.sim import SimGpuSource
 from tests.gpu_helpers import MIB, FakeGpu, FakeNvml
 
 
@@ -53,7 +53,7 @@ def test_f10_power_not_supported_is_none_and_logged_once(caplog: pytest.LogCaptu
     gpus = [FakeGpu(uuid="GPU-0", power_mw=219000),
             FakeGpu(uuid="GPU-1", power_mw=pynvml.NVMLError_NotSupported())]
     src = NvmlGpuSource(FakeNvml(gpus))
-    with caplog.at_level(logging.INFO, logger="controller.gpu.nvml"):
+    with caplog.at_level(logging.INFO, logger="inferctl.controller.gpu.nvml"):
         readings = [src.poll(float(t)) for t in range(5)]
     assert all(r.ok for r in readings)
     assert readings[-1].gpus["GPU-0"].power_watts == 219.0
@@ -184,7 +184,7 @@ def test_missing_binding_function_is_one_field_not_telemetry_down(caplog: pytest
     fake = FakeNvml([FakeGpu(uuid="GPU-0", remapped=(0, 0, 1, 1))])
     fake.nvmlDeviceGetRemappedRows = None          # an older nvidia-ml-py without the call
     src = NvmlGpuSource(fake)
-    with caplog.at_level(logging.INFO, logger="controller.gpu.nvml"):
+    with caplog.at_level(logging.INFO, logger="inferctl.controller.gpu.nvml"):
         r1, r2 = src.poll(0.0), src.poll(1.0)
     assert r1.ok and r2.ok and r2.gpus["GPU-0"].remapped_rows_pending is None
     assert r2.gpus["GPU-0"].power_watts == 100.0

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from controller.gpu.base import memory_accounting_gap_bytes, memory_consistent, used_ratio
-from controller.gpu.parsers import (
+from inferctl.controller.gpu.base import memory_accounting_gap_bytes, memory_consistent, used_ratio
+from inferctl.controller.gpu.parsers import (
     CaptureFormatError, detect_capture_format, parse_bytes, parse_capture, parse_compute_apps_csv,
     parse_query_gpu_csv, parse_recovery_action, parse_smi_q, parse_smi_xml)
-from controller.types import GpuSnapshot
+from inferctl.controller.types import GpuSnapshot
 
 MIB = 1024 * 1024
 H100 = "linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01__"

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from controller.gpu.base import make_gpu_source
-from controller.gpu.parsers import parse_capture
-from controller.gpu.replay import ReplayGpuSource, TraceFormatError
-from controller.gpu.sim import SIM_UUID, SimGpuSource
-from controller.gpu.xid import XidDeduper
+from inferctl.controller.gpu.base import make_gpu_source
+from inferctl.controller.gpu.parsers import parse_capture
+from inferctl.controller.gpu.replay import ReplayGpuSource, TraceFormatError
+from inferctl.controller.gpu.sim import SIM_UUID, SimGpuSource
+from inferctl.controller.gpu.xid import XidDeduper
 from tests.gpu_helpers import TextServer
 
 MIB = 1024 * 1024

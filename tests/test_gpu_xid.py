@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.gpu.xid import (
+from inferctl.controller.gpu.xid import (
     XidAction, XidCatalog, XidDeduper, normalize_pci_bus_id, parse_kernel_line, parse_kernel_log)
-from controller.types import XidEvent
+from inferctl.controller.types import XidEvent
 
 OLD_LINE = "NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus."
 NEW_LINE = ("NVRM: The NVIDIA GPU 0000:b3:00.0 (PCI ID: 10de:26b5) installed in this system has fallen "

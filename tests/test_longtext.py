@@ -10,7 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from controller import longtext as lt
+from inferctl.controller import longtext as lt
 
 
 # ------------------------------------------------------------------------------ reading

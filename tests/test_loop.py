@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from controller.actions import Actions
-from controller.loop import Controller, SourceJob
-from controller.metrics import build_registry
-from controller.policies.precision import PrecisionPolicy
-from controller.signals import InvalidSampleCounter
-from controller.types import GpuReading
+from inferctl.controller.actions import Actions
+from inferctl.controller.loop import Controller, SourceJob
+from inferctl.controller.metrics import build_registry
+from inferctl.controller.policies.precision import PrecisionPolicy
+from inferctl.controller.signals import InvalidSampleCounter
+from inferctl.controller.types import GpuReading
 from tests.controller_helpers import FakeClock, FakeEngineClient, StaticGpuSource, loop_parts
 
 MIB = 1024 * 1024
@@ -184,7 +184,7 @@ def test_status_is_strict_json_with_engines_gpus_policies(tmp_path):
 
 
 def test_manual_actions_and_unpin(tmp_path):
-    from controller.policies.common import PolicyError
+    from inferctl.controller.policies.common import PolicyError
 
     client = FakeEngineClient()
     ctl, _, log = build(tmp_path, {"main": client})
@@ -211,7 +211,7 @@ def test_no_data_removes_gauges_instead_of_zero(tmp_path):
 
 
 def test_manual_switch_is_told_to_the_precision_policy_first(tmp_path):
-    from controller.types import Decision
+    from inferctl.controller.types import Decision
 
     class Pol:
         def __init__(self):
@@ -243,7 +243,7 @@ def test_supervise_restarts_a_crashed_engine(tmp_path):
     import signal
     import sys
 
-    from controller.actions import EngineSupervisor
+    from inferctl.controller.actions import EngineSupervisor
     from tests.controller_helpers import FAKE_ENGINE_SRC, free_port
 
     port = free_port()

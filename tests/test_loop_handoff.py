@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import time
 
-from controller.actions import Actions
-from controller.loop import Controller
-from controller.policies import HardwarePolicy
-from controller.policies.precision import PrecisionPolicy
-from controller.reset import GpuResetter
-from controller.types import XidEvent
+from inferctl.controller.actions import Actions
+from inferctl.controller.loop import Controller
+from inferctl.controller.policies import HardwarePolicy
+from inferctl.controller.policies.precision import PrecisionPolicy
+from inferctl.controller.reset import GpuResetter
+from inferctl.controller.types import XidEvent
 from tests.controller_helpers import (FakeEngineClient, FakeNvidiaSmi, StaticGpuSource, gpu, loop_parts,
                                       run_until)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from controller.policies import HardwarePolicy
-from controller.types import XidEvent
+from inferctl.controller.policies import HardwarePolicy
+from inferctl.controller.types import XidEvent
 from tests.controller_helpers import (FakeEngineClient, FakeNvidiaSmi, StaticGpuSource, gpu, make_controller,
                                       run_until)
 

@@ -3,9 +3,9 @@ undone without a new OOM; a manual degrade stays in int8 until the hold has pass
 
 from __future__ import annotations
 
-from controller.actions import Actions
-from controller.loop import Controller
-from controller.policies.precision import PrecisionPolicy
+from inferctl.controller.actions import Actions
+from inferctl.controller.loop import Controller
+from inferctl.controller.policies.precision import PrecisionPolicy
 from tests.controller_helpers import FakeClock, FakeEngineClient, StaticGpuSource, loop_parts
 
 MIB = 1024 * 1024

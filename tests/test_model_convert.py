@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.loader import load_hf_dir, load_llama2c, load_model, save_hf_dir
-from engine.tokenizer import HFTokenizer
+from inferctl.engine.loader import load_hf_dir, load_llama2c, load_model, save_hf_dir
+from inferctl.engine.tokenizer import HFTokenizer
 from tests.model_helpers import Harness
 
 TEXTS = ["Once upon a time", "Lily and Tom went to the park.\nThey saw a dog.", "Hello wörld é 🎉!",

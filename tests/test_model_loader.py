@@ -9,8 +9,8 @@ import struct
 import pytest
 import torch
 
-from engine.loader import build_demo_model, load_hf_dir, load_llama2c, load_model, save_hf_dir
-from engine.tokenizer import ByteTokenizer
+from inferctl.engine.loader import build_demo_model, load_hf_dir, load_llama2c, load_model, save_hf_dir
+from inferctl.engine.tokenizer import ByteTokenizer
 from tests.model_helpers import Harness, RefLlama
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.attention import AttentionMetadata, KVCache
-from engine.loader import load_llama2c
+from inferctl.engine.attention import AttentionMetadata, KVCache
+from inferctl.engine.loader import load_llama2c
 from tests.model_helpers import Harness
 
 TOL = 2e-5

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.loader import load_llama2c
-from engine.quant import (K_ALIGN, int8_matmul, int8_weight_nbytes, quantize_kv, dequantize_kv,
+from inferctl.engine.loader import load_llama2c
+from inferctl.engine.quant import (K_ALIGN, int8_matmul, int8_weight_nbytes, quantize_kv, dequantize_kv,
                           quantize_per_channel)
 from tests.model_helpers import Harness
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.loader import load_llama2c
+from inferctl.engine.loader import load_llama2c
 from tests.model_helpers import Harness, RefLlama
 
 README_CONTINUATION = (", there was a little girl named Lily. She loved to play outside in the park. One day, she "
@@ -55,7 +55,7 @@ def test_greedy_matches_independent_reference(stories, ref, prompt_text):
 
 def test_reference_is_sensitive_to_rope_layout(stories, ref):
     """The cross-check can fail: the same weights with the wrong RoPE pairing diverge."""
-    from engine.model import LlamaModel
+    from inferctl.engine.model import LlamaModel
     wrong = LlamaModel(stories.args.__class__(**{**stories.args.to_dict(), "rope_style": "half"}),
                        stories.model.export_weights())
     prompt = stories.tokenizer.encode("Once upon a time")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.tokenizer import ByteTokenizer, Llama2cTokenizer
+from inferctl.engine.tokenizer import ByteTokenizer, Llama2cTokenizer
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_hf_byte_level_tokenizer(tmp_path):
 
     from tokenizers import ByteLevelBPETokenizer
 
-    from engine.tokenizer import HFTokenizer
+    from inferctl.engine.tokenizer import HFTokenizer
 
     text = (Path(__file__).parent / "data" / "eval_stories.txt").read_text(encoding="utf-8")
     trainer = ByteLevelBPETokenizer()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.policies import BreakerConfig, BreakerState, LatencyBreaker
+from inferctl.controller.policies import BreakerConfig, BreakerState, LatencyBreaker
 from tests.policy_helpers import acts, engine, ttft_hist
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.policies import (BreakerConfig, FragmentationPolicy, LatencyBreaker,
+from inferctl.controller.policies import (BreakerConfig, FragmentationPolicy, LatencyBreaker,
                                  PrecisionPolicy)
 from tests.policy_helpers import engine
 

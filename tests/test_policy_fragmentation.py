@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from controller.policies import FragmentationConfig, FragmentationPolicy, FragmentationState
-from controller.signals import InvalidSampleCounter
+from inferctl.controller.policies import FragmentationConfig, FragmentationPolicy, FragmentationState
+from inferctl.controller.signals import InvalidSampleCounter
 from tests.policy_helpers import MiB, acts, engine
 
 R = 1000 * MiB

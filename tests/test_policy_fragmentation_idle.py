@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.policies import FragmentationConfig, FragmentationPolicy
+from inferctl.controller.policies import FragmentationConfig, FragmentationPolicy
 from tests.policy_helpers import acts, engine
 
 ALLOC = 4_380_672

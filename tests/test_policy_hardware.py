@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from controller.gpu.xid import XidAction, XidCatalog, parse_kernel_line
-from controller.policies import GpuHealth, HardwareConfig, HardwarePolicy, PolicyError
-from controller.types import XidEvent
+from inferctl.controller.gpu.xid import XidAction, XidCatalog, parse_kernel_line
+from inferctl.controller.policies import GpuHealth, HardwareConfig, HardwarePolicy, PolicyError
+from inferctl.controller.types import XidEvent
 from tests.policy_helpers import engine, gpu, reading
 
 GPUS = [gpu(f"GPU-{i}", i) for i in range(4)]

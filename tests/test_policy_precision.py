@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from controller.policies import (FragmentationPolicy, PolicyError, PrecisionConfig,
+from inferctl.controller.policies import (FragmentationPolicy, PolicyError, PrecisionConfig,
                                  PrecisionPolicy, PrecisionState)
-from controller.signals import InvalidSampleCounter
-from controller.types import XidEvent
+from inferctl.controller.signals import InvalidSampleCounter
+from inferctl.controller.types import XidEvent
 from tests.policy_helpers import (BUDGET, GiB, MiB, THRESHOLD, actions, engine, free_of, gpu, oom)
 
 F12_MSG = ("CUDA out of memory. Tried to allocate 96.00 MiB. GPU 0 has a total capacity of "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.policies import PolicyError, PrecisionConfig, PrecisionPolicy, PrecisionState
+from inferctl.controller.policies import PolicyError, PrecisionConfig, PrecisionPolicy, PrecisionState
 from tests.policy_helpers import THRESHOLD, actions, engine, free_of, oom
 
 HIGH = free_of(THRESHOLD + 50_000)     # more than the rollback threshold free

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from core_helpers import drain, gutenberg_text
-from engine.config import EngineConfig
-from engine.engine import LLMEngine
-from engine.loader import load_model
-from engine.memory import estimate_step_activation_bytes
-from engine.sampling_params import SamplingParams, SamplingParamsError
+from inferctl.engine.config import EngineConfig
+from inferctl.engine.engine import LLMEngine
+from inferctl.engine.loader import load_model
+from inferctl.engine.memory import estimate_step_activation_bytes
+from inferctl.engine.sampling_params import SamplingParams, SamplingParamsError
 from model_helpers import Harness
 
 TOL = 1e-4

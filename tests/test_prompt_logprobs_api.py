@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from controller.longtext import parse_prompt_logprobs
-from engine.server import _dumps, _prompt_logprobs_json
-from engine.sequence import Logprob
+from inferctl.controller.longtext import parse_prompt_logprobs
+from inferctl.engine.server import _dumps, _prompt_logprobs_json
+from inferctl.engine.sequence import Logprob
 from model_helpers import Harness
 from server_helpers import STORIES, client, engines_running, http_post, make_app, run, stories_engine
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.quality import (
+from inferctl.engine.quality import (
     PROMPT_LEN_BUCKETS,
     detect_repetition_loop,
     distinct_n,
@@ -21,9 +21,9 @@ from engine.quality import (
     score_output,
     seq_rep_n,
 )
-from engine.sampler import Sampler
-from engine.sampling_params import SamplingParams
-from engine.tokenizer import Llama2cTokenizer
+from inferctl.engine.sampler import Sampler
+from inferctl.engine.sampling_params import SamplingParams
+from inferctl.engine.tokenizer import Llama2cTokenizer
 
 A = "the the the the the the the the the the"
 B = "Paris is the capital of France."
@@ -186,7 +186,7 @@ def test_f20_degenerate_by_bucket():
     below = [rep for n, rep in records if prompt_len_bucket(n) != ">=8k"]
     above = [rep for n, rep in records if prompt_len_bucket(n) == ">=8k"]
     # the same threshold is_degenerate applies to seq-rep-4
-    from engine.quality import DEGENERATE_THRESHOLD
+    from inferctl.engine.quality import DEGENERATE_THRESHOLD
     assert sum(r >= DEGENERATE_THRESHOLD for r in below) == 0 and len(below) == 3
     assert sum(r >= DEGENERATE_THRESHOLD for r in above) == 3 and len(above) == 3
     with pytest.raises(ValueError, match="n_tokens"):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.engine import LLMEngine
-from engine.loader import load_llama2c
-from engine.quality import is_degenerate, repetition_loop, seq_rep_n
-from engine.sampling_params import SamplingParams
+from inferctl.engine.config import EngineConfig
+from inferctl.engine.engine import LLMEngine
+from inferctl.engine.loader import load_llama2c
+from inferctl.engine.quality import is_degenerate, repetition_loop, seq_rep_n
+from inferctl.engine.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")

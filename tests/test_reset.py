@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from controller.events import EventLog
-from controller.metrics import build_registry
-from controller.reset import GpuResetter
-from controller.types import GpuProcess
+from inferctl.controller.events import EventLog
+from inferctl.controller.metrics import build_registry
+from inferctl.controller.reset import GpuResetter
+from inferctl.controller.types import GpuProcess
 from tests.controller_helpers import FakeClock, FakeNvidiaSmi, StaticGpuSource, gpu
 
 Q_APPS = ["-i", "0", "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader,nounits"]
@@ -231,7 +231,7 @@ def test_exception_path_restores_persistence(tmp_path, monkeypatch, log):
             raise RuntimeError("boom")
         return real_run(argv, **kw)
 
-    monkeypatch.setattr("controller.reset.subprocess.run", exploding)
+    monkeypatch.setattr("inferctl.controller.reset.subprocess.run", exploding)
     r, _ = make(log)
     out = r.reset(0, reason="t")
     assert out.outcome == "failed" and "internal error" in out.message

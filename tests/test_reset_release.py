@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from controller.loop import ReleaseRefused
-from controller.policies import HardwarePolicy
-from controller.reset import GpuResetter
+from inferctl.controller.loop import ReleaseRefused
+from inferctl.controller.policies import HardwarePolicy
+from inferctl.controller.reset import GpuResetter
 from tests.controller_helpers import FakeClock, FakeEngineClient, FakeNvidiaSmi, StaticGpuSource, gpu, make_controller
 
 RESET0 = ["--gpu-reset", "-i", "0"]

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from dashboards.alerts import DEFAULT_RUNBOOK_BASE_URL, alert_rules, recorded_series
-from dashboards.build import dashboard_specs
-from dashboards.catalog import exposed_series, gauge_names
-from dashboards.promql_lint import check_expression
+from inferctl.dashboards.alerts import DEFAULT_RUNBOOK_BASE_URL, alert_rules, recorded_series
+from inferctl.dashboards.build import dashboard_specs
+from inferctl.dashboards.catalog import exposed_series, gauge_names
+from inferctl.dashboards.promql_lint import check_expression
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNBOOKS = ROOT / "runbooks"
@@ -94,7 +94,7 @@ def test_runbook_commands_exist_in_the_inferctl_cli():
     options exist on that command (parsed with click, never executed)."""
     import typer
 
-    from controller.cli import app
+    from inferctl.cli import app
 
     root = typer.main.get_command(app)   # typer vendors click: use duck typing, not click.Group
     commands = inferctl_commands()

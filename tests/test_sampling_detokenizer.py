@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.detokenizer import IncrementalDetokenizer
-from engine.tokenizer import ByteTokenizer, Llama2cTokenizer
+from inferctl.engine.detokenizer import IncrementalDetokenizer
+from inferctl.engine.tokenizer import ByteTokenizer, Llama2cTokenizer
 
 STORY = ("Once upon a time, there was a little girl named Lily. She loved to play outside in "
          "the park. One day, she saw a big, red ball. She wanted to play with it, but it was "

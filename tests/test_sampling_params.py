@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from engine.sampling_params import SamplingLimits, SamplingParams, SamplingParamsError
+from inferctl.engine.sampling_params import SamplingLimits, SamplingParams, SamplingParamsError
 
 
 def test_defaults_are_vllm_like():

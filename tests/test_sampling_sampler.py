@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from engine.sampler import Sampler, apply_penalties, make_generator
-from engine.sampling_params import SamplingParams
+from inferctl.engine.sampler import Sampler, apply_penalties, make_generator
+from inferctl.engine.sampling_params import SamplingParams
 
 
 def _logits(batch: int, vocab: int, seed: int) -> torch.Tensor:
@@ -215,7 +215,7 @@ def _reference_keep(probs_row: torch.Tensor, top_k: int, top_p: float) -> set[in
     (4000, 1000, 0.5, 2.0), (32000, -1, 0.9, 2.0),
 ])
 def test_top_k_top_p_mask_matches_reference(vocab, top_k, top_p, temp):
-    from engine.sampler import top_k_top_p_mask
+    from inferctl.engine.sampler import top_k_top_p_mask
 
     probs = torch.softmax(_logits(4, vocab, seed=vocab + top_k) / temp, -1)
     keep = top_k_top_p_mask(probs, [top_k] * 4, [top_p] * 4)
@@ -241,7 +241,7 @@ def test_wide_nucleus_sampling_stays_inside_the_nucleus():
 # --- the two-level inverse-CDF draw -------------------------------------------------------
 
 def test_inverse_cdf_edges_and_zero_probability_tokens():
-    from engine.sampler import _inverse_cdf
+    from inferctl.engine.sampler import _inverse_cdf
 
     probs = torch.zeros(4, 768)
     probs[:, 10], probs[:, 256], probs[:, 300], probs[:, 767] = 0.3, 0.1, 0.2, 0.4

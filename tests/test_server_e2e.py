@@ -26,7 +26,7 @@ def server(stories_dir, tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "INFERCTL_ADMIN_TOKEN": ADMIN_TOKEN}
-    cmd = [sys.executable, "-m", "controller.cli", "engine", "serve",
+    cmd = [sys.executable, "-m", "inferctl", "engine", "serve",
            "--model", str(stories_dir / "stories260K.bin"), "--light-model", "demo",
            "--light-served-model-name", "light", "--port", str(port), "--max-model-len", "2048",
            "--memory-budget", "512MiB", "--log-level", "info"]

@@ -10,8 +10,8 @@ import uuid
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.engine import RequestOutput
-from engine.server import _output_failure
+from inferctl.engine.engine import RequestOutput
+from inferctl.engine.server import _output_failure
 from server_helpers import (
     ADMIN_TOKEN,
     STORIES,

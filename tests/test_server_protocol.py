@@ -1,10 +1,10 @@
-"""engine.protocol: request validation policy, error shape, chat template (no engine needed)."""
+"""inferctl.engine.protocol: request validation policy, error shape, chat template (no engine needed)."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.protocol import (
+from inferctl.engine.protocol import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,

@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from controller import signals as S
-from controller.types import EngineSnapshot
+from inferctl.controller import signals as S
+from inferctl.controller.types import EngineSnapshot
 
 MiB = 1 << 20
 GiB = 1 << 30

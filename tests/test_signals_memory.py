@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from controller import signals as S
-from controller.gpu.base import MEMORY_ROUNDING_TOLERANCE_BYTES
+from inferctl.controller import signals as S
+from inferctl.controller.gpu.base import MEMORY_ROUNDING_TOLERANCE_BYTES
 
 MiB = 1024 * 1024
 

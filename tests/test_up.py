@@ -33,7 +33,7 @@ def test_up_prints_urls_serves_status_and_stops_cleanly(tmp_path, sig):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     env.pop("INFERCTL_ADMIN_TOKEN", None)
     with open(out, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "controller.cli", "up",
+        proc = subprocess.Popen([sys.executable, "-m", "inferctl", "up",
                                  "--engine-port", str(engine_port), "--controller-port", str(controller_port),
                                  "--engine-log-dir", str(tmp_path / "logs")],
                                 cwd=tmp_path, stdout=f, stderr=subprocess.STDOUT, env=env)
@@ -78,7 +78,7 @@ def test_up_prints_urls_serves_status_and_stops_cleanly(tmp_path, sig):
 def test_up_reports_a_bad_config_in_one_line(tmp_path):
     bad = tmp_path / "c.yaml"
     bad.write_text("intervals:\n  engine_poll_seconds: 1\n  call_timeout_seconds: 2\n")
-    r = subprocess.run([sys.executable, "-m", "controller.cli", "up", "--config", str(bad)],
+    r = subprocess.run([sys.executable, "-m", "inferctl", "up", "--config", str(bad)],
                        capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 2
     assert "intervals.call_timeout_seconds" in r.stderr and "Traceback" not in r.stderr

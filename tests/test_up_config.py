@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from controller.config import ConfigError, load_config, parse_config
+from inferctl.controller.config import ConfigError, load_config, parse_config
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "inferctl.yaml"
 

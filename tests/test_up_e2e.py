@@ -76,7 +76,7 @@ def test_oom_degrades_once_no_request_fails_then_rolls_back(tmp_path, stories_di
     out = tmp_path / "up.out"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "INFERCTL_ADMIN_TOKEN": token}
     with open(out, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "controller.cli", "up", "--config", str(tmp_path / "c.yaml"),
+        proc = subprocess.Popen([sys.executable, "-m", "inferctl", "up", "--config", str(tmp_path / "c.yaml"),
                                  "--engine-log-dir", str(tmp_path)], cwd=tmp_path, stdout=f,
                                 stderr=subprocess.STDOUT, env=env)
     try:

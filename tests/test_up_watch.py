@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from controller.config import parse_config
-from controller.up import build_runtime
+from inferctl.controller.config import parse_config
+from inferctl.controller.up import build_runtime
 
 VLLM_METRICS = b"""# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -70,7 +70,7 @@ def test_watch_a_vllm_engine_with_a_replayed_gpu(tmp_path, fake_vllm, fixtures_d
 
 
 def test_auto_gpu_without_driver_or_bundled_engine_is_a_clear_error(tmp_path, fake_vllm, monkeypatch):
-    from controller.gpu import nvml
+    from inferctl.controller.gpu import nvml
 
     monkeypatch.setattr(nvml, "probe_nvml", lambda module=None: "no driver (test)")
     cfg = parse_config({"event_log": str(tmp_path / "ev.db"),
@@ -104,7 +104,7 @@ def test_controller_run_watches_and_stops_on_sigterm(tmp_path, fake_vllm, fixtur
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root), "INFERCTL_ADMIN_TOKEN": "tok"}
     with open(out, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "controller.cli", "controller", "run", "--config",
+        proc = subprocess.Popen([sys.executable, "-m", "inferctl", "controller", "run", "--config",
                                  str(tmp_path / "c.yaml")], stdout=f, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
     try:
         deadline = time.time() + 60

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.engines.base import EngineAdminError, EngineClient, failed_snapshot
-from controller.engines.bundled import BundledEngineClient, snapshot_from_stats
-from controller.engines.promtext import (
+from inferctl.controller.engines.base import EngineAdminError, EngineClient, failed_snapshot
+from inferctl.controller.engines.bundled import BundledEngineClient, snapshot_from_stats
+from inferctl.controller.engines.promtext import (
     CORE_FIELDS, FLAVORS, PromTextEngineClient, parse_prometheus_text, snapshot_from_metrics_text)
 
 ENGINE_KINDS = ("bundled",) + FLAVORS

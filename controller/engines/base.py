@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from controller.types import EngineSnapshot
+from inferctl.controller.types import EngineSnapshot
 
 #: Largest response body read from an engine or a GPU exporter. A real vLLM ``/metrics`` with
 #: every histogram is well under 1 MiB (shared/fixtures/vllm/metrics_samples.txt: 29 KiB), a

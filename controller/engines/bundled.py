@@ -15,9 +15,9 @@ from typing import Any
 
 import httpx
 
-from controller.engines.base import EngineAdminError, EngineClient, failed_snapshot
-from controller.engines.promtext import CORE_FIELDS, histogram_from_samples, parse_prometheus_text
-from controller.types import EngineSnapshot
+from inferctl.controller.engines.base import EngineAdminError, EngineClient, failed_snapshot
+from inferctl.controller.engines.promtext import CORE_FIELDS, histogram_from_samples, parse_prometheus_text
+from inferctl.controller.types import EngineSnapshot
 
 log = logging.getLogger(__name__)
 

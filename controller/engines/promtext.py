@@ -39,8 +39,8 @@ from typing import Any, Iterable
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.engines.base import EngineClient, failed_snapshot
-from controller.types import EngineSnapshot
+from inferctl.controller.engines.base import EngineClient, failed_snapshot
+from inferctl.controller.types import EngineSnapshot
 
 log = logging.getLogger(__name__)
 

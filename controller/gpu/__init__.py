@@ -7,10 +7,10 @@ simulated GPU with a loud warning). Each source's ``poll(now)`` returns a ``GpuR
 
 from __future__ import annotations
 
-from controller.gpu.base import (
+from inferctl.controller.gpu.base import (
     MEMORY_ROUNDING_TOLERANCE_BYTES, GpuSource, down_reading, make_gpu_source,
     memory_accounting_gap_bytes, memory_consistent, used_ratio)
-from controller.gpu.xid import (
+from inferctl.controller.gpu.xid import (
     XidAction, XidCatalog, XidDeduper, XidInfo, normalize_pci_bus_id, parse_kernel_line,
     parse_kernel_log)
 

@@ -13,7 +13,7 @@ import abc
 import logging
 from typing import Any
 
-from controller.types import GpuReading, GpuSnapshot
+from inferctl.controller.types import GpuReading, GpuSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -74,30 +74,30 @@ def make_gpu_source(kind: str = "auto", **options: Any) -> GpuSource:
     if kind not in SOURCE_KINDS:
         raise ValueError(f"gpu source kind {kind!r} is not one of {', '.join(SOURCE_KINDS)}")
     if kind == "nvml":
-        from controller.gpu.nvml import NvmlGpuSource
+        from inferctl.controller.gpu.nvml import NvmlGpuSource
 
         return NvmlGpuSource(**_only(options, NvmlGpuSource.OPTIONS))
     if kind == "dcgm":
-        from controller.gpu.dcgm import DcgmGpuSource
+        from inferctl.controller.gpu.dcgm import DcgmGpuSource
 
         return DcgmGpuSource(**_only(options, DcgmGpuSource.OPTIONS))
     if kind == "replay":
-        from controller.gpu.replay import ReplayGpuSource
+        from inferctl.controller.gpu.replay import ReplayGpuSource
 
         return ReplayGpuSource(**_only(options, ReplayGpuSource.OPTIONS))
     if kind == "sim":
-        from controller.gpu.sim import SimGpuSource
+        from inferctl.controller.gpu.sim import SimGpuSource
 
         return SimGpuSource(**_only(options, SimGpuSource.OPTIONS))
     # auto
-    from controller.gpu.nvml import NvmlGpuSource, probe_nvml
+    from inferctl.controller.gpu.nvml import NvmlGpuSource, probe_nvml
 
     nvml_module = options.get("nvml")
     reason = probe_nvml(nvml_module)
     if reason is None:
         log.info("gpu source: NVML is available, using it")
         return NvmlGpuSource(**_only(options, NvmlGpuSource.OPTIONS))
-    from controller.gpu.sim import SimGpuSource
+    from inferctl.controller.gpu.sim import SimGpuSource
 
     log.warning(
         "gpu source: no NVIDIA driver found (%s); using the SIMULATED GPU, whose memory is the "

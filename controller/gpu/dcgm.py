@@ -48,11 +48,11 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from controller.engines.base import bounded_request
-from controller.engines.promtext import PromSample, parse_prometheus_text
-from controller.gpu.base import GpuSource, down_reading
-from controller.gpu.xid import normalize_pci_bus_id
-from controller.types import GpuReading, GpuSnapshot, MigInstance, XidEvent
+from inferctl.controller.engines.base import bounded_request
+from inferctl.controller.engines.promtext import PromSample, parse_prometheus_text
+from inferctl.controller.gpu.base import GpuSource, down_reading
+from inferctl.controller.gpu.xid import normalize_pci_bus_id
+from inferctl.controller.types import GpuReading, GpuSnapshot, MigInstance, XidEvent
 
 log = logging.getLogger(__name__)
 

@@ -36,9 +36,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from controller.gpu.base import GpuSource, down_reading
-from controller.gpu.xid import normalize_pci_bus_id
-from controller.types import GpuProcess, GpuReading, GpuSnapshot, XidEvent
+from inferctl.controller.gpu.base import GpuSource, down_reading
+from inferctl.controller.gpu.xid import normalize_pci_bus_id
+from inferctl.controller.types import GpuProcess, GpuReading, GpuSnapshot, XidEvent
 
 log = logging.getLogger(__name__)
 

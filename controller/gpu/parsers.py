@@ -25,8 +25,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
-from controller.gpu.xid import normalize_pci_bus_id
-from controller.types import GpuProcess, GpuSnapshot, MigInstance
+from inferctl.controller.gpu.xid import normalize_pci_bus_id
+from inferctl.controller.types import GpuProcess, GpuSnapshot, MigInstance
 
 MIB = 1024 * 1024
 _UNIT_BYTES = {"b": 1, "kib": 1024, "kb": 1024, "mib": MIB, "mb": MIB, "gib": 1024 * MIB,
@@ -658,7 +658,7 @@ def parse_capture(text: str, kind: str | None = None) -> ParsedCapture:
     if kind == "compute_apps":
         return parse_compute_apps_csv(text)
     if kind == "dcgm":
-        from controller.gpu.dcgm import parse_dcgm_text
+        from inferctl.controller.gpu.dcgm import parse_dcgm_text
 
         gpus, _ = parse_dcgm_text(text)
         return ParsedCapture(kind="dcgm", gpus=list(gpus.values()))

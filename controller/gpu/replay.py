@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Collection, Iterable
 
-from controller.gpu.base import GpuSource, down_reading
-from controller.gpu.parsers import ParsedCapture, detect_capture_format, parse_capture
-from controller.gpu.xid import normalize_pci_bus_id, parse_kernel_line
-from controller.types import GpuProcess, GpuReading, GpuSnapshot, MigInstance, XidEvent
+from inferctl.controller.gpu.base import GpuSource, down_reading
+from inferctl.controller.gpu.parsers import ParsedCapture, detect_capture_format, parse_capture
+from inferctl.controller.gpu.xid import normalize_pci_bus_id, parse_kernel_line
+from inferctl.controller.types import GpuProcess, GpuReading, GpuSnapshot, MigInstance, XidEvent
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ from typing import Any, Callable
 
 import httpx
 
-from controller.engines.base import bounded_request
-from controller.gpu.base import GpuSource, down_reading
-from controller.types import GpuReading, GpuSnapshot
+from inferctl.controller.engines.base import bounded_request
+from inferctl.controller.gpu.base import GpuSource, down_reading
+from inferctl.controller.types import GpuReading, GpuSnapshot
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from controller.types import XidEvent
+from inferctl.controller.types import XidEvent
 
 log = logging.getLogger(__name__)
 

@@ -5,13 +5,13 @@ Each policy takes snapshots (and ``now``, passed in) and returns
 an event. See docs/policies.md for states, transitions and defaults.
 """
 
-from controller.policies.breaker import BreakerConfig, BreakerState, LatencyBreaker
-from controller.policies.common import PolicyError
-from controller.policies.fragmentation import (FragmentationConfig, FragmentationPolicy,
+from inferctl.controller.policies.breaker import BreakerConfig, BreakerState, LatencyBreaker
+from inferctl.controller.policies.common import PolicyError
+from inferctl.controller.policies.fragmentation import (FragmentationConfig, FragmentationPolicy,
                                                FragmentationState)
-from controller.policies.hardware import (DEFAULT_XID_ACTIONS, GpuHealth, HardwareConfig,
+from inferctl.controller.policies.hardware import (DEFAULT_XID_ACTIONS, GpuHealth, HardwareConfig,
                                           HardwarePolicy)
-from controller.policies.precision import PrecisionConfig, PrecisionPolicy, PrecisionState
+from inferctl.controller.policies.precision import PrecisionConfig, PrecisionPolicy, PrecisionState
 
 __all__ = [
     "BreakerConfig", "BreakerState", "LatencyBreaker",

@@ -27,10 +27,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from controller.policies.common import PerEnginePolicy, check_number, config_from_mapping
-from controller.signals import (InvalidHistogram, InvalidSampleCounter, LatencySummary,
+from inferctl.controller.policies.common import PerEnginePolicy, check_number, config_from_mapping
+from inferctl.controller.signals import (InvalidHistogram, InvalidSampleCounter, LatencySummary,
                                 histogram_delta, latency_summary, to_histogram)
-from controller.types import Decision, EngineSnapshot
+from inferctl.controller.types import Decision, EngineSnapshot
 
 POLICY = "breaker"
 

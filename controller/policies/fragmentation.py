@@ -34,10 +34,10 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from controller.policies.common import (HoldClock, PerEnginePolicy, check_number,
+from inferctl.controller.policies.common import (HoldClock, PerEnginePolicy, check_number,
                                         config_from_mapping)
-from controller.signals import InvalidSampleCounter, format_bytes, fragmentation_ratio
-from controller.types import Decision, EngineSnapshot
+from inferctl.controller.signals import InvalidSampleCounter, format_bytes, fragmentation_ratio
+from inferctl.controller.types import Decision, EngineSnapshot
 
 POLICY = "fragmentation"
 

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
-from controller.policies.common import PolicyError, check_number, config_from_mapping
-from controller.types import Decision, EngineSnapshot, GpuReading, GpuSnapshot, XidEvent
+from inferctl.controller.policies.common import PolicyError, check_number, config_from_mapping
+from inferctl.controller.types import Decision, EngineSnapshot, GpuReading, GpuSnapshot, XidEvent
 
 POLICY = "hardware"
 

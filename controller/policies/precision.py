@@ -40,12 +40,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from controller.policies.common import (HoldClock, PerEnginePolicy, PolicyError,
+from inferctl.controller.policies.common import (HoldClock, PerEnginePolicy, PolicyError,
                                         check_number, config_from_mapping)
-from controller.signals import (InvalidSampleCounter, OomNumbers, classify_oom, format_bytes,
+from inferctl.controller.signals import (InvalidSampleCounter, OomNumbers, classify_oom, format_bytes,
                                 hardware_fault_evidence, parse_oom_message, validate_nonneg)
-from controller.gpu.base import MEMORY_ROUNDING_TOLERANCE_BYTES
-from controller.types import Decision, EngineSnapshot, GpuSnapshot
+from inferctl.controller.gpu.base import MEMORY_ROUNDING_TOLERANCE_BYTES
+from inferctl.controller.types import Decision, EngineSnapshot, GpuSnapshot
 
 POLICY = "precision"
 HOUR = 3600.0
