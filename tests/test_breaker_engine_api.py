@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from server_helpers import (  # noqa: F401 - stories_*_fixture are the engine and app fixtures
+from tests.server_helpers import (  # noqa: F401 - stories_*_fixture are the engine and app fixtures
     REFERENCE,
     STORIES,
     auth,

@@ -10,7 +10,7 @@ import pytest
 import typer
 
 from inferctl.engine.cli import parse_size
-from server_helpers import REFERENCE, STORIES, client, engines_running, make_app, run, stories_engine
+from tests.server_helpers import REFERENCE, STORIES, client, engines_running, make_app, run, stories_engine
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
 

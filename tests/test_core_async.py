@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from core_helpers import drain
+from tests.core_helpers import drain
 from inferctl.engine.async_engine import AsyncLLMEngine, EngineDeadError
 from inferctl.engine.config import EngineConfig
 from inferctl.engine.engine import LLMEngine

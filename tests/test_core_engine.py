@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from core_helpers import drain, gutenberg_text
+from tests.core_helpers import drain, gutenberg_text
 from inferctl.engine.config import ConfigError, EngineConfig
 from inferctl.engine.engine import LLMEngine
 from inferctl.engine.loader import load_llama2c

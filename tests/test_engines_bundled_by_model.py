@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import httpx
-from server_helpers import STORIES, auth, client, demo_engine, engines_running, make_app, run, stories_engine
+from tests.server_helpers import STORIES, auth, client, demo_engine, engines_running, make_app, run, stories_engine
 
 from inferctl.controller.engines import BundledEngineClient
 

@@ -34,7 +34,7 @@ from inferctl.dashboards.alertmanager import alertmanager_config
 from inferctl.dashboards.alerts import DEFAULT_RUNBOOK_BASE_URL, rule_groups, rules_document
 from inferctl.dashboards.build import annotation_queries, panel_queries
 from inferctl.dashboards.generate import dump_yaml
-from obs_helpers import (Proc, WebhookReceiver, controller_config, free_port, prom_query, prom_query_range,
+from tests.obs_helpers import (Proc, WebhookReceiver, controller_config, free_port, prom_query, prom_query_range,
                          prometheus_config, python_cli, wait_until)
 
 pytestmark = pytest.mark.e2e

@@ -12,13 +12,13 @@ import math
 import pytest
 import torch
 
-from core_helpers import drain, gutenberg_text
+from tests.core_helpers import drain, gutenberg_text
 from inferctl.engine.config import EngineConfig
 from inferctl.engine.engine import LLMEngine
 from inferctl.engine.loader import load_model
 from inferctl.engine.memory import estimate_step_activation_bytes
 from inferctl.engine.sampling_params import SamplingParams, SamplingParamsError
-from model_helpers import Harness
+from tests.model_helpers import Harness
 
 TOL = 1e-4
 

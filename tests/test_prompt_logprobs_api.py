@@ -18,8 +18,8 @@ import torch
 from inferctl.controller.longtext import parse_prompt_logprobs
 from inferctl.engine.server import _dumps, _prompt_logprobs_json
 from inferctl.engine.sequence import Logprob
-from model_helpers import Harness
-from server_helpers import STORIES, client, engines_running, http_post, make_app, run, stories_engine
+from tests.model_helpers import Harness
+from tests.server_helpers import STORIES, client, engines_running, http_post, make_app, run, stories_engine
 
 EVAL = Path(__file__).parent / "data" / "eval_stories.txt"
 TOL = 1e-4

@@ -12,7 +12,7 @@ import pytest
 from pydantic import BaseModel
 
 from inferctl.engine.protocol import ChatCompletionChunk, ChatCompletionResponse, CompletionResponse
-from server_helpers import (  # noqa: F401 - stories_*_fixture are the engine and app fixtures
+from tests.server_helpers import (  # noqa: F401 - stories_*_fixture are the engine and app fixtures
     REFERENCE,
     STORIES,
     client,

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from server_helpers import ADMIN_TOKEN, REFERENCE, STORIES, free_port, sse_events, strict_json
+from tests.server_helpers import ADMIN_TOKEN, REFERENCE, STORIES, free_port, sse_events, strict_json
 
 pytestmark = pytest.mark.e2e
 

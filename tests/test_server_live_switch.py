@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from server_helpers import (STORIES, auth, client, make_app, run, sse_events, stories_engine,
+from tests.server_helpers import (STORIES, auth, client, make_app, run, sse_events, stories_engine,
                             engines_running, strict_json)
 
 PROMPTS = [f"Once upon a time there was a {w}" for w in (

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from inferctl.engine.engine import RequestOutput
 from inferctl.engine.server import _output_failure
-from server_helpers import (
+from tests.server_helpers import (
     ADMIN_TOKEN,
     STORIES,
     auth,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from server_helpers import (ADMIN_TOKEN, STORIES, demo_engine, engines_running, http_get, http_post,
+from tests.server_helpers import (ADMIN_TOKEN, STORIES, demo_engine, engines_running, http_get, http_post,
                             http_post_bytes, make_app, stories_app_fixture, stories_engine_fixture)
 
 engine = stories_engine_fixture
