@@ -39,11 +39,12 @@ from typing import Any, Callable
 
 import httpx
 
+from inferctl.contract.precision import MODE_FOR_ACTION
 from inferctl.controller.events import EventLog, json_safe
 from inferctl.controller.reset import GpuResetter
 from inferctl.controller.types import Decision
 
-PRECISION_FOR = {"degrade": "int8", "rollback": "full"}
+PRECISION_FOR = MODE_FOR_ACTION
 #: ``reason`` label values of ``inferctl_engine_restarts_total``: the policy that asked
 #: (fragmentation: allocator fragmentation or recurring fragmentation OOMs; hardware: a sticky
 #: CUDA error / Xid), ``operator`` for every manual restart (whoever the operator is — a label

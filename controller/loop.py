@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from inferctl.contract.precision import INT8, MODE_FOR_ACTION, PRECISION_MODES
 from inferctl.controller.actions import RESTART_REASONS, ActionResult, Actions
 from inferctl.controller.config import ControllerConfig
 from inferctl.controller.events import EVENT_KINDS, EventLog, json_safe
@@ -43,7 +44,6 @@ from inferctl.controller.types import Decision, EngineSnapshot, GpuReading, GpuS
 
 log = logging.getLogger(__name__)
 
-PRECISION_MODES = ("full", "int8")
 #: ``kind`` label values of ``inferctl_engine_oom_events_total`` (the engine's fault kinds;
 #: ``unknown`` when it gives none).
 OOM_KINDS = ("fragmentation", "exhaustion", "impossible", "hardware", "unknown")
@@ -565,7 +565,7 @@ class Controller:
         hook = getattr(pol, "operator_switch", None)
         if hook is not None and action in ("degrade", "rollback"):
             # tell the precision policy first, so it does not undo the operator's switch
-            mode = "int8" if action == "degrade" else "full"
+            mode = MODE_FOR_ACTION[action]
             with self._lock:
                 now = self.clock()
                 for follow in self._safe("precision", engine, lambda: hook(now, mode, actor)):
@@ -797,7 +797,7 @@ class Controller:
             for mode in PRECISION_MODES:
                 self._gauge("inferctl_precision_mode", 1.0 if mode == snap.precision else 0.0,
                             engine=name, mode=mode)
-            if snap.precision == "int8":
+            if snap.precision == INT8:
                 self._int8_since.setdefault(name, snap.time or self.clock())
             else:
                 self._int8_since.pop(name, None)

@@ -15,13 +15,12 @@ from typing import Any
 
 import httpx
 
+from inferctl.contract.precision import check_precision_mode
 from inferctl.controller.engines.base import EngineAdminError, EngineClient, failed_snapshot
 from inferctl.controller.engines.promtext import CORE_FIELDS, histogram_from_samples, parse_prometheus_text
 from inferctl.controller.types import EngineSnapshot
 
 log = logging.getLogger(__name__)
-
-PRECISION_MODES = ("full", "int8")
 
 #: The engine's latency histograms on /metrics (engine/metrics.py ENGINE_METRICS), by snapshot field.
 METRIC_HISTOGRAMS = {"ttft_histogram": "inferctl_engine_time_to_first_token_seconds",
@@ -111,8 +110,7 @@ class BundledEngineClient(EngineClient):
         """``POST /admin/precision {"mode"[, "model"]}`` -> e.g. ``{"requested": "int8",
         "current": "full"}``; without ``model`` the engine applies it to every served model.
         Raises ``ValueError`` for a mode other than full/int8, :class:`EngineAdminError` on failure."""
-        if mode not in PRECISION_MODES:
-            raise ValueError(f"precision mode {mode!r} is not one of {', '.join(PRECISION_MODES)}")
+        check_precision_mode(mode, "precision mode")
         return self._admin("/admin/precision", _with_model({"mode": mode}, model))
 
     def inject_fault(self, kind: str = "oom", count: int = 1, model: str | None = None) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from inferctl.contract.precision import FULL, INT8, check_precision_mode
 from inferctl.controller.policies.common import (HoldClock, PerEnginePolicy, PolicyError,
                                         check_number, config_from_mapping)
 from inferctl.controller.signals import (InvalidSampleCounter, OomNumbers, classify_oom, format_bytes,
@@ -60,9 +61,9 @@ HARDWARE_RECOVERY_ACTIONS = frozenset({1, 2, 4})
 
 
 class PrecisionState(str, enum.Enum):
-    FULL = "full"
+    FULL = FULL
     DEGRADING = "degrading"
-    INT8 = "int8"
+    INT8 = INT8
     ROLLING_BACK = "rolling_back"
     PINNED_INT8 = "pinned_int8"
 
@@ -229,8 +230,10 @@ class PrecisionPolicy(PerEnginePolicy):
         no action (the operator's call runs it) and names the operator in ``reason`` and
         ``inputs["who"]``. Raises :class:`PolicyError` for another mode or an empty ``who``.
         """
-        if mode not in ("int8", "full"):
-            raise PolicyError(f"mode: {mode!r} is not int8 or full")
+        try:
+            check_precision_mode(mode, "mode")
+        except ValueError as exc:
+            raise PolicyError(str(exc)) from None
         if not who:
             raise PolicyError("who: the operator's name is required for a manual switch")
         self._last_now = now
@@ -238,7 +241,7 @@ class PrecisionPolicy(PerEnginePolicy):
             self._since = now
         st = self._state
         inputs = {"who": who, "mode": mode, "operator": True}
-        if mode == "int8":
+        if mode == INT8:
             if st in (PrecisionState.INT8, PrecisionState.PINNED_INT8):
                 self._hold.reset(now, f"manual degrade by {who}")
                 return [self._note(now, None, f"{_operator(who)} asked for int8 while already in "
@@ -473,7 +476,7 @@ class PrecisionPolicy(PerEnginePolicy):
                      or now - self._last_command >= self.config.confirm_timeout_seconds)
         inputs = {"engine_precision": prec}
         if st is PrecisionState.DEGRADING:
-            if prec == "int8":
+            if prec == INT8:
                 self._hold.reset(now, "int8 confirmed; hold starts with the next good sample")
                 return [self._transition(now, PrecisionState.INT8, None,
                                          "engine reports int8: degrade confirmed", inputs)]
@@ -488,9 +491,9 @@ class PrecisionPolicy(PerEnginePolicy):
                                    f"{self.config.confirm_timeout_seconds:g} s after the "
                                    "degrade: asking again", inputs, severity="warning")]
         elif st is PrecisionState.ROLLING_BACK:
-            if prec in ("full", None):
+            if prec in (FULL, None):
                 self._last_rollback_done = now
-                why = ("engine reports full: rollback confirmed" if prec == "full" else
+                why = ("engine reports full: rollback confirmed" if prec == FULL else
                        "engine does not report its precision: rollback assumed applied")
                 return [self._transition(now, PrecisionState.FULL, None, why, inputs)]
             if timed_out:
@@ -500,17 +503,17 @@ class PrecisionPolicy(PerEnginePolicy):
                                          f"{self.config.confirm_timeout_seconds:g} s after the "
                                          "rollback: staying in int8, hold restarts", inputs,
                                          severity="warning")]
-        elif st is PrecisionState.INT8 and prec == "full":
+        elif st is PrecisionState.INT8 and prec == FULL:
             self._last_command = now
             return [self._transition(now, PrecisionState.DEGRADING, "degrade",
                                      "engine reports full while the policy holds int8 (engine "
                                      "restarted?): re-applying int8", inputs,
                                      severity="warning")]
-        elif st is PrecisionState.PINNED_INT8 and prec == "full" and timed_out:
+        elif st is PrecisionState.PINNED_INT8 and prec == FULL and timed_out:
             self._last_command = now
             return [self._note(now, "degrade", "engine reports full while pinned in int8: "
                                "re-applying int8", inputs, severity="critical")]
-        elif st is PrecisionState.FULL and prec == "int8":
+        elif st is PrecisionState.FULL and prec == INT8:
             self._hold.reset(now, "adopted int8")
             return [self._transition(now, PrecisionState.INT8, None,
                                      "engine reports int8 without a policy degrade (operator "
