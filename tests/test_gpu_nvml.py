@@ -9,7 +9,7 @@ import time
 import pynvml
 import pytest
 
-from inferctl.controller.gpu.base import make_gpu_source
+from inferctl.controller.gpu.factory import make_gpu_source
 from inferctl.controller.gpu.nvml import NvmlGpuSource, probe_nvml
 from inferctl.controller.gpu.sim import SimGpuSource
 from tests.gpu_helpers import MIB, FakeGpu, FakeNvml

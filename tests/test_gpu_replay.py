@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from inferctl.controller.gpu.base import make_gpu_source
+from inferctl.controller.gpu.factory import make_gpu_source
 from inferctl.controller.gpu.parsers import parse_capture
 from inferctl.controller.gpu.replay import ReplayGpuSource, TraceFormatError
 from inferctl.controller.gpu.sim import SIM_UUID, SimGpuSource

@@ -1,4 +1,4 @@
-"""The GPU source interface, the factory that picks one, and memory helpers on snapshots.
+"""The GPU source interface and memory helpers on snapshots.
 
 Every source (``nvml``, ``dcgm``, ``replay``, ``sim``) answers ``poll(now)`` with a
 :class:`~controller.types.GpuReading`: one :class:`~controller.types.GpuSnapshot` per physical
@@ -10,12 +10,8 @@ memory numbers (never 0), so nothing downstream mistakes a broken sensor for fre
 from __future__ import annotations
 
 import abc
-import logging
-from typing import Any
 
 from inferctl.controller.types import GpuReading, GpuSnapshot
-
-log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 
@@ -24,8 +20,6 @@ MIB = 1024 * 1024
 #: captures: A100 81918 vs 81920, H100 81560 vs 81559, RTX 3060 12290 vs 12288). Differences
 #: up to this many bytes are rounding, not "used > total".
 MEMORY_ROUNDING_TOLERANCE_BYTES = 4 * MIB
-
-SOURCE_KINDS = ("auto", "nvml", "dcgm", "replay", "sim")
 
 
 class GpuSource(abc.ABC):
@@ -56,57 +50,6 @@ class GpuSource(abc.ABC):
 def down_reading(source: str, now: float, error: str) -> GpuReading:
     """A reading that says telemetry is down: ``ok=False``, no GPUs, so no memory numbers."""
     return GpuReading(source=source, ok=False, gpus={}, error=error, time=now)
-
-
-def make_gpu_source(kind: str = "auto", **options: Any) -> GpuSource:
-    """Build a GPU source by kind.
-
-    ``kind``: ``"nvml"`` (options: ``nvml`` module, ``timeout_s``, ``poll_interval_s``, ...),
-    ``"dcgm"`` (``url`` required, ``timeout_s``), ``"replay"`` (``path`` or ``captures``, ``mode``),
-    ``"sim"`` (``engine_stats_url`` or ``stats_fn``), or ``"auto"``: NVML if ``nvmlInit()`` works,
-    else the simulated GPU with a loud WARNING (no NVIDIA driver found). Options a kind does not
-    take are ignored by ``auto`` for the kind it did not pick.
-
-    Raises ``ValueError`` naming ``kind`` for an unknown kind, and whatever the chosen class
-    raises for bad options (e.g. a missing ``url``).
-    """
-    kind = (kind or "auto").strip().lower()
-    if kind not in SOURCE_KINDS:
-        raise ValueError(f"gpu source kind {kind!r} is not one of {', '.join(SOURCE_KINDS)}")
-    if kind == "nvml":
-        from inferctl.controller.gpu.nvml import NvmlGpuSource
-
-        return NvmlGpuSource(**_only(options, NvmlGpuSource.OPTIONS))
-    if kind == "dcgm":
-        from inferctl.controller.gpu.dcgm import DcgmGpuSource
-
-        return DcgmGpuSource(**_only(options, DcgmGpuSource.OPTIONS))
-    if kind == "replay":
-        from inferctl.controller.gpu.replay import ReplayGpuSource
-
-        return ReplayGpuSource(**_only(options, ReplayGpuSource.OPTIONS))
-    if kind == "sim":
-        from inferctl.controller.gpu.sim import SimGpuSource
-
-        return SimGpuSource(**_only(options, SimGpuSource.OPTIONS))
-    # auto
-    from inferctl.controller.gpu.nvml import NvmlGpuSource, probe_nvml
-
-    nvml_module = options.get("nvml")
-    reason = probe_nvml(nvml_module)
-    if reason is None:
-        log.info("gpu source: NVML is available, using it")
-        return NvmlGpuSource(**_only(options, NvmlGpuSource.OPTIONS))
-    from inferctl.controller.gpu.sim import SimGpuSource
-
-    log.warning(
-        "gpu source: no NVIDIA driver found (%s); using the SIMULATED GPU, whose memory is the "
-        "engine's own accounting. GPU numbers shown are not from real hardware.", reason)
-    return SimGpuSource(**_only(options, SimGpuSource.OPTIONS))
-
-
-def _only(options: dict[str, Any], allowed: tuple[str, ...]) -> dict[str, Any]:
-    return {k: v for k, v in options.items() if k in allowed}
 
 
 def used_ratio(snapshot: GpuSnapshot, count_reserved: bool = False) -> float | None:

@@ -48,8 +48,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from inferctl.controller.engines.base import bounded_request
-from inferctl.controller.engines.promtext import PromSample, parse_prometheus_text
+from inferctl.controller.scrape.http import bounded_request
+from inferctl.controller.scrape.promtext import PromSample, parse_prometheus_text
 from inferctl.controller.gpu.base import GpuSource, down_reading
 from inferctl.controller.gpu.xid import normalize_pci_bus_id
 from inferctl.controller.types import GpuReading, GpuSnapshot, MigInstance, XidEvent
@@ -115,6 +115,12 @@ class DcgmParse:
 
 def _uuid(s: PromSample) -> str | None:
     return s.labels.get("UUID") or s.labels.get("uuid")
+
+
+def _mig_order(item: tuple[tuple[str, str], dict]) -> tuple[str, int]:
+    """Sort key of a MIG instance: (GPU key, GPU instance id as a number; 0 when not one)."""
+    (key, gi), _ = item
+    return key, int(gi) if gi.isdigit() else 0
 
 
 def parse_dcgm_text(text: str, now: float = 0.0) -> tuple[dict[str, GpuSnapshot], DcgmParse]:
@@ -199,7 +205,7 @@ def parse_dcgm_text(text: str, now: float = 0.0) -> tuple[dict[str, GpuSnapshot]
             meta = mig_meta[(key, gi)]
             meta.update({"used": m.get("used"), "free": m.get("free"),
                          "reserved": m.get("reserved"), "total": total})
-    for (key, gi), meta in sorted(mig_meta.items(), key=lambda kv: (kv[0][0], int(kv[0][1]) if kv[0][1].isdigit() else 0)):
+    for (key, gi), meta in sorted(mig_meta.items(), key=_mig_order):
         out.gpus[key].mig_instances.append(MigInstance(
             gpu_instance_id=int(gi) if gi.isdigit() else None,
             profile=meta.get("profile"),  # type: ignore[arg-type]

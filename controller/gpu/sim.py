@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import httpx
 
-from inferctl.controller.engines.base import bounded_request
+from inferctl.controller.scrape.http import bounded_request
 from inferctl.controller.gpu.base import GpuSource, down_reading
 from inferctl.controller.types import GpuReading, GpuSnapshot
 
