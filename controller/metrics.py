@@ -10,11 +10,14 @@ Plain data, so ``dashboards/`` can read it without importing anything else of th
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
+
+from inferctl.contract.metrics import MetricSpec
+from inferctl.contract.metrics import build_registry as build_metric_registry
 
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
-CONTROLLER_METRICS: list[dict] = [
+CONTROLLER_METRICS: list[MetricSpec] = [
     # precision policy
     {"name": "inferctl_precision_mode", "type": "gauge", "unit": "",
      "help": "1 for the precision mode the engine currently serves (full, int8), 0 otherwise.",
@@ -115,25 +118,8 @@ CONTROLLER_METRICS: list[dict] = [
      "help": "Failed polls, by poller (gpu, or engine:NAME).", "labels": ("poller",)},
 ]
 
-_KINDS = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
-
-
-def _base_name(spec: dict) -> str:
-    """prometheus-client appends ``_total`` to counters itself; give it the base name."""
-    name = spec["name"]
-    if spec["type"] == "counter" and name.endswith("_total"):
-        return name[: -len("_total")]
-    return name
-
 
 def build_registry(registry: CollectorRegistry | None = None) -> tuple[CollectorRegistry, dict]:
-    """Create every metric of :data:`CONTROLLER_METRICS` in ``registry``; returns (registry, by name)."""
-    registry = registry or CollectorRegistry()
-    metrics: dict = {}
-    for spec in CONTROLLER_METRICS:
-        cls = _KINDS[spec["type"]]
-        kwargs = {"registry": registry, "labelnames": tuple(spec["labels"])}
-        if spec["type"] == "histogram":
-            kwargs["buckets"] = spec["buckets"]
-        metrics[spec["name"]] = cls(_base_name(spec), spec["help"], **kwargs)
-    return registry, metrics
+    """Create every metric of :data:`CONTROLLER_METRICS` in ``registry``; returns (registry, by name)
+    (:func:`inferctl.contract.metrics.build_registry`)."""
+    return build_metric_registry(CONTROLLER_METRICS, registry)

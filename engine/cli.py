@@ -24,39 +24,25 @@ budget reserves exactly what it needs.
 from __future__ import annotations
 
 import math
-import re
 import sys
 from typing import Optional
 
 import typer
 
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
-#: Size suffixes: SI (powers of 1000) and IEC (powers of 1024), as in Kubernetes quantities.
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
-    "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2, "gi": 1024**3, "gib": 1024**3,
-    "ti": 1024**4, "tib": 1024**4,
-}
+from inferctl.contract import units
 
 
 def parse_size(text: str, name: str = "--memory-budget") -> int:
-    """Parse a byte size: ``"8000000"``, ``"64MiB"``, ``"1.5GiB"``, ``"500MB"``.
+    """Parse a byte size flag: ``"8000000"``, ``"64MiB"``, ``"1.5GiB"``, ``"500MB"``.
 
     SI suffixes (K, KB, M, MB, G, GB, T, TB) are powers of 1000, IEC ones (Ki, KiB, Mi, MiB,
-    Gi, GiB, Ti, TiB) powers of 1024; case-insensitive. Returns bytes (int >= 1).
-    Raises typer.BadParameter naming ``name`` for anything else.
+    Gi, GiB, Ti, TiB) powers of 1024; case-insensitive (:func:`inferctl.contract.units.parse_size`).
+    Returns bytes (int >= 1). Raises typer.BadParameter naming ``name`` for anything else.
     """
-    match = _SIZE.match(str(text))
-    if not match:
-        raise typer.BadParameter(f"{name}: {text!r} is not a size (e.g. 8000000, 64MiB, 1.5GiB)")
-    number, unit = float(match.group(1)), match.group(2).lower()
-    if unit not in _UNITS:
-        raise typer.BadParameter(f"{name}: unknown unit {match.group(2)!r}; use B, KB, MB, GB, KiB, MiB, GiB, TiB")
-    value = int(number * _UNITS[unit])
-    if value < 1:
-        raise typer.BadParameter(f"{name}: must be at least 1 byte, got {text!r}")
-    return value
+    try:
+        return units.parse_size(text, name, min_bytes=1)
+    except units.SizeError as err:
+        raise typer.BadParameter(str(err)) from None
 
 
 def _die(message: str, code: int = 2) -> None:

@@ -14,11 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-#: CUDA error codes treated as out-of-memory by default. 2 = cudaErrorMemoryAllocation
-#: ("out of memory"); 800 = cudaErrorNotPermitted ("operation not permitted"), which the
-#: product's original design notes call the OOM "Error 800". Source: CUDA Runtime API,
-#: enum cudaError.
-DEFAULT_OOM_ERROR_CODES = frozenset({2, 800})
+from inferctl.contract.oom import DEFAULT_OOM_ERROR_CODES  # noqa: F401 - re-exported (the default of oom_error_codes)
 
 _DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,

@@ -569,7 +569,7 @@ class LLMEngine:
             except ValueError:
                 info = OomInfo(None, None, None, None, None, message=str(exc))
         source = getattr(exc, "oom_source", "cuda")
-        kind = classify_oom(info)
+        kind = classify_oom(info) or "exhaustion"
         now = time.monotonic()
         culprit = max(scheduled, key=lambda sn: (self._share(*sn), sn[0].arrival_time))[0]
         failed: list[tuple[Sequence, str, int]] = []

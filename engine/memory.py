@@ -19,37 +19,21 @@ the total capacity), :func:`classify_oom`, :func:`classify_error`,
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import torch
 
-KiB = 1024
-MiB = 1024 ** 2
-GiB = 1024 ** 3
+from inferctl.contract.oom import (  # noqa: F401 - re-exported
+    ERROR_OOM, OomInfo, classify_error_text, classify_oom, parse_cuda_error_code,
+    parse_oom_message_strict as parse_oom_message)
+from inferctl.contract.units import GiB, KiB, MiB, format_size  # noqa: F401 - re-exported
 
 #: PyTorch rounds every allocation up to 512 bytes (``kMinBlockSize`` in
 #: c10/cuda/CUDACachingAllocator.cpp).
 MIN_BLOCK_SIZE = 512
 
-_UNITS = {"bytes": 1, "b": 1, "kib": KiB, "kb": KiB, "mib": MiB, "mb": MiB, "gib": GiB, "gb": GiB,
-          "tib": 1024 ** 4, "tb": 1024 ** 4}
-
 
 # ---------------------------------------------------------------------------- message format
-def format_size(nbytes: int) -> str:
-    """Format a byte count like c10's ``format_size``: ``"N bytes"`` up to 1 KiB, then
-    ``KiB``/``MiB``/``GiB`` with two decimals (boundaries inclusive, as in c10)."""
-    n = int(nbytes)
-    if n <= KiB:
-        return f"{n} bytes"
-    if n <= MiB:
-        return f"{n / KiB:.2f} KiB"
-    if n <= GiB:
-        return f"{n / MiB:.2f} MiB"
-    return f"{n / GiB:.2f} GiB"
-
-
 def format_oom_message(requested: int, total: int | None, free: int | None, allocated: int,
                        reserved_unallocated: int, device: int = 0, process_in_use: int | None = None,
                        device_kind: str = "CUDA") -> str:
@@ -90,181 +74,15 @@ def format_oom_message_old(requested: int, total: int | None, free: int | None, 
             "See documentation for Memory Management and PYTORCH_CUDA_ALLOC_CONF")
 
 
-# ---------------------------------------------------------------------------- parsing
-@dataclass(frozen=True)
-class OomInfo:
-    """Numbers of one OOM, in bytes. ``None`` where the message did not say (no data, never 0).
-
-    ``reserved_unallocated_bytes`` = reserved − allocated (new format: stated; old format:
-    derived from "reserved in total"). ``format`` is ``"new"``, ``"old"`` or ``"none"``.
-    """
-
-    requested_bytes: int | None
-    free_bytes: int | None
-    allocated_bytes: int | None
-    reserved_unallocated_bytes: int | None
-    total_bytes: int | None
-    device: int | None = None
-    format: str = "none"
-    message: str = ""
-
-    @property
-    def reserved_bytes(self) -> int | None:
-        if self.allocated_bytes is None or self.reserved_unallocated_bytes is None:
-            return None
-        return self.allocated_bytes + self.reserved_unallocated_bytes
-
-    @property
-    def fragmentation_ratio(self) -> float | None:
-        """U / (A + U): the share of PyTorch's reserved memory that is cached but unallocated.
-        ``None`` when either number is missing or nothing is reserved."""
-        reserved = self.reserved_bytes
-        if reserved is None or reserved <= 0:
-            return None
-        return self.reserved_unallocated_bytes / reserved
-
-
-_SIZE = r"([0-9]+(?:\.[0-9]+)?)\s*(bytes|[KMGT]i?B|B)"
-_RE_REQUESTED = re.compile(r"Tried to allocate\s+" + _SIZE, re.I)
-_RE_DEVICE = re.compile(r"GPU\s+(\d+)", re.I)
-# new format
-_RE_TOTAL_NEW = re.compile(r"total capac(?:i)?ty of\s+" + _SIZE, re.I)   # 2.1 printed "capacty"
-_RE_FREE_NEW = re.compile(r"of which\s+" + _SIZE + r"\s+is free", re.I)
-_RE_FREE_NEW2 = re.compile(r"has\s+" + _SIZE + r"\s+free", re.I)
-_RE_ALLOC_NEW = re.compile(_SIZE + r"\s+is allocated by PyTorch", re.I)
-_RE_UNALLOC_NEW = re.compile(_SIZE + r"\s+is reserved by PyTorch but unallocated", re.I)
-# old format
-_RE_TOTAL_OLD = re.compile(_SIZE + r"\s+total capacity", re.I)
-_RE_ALLOC_OLD = re.compile(_SIZE + r"\s+already allocated", re.I)
-_RE_FREE_OLD = re.compile(_SIZE + r"\s+free\s*;", re.I)
-_RE_RESERVED_OLD = re.compile(_SIZE + r"\s+reserved in total by PyTorch", re.I)
-
-
-def parse_size(number: str, unit: str) -> int:
-    """``("546.00", "MiB")`` → 572522496 bytes (binary units, as PyTorch prints them)."""
-    factor = _UNITS.get(unit.lower())
-    if factor is None:
-        raise ValueError(f"unknown size unit {unit!r}")
-    return int(round(float(number) * factor))
-
-
-def _find(regex: re.Pattern, text: str) -> int | None:
-    m = regex.search(text)
-    return parse_size(m.group(1), m.group(2)) if m else None
-
-
-def parse_oom_message(message: str) -> OomInfo:
-    """Parse a PyTorch CUDA OOM message, old or new format, into an :class:`OomInfo`.
-
-    New (PyTorch >= 2.1): "Tried to allocate R. GPU 0 has a total capacity of T of which F is
-    free. ... Of the allocated memory A is allocated by PyTorch, and U is reserved by PyTorch
-    but unallocated." Old: "Tried to allocate R (GPU 0; T total capacity; A already allocated;
-    F free; V reserved in total by PyTorch)", U = V − A. Any clause may be missing (its field is
-    ``None``). Raises ``ValueError`` if the text holds no "Tried to allocate" clause.
-    """
-    requested = _find(_RE_REQUESTED, message)
-    if requested is None:
-        raise ValueError("not a PyTorch OOM message: no 'Tried to allocate' clause")
-    dev = _RE_DEVICE.search(message)
-    device = int(dev.group(1)) if dev else None
-    if "already allocated" in message or "reserved in total" in message:
-        allocated = _find(_RE_ALLOC_OLD, message)
-        reserved = _find(_RE_RESERVED_OLD, message)
-        unalloc = reserved - allocated if reserved is not None and allocated is not None else None
-        return OomInfo(requested, _find(_RE_FREE_OLD, message), allocated, unalloc,
-                       _find(_RE_TOTAL_OLD, message), device, "old", message)
-    free = _find(_RE_FREE_NEW, message)
-    if free is None:
-        free = _find(_RE_FREE_NEW2, message)
-    return OomInfo(requested, free, _find(_RE_ALLOC_NEW, message), _find(_RE_UNALLOC_NEW, message),
-                   _find(_RE_TOTAL_NEW, message), device, "new", message)
-
-
-def classify_oom(info: OomInfo) -> str:
-    """``"impossible"`` when the request exceeds the device's total capacity (reject the
-    request, no retry); ``"fragmentation"`` when reserved-but-unallocated ≥ requested (the
-    memory exists but is cached in split segments: free the cache / compact first); else
-    ``"exhaustion"`` (memory is really used up: the int8 switch). Source: field case F13."""
-    req = info.requested_bytes
-    if req is not None and info.total_bytes is not None and req > info.total_bytes:
-        return "impossible"
-    if req is not None and info.reserved_unallocated_bytes is not None \
-            and info.reserved_unallocated_bytes >= req:
-        return "fragmentation"
-    return "exhaustion"
-
-
 # ---------------------------------------------------------------------------- error classes
-#: cudaError_t names → codes (CUDA Runtime API, enum cudaError).
-CUDA_ERROR_NAMES = {
-    "cudaErrorMemoryAllocation": 2,
-    "cudaErrorECCUncorrectable": 214,
-    "cudaErrorIllegalAddress": 700,
-    "cudaErrorLaunchOutOfResources": 701,
-    "cudaErrorLaunchTimeout": 702,
-    "cudaErrorHardwareStackError": 714,
-    "cudaErrorIllegalInstruction": 715,
-    "cudaErrorMisalignedAddress": 716,
-    "cudaErrorInvalidAddressSpace": 717,
-    "cudaErrorInvalidPc": 718,
-    "cudaErrorLaunchFailure": 719,
-    "cudaErrorNotPermitted": 800,
-}
-#: cudaGetErrorString texts → codes (as printed after "CUDA error: ").
-CUDA_ERROR_STRINGS = {
-    "out of memory": 2,
-    "uncorrectable ecc error encountered": 214,
-    "an illegal memory access was encountered": 700,
-    "too many resources requested for launch": 701,
-    "the launch timed out and was terminated": 702,
-    "an illegal instruction was encountered": 715,
-    "misaligned address": 716,
-    "unspecified launch failure": 719,
-    "operation not permitted": 800,
-}
-#: Codes that mean the device (not the request) is broken: uncorrectable ECC (214) and the
-#: sticky launch errors 700–719 (the CUDA context is unusable afterwards).
-HARDWARE_ERROR_CODES = frozenset({214, *range(700, 720)})
-_RE_HARDWARE = re.compile(r"\bXid\b|GPU is lost|fallen off the bus|uncorrectable ECC", re.I)
-_RE_CODE_NUM = re.compile(r"CUDA error[: ]\s*(\d+)\b|error code[: ]\s*(\d+)\b|cudaError\s*[=:]?\s*(\d+)\b", re.I)
-_RE_CODE_NAME = re.compile(r"\b(cudaError[A-Za-z]+)\b")
-_RE_CODE_TEXT = re.compile(r"CUDA error:\s*([^\n.(]+)", re.I)
-
-
-def parse_cuda_error_code(message: str) -> int | None:
-    """The CUDA error code named in an error message, or ``None``.
-
-    Understands ``"CUDA error: out of memory"`` (the cudaGetErrorString text),
-    ``"cudaErrorNotPermitted"`` (the enum name), ``"CUDA error 800"`` / ``"error code 800"``.
-    """
-    m = _RE_CODE_NAME.search(message)
-    if m and m.group(1) in CUDA_ERROR_NAMES:
-        return CUDA_ERROR_NAMES[m.group(1)]
-    m = _RE_CODE_NUM.search(message)
-    if m:
-        return int(next(g for g in m.groups() if g is not None))
-    m = _RE_CODE_TEXT.search(message)
-    if m:
-        text = m.group(1).strip().lower()
-        for known, code in CUDA_ERROR_STRINGS.items():
-            if text.startswith(known):
-                return code
-    return None
-
-
 def classify_error(exc: BaseException, oom_codes: frozenset[int] | set[int]) -> str:
     """``"oom"`` for ``torch.OutOfMemoryError`` or a CUDA error whose code is in ``oom_codes``;
     ``"hardware"`` for Xid / "GPU is lost" / uncorrectable ECC (214) / sticky 700–719 errors
-    (never an int8 trigger, checked before the OOM codes); else ``"other"``."""
+    (never an int8 trigger, checked before the OOM codes); else ``"other"``
+    (:func:`inferctl.contract.oom.classify_error_text`)."""
     if isinstance(exc, torch.OutOfMemoryError):
-        return "oom"
-    message = str(exc)
-    code = parse_cuda_error_code(message)
-    if _RE_HARDWARE.search(message) or (code is not None and code in HARDWARE_ERROR_CODES):
-        return "hardware"
-    if code is not None and code in oom_codes:
-        return "oom"
-    return "other"
+        return ERROR_OOM
+    return classify_error_text(str(exc), oom_codes)
 
 
 # ---------------------------------------------------------------------------- activations

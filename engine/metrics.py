@@ -12,7 +12,10 @@ of the engine.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
+
+from inferctl.contract.metrics import MetricSpec
+from inferctl.contract.metrics import build_registry as build_metric_registry
 
 #: Latency buckets (seconds). The top finite bucket (600 s) lies above the default request
 #: timeout (300 s), so a request that times out is still counted in a finite bucket.
@@ -23,7 +26,7 @@ LATENCY_BUCKETS = (
 RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 PERPLEXITY_BUCKETS = (1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 50.0, 100.0, 1000.0)
 
-ENGINE_METRICS: list[dict] = [
+ENGINE_METRICS: list[MetricSpec] = [
     # requests
     {"name": "inferctl_engine_requests_total", "type": "counter", "unit": "requests",
      "help": "Finished requests by finish reason (stop, length, repetition, abort, error).",
@@ -104,29 +107,11 @@ ENGINE_METRICS: list[dict] = [
      "help": "Generated-token logprobs that were NaN or infinite, excluded from perplexity.", "labels": ()},
 ]
 
-_KINDS = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
-
-
-def _base_name(spec: dict) -> str:
-    """prometheus-client appends ``_total`` to counters itself; give it the base name."""
-    name = spec["name"]
-    if spec["type"] == "counter" and name.endswith("_total"):
-        return name[: -len("_total")]
-    return name
-
 
 def build_registry(registry: CollectorRegistry | None = None) -> tuple[CollectorRegistry, dict]:
     """Create every metric of :data:`ENGINE_METRICS` in ``registry``.
 
     Returns ``(registry, metrics)`` where ``metrics`` maps the catalog name (with ``_total``)
-    to the prometheus-client object. A fresh registry per engine keeps tests independent.
+    to the prometheus-client object (:func:`inferctl.contract.metrics.build_registry`).
     """
-    registry = registry or CollectorRegistry()
-    metrics: dict = {}
-    for spec in ENGINE_METRICS:
-        cls = _KINDS[spec["type"]]
-        kwargs = {"registry": registry, "labelnames": tuple(spec["labels"])}
-        if spec["type"] == "histogram":
-            kwargs["buckets"] = spec["buckets"]
-        metrics[spec["name"]] = cls(_base_name(spec), spec["help"], **kwargs)
-    return registry, metrics
+    return build_metric_registry(ENGINE_METRICS, registry)

@@ -13,9 +13,9 @@ from collections import deque
 
 import numpy as np
 
+from inferctl.contract.stats import FINISH_REASONS
 from inferctl.engine.quality import OutputQuality
 
-FINISH_REASONS = ("stop", "length", "repetition", "abort", "error")
 
 
 def quantiles(samples: deque | list) -> dict:
