@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from inferctl.controller.gpu.base import memory_accounting_gap_bytes, memory_consistent, used_ratio
-from inferctl.controller.gpu.parsers import (
-    CaptureFormatError, detect_capture_format, parse_bytes, parse_capture, parse_compute_apps_csv,
-    parse_query_gpu_csv, parse_recovery_action, parse_smi_q, parse_smi_xml)
+from inferctl.controller.gpu.capture import CaptureFormatError, parse_bytes, parse_recovery_action
+from inferctl.controller.gpu.parsers import detect_capture_format, parse_capture
+from inferctl.controller.gpu.smi_csv import parse_compute_apps_csv, parse_query_gpu_csv
+from inferctl.controller.gpu.smi_text import parse_smi_q
+from inferctl.controller.gpu.smi_xml import parse_smi_xml
 from inferctl.controller.types import GpuSnapshot
 
 MIB = 1024 * 1024
