@@ -2,7 +2,7 @@
 
     python -m bench.longtext_books [--max-chunks 64] [--model ../shared/models/stories260K/stories260K.bin]
 
-Runs :func:`controller.longtext.run_longtext` with the in-process engine backend
+Runs :func:`inferctl.tools.longtext.run_longtext` with the in-process engine backend
 (:mod:`bench.longtext_inproc`; the HTTP API has no prompt logprobs yet) on every ``*.txt`` of
 ``../shared/data/gutenberg`` with the design notes' settings (``chunk_size`` 512, ``overlap``
 64, ``max_new_tokens`` 1024, ``repetition_penalty`` 1.2, greedy), three ways:
@@ -34,7 +34,7 @@ BOOKS = {"pg1342.txt": "Pride and Prejudice", "pg2641.txt": "A Room with a View"
 
 
 def run_all(model: str, max_chunks: int | None, out: Path, threads: int, runs: str) -> dict:
-    from inferctl.controller.longtext import LongTextConfig, read_book, run_longtext, write_outputs
+    from inferctl.tools.longtext import LongTextConfig, read_book, run_longtext, write_outputs
 
     from bench.longtext_inproc import EngineBackend
 

@@ -1,4 +1,4 @@
-"""An in-process backend for :func:`controller.longtext.run_longtext` over the bundled engine.
+"""An in-process backend for :func:`inferctl.tools.longtext.run_longtext` over the bundled engine.
 
 The engine's HTTP API does not return prompt logprobs yet, so teacher-forced perplexity is
 computed here, in-process, with the same model the engine serves:
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from inferctl.controller.longtext import Generation, LongTextConfig
+from inferctl.tools.longtext import Generation, LongTextConfig
 
 
 class EngineBackend:

@@ -68,7 +68,7 @@ def measure(clients: int, trials: int, poll: float, max_tokens: int) -> dict:
     """Start the stack, run the trials, stop the stack. Returns the numbers."""
     import httpx
 
-    from inferctl.controller.drill import DrillConfig, DrillRun, load_passages, stack_config, start_stack
+    from inferctl.tools.drill import DrillConfig, DrillRun, load_passages, stack_config, start_stack
 
     longs, shorts = load_passages(GUTENBERG, 660, 120, limit=400)
     work = Path(tempfile.mkdtemp(prefix="inferctl-bench-oom-"))

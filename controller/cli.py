@@ -1,9 +1,10 @@
-"""``inferctl``: the admin CLI (typer + rich).
+"""The controller's commands of ``inferctl`` (typer + rich); :func:`register` adds them to the
+root app, which the front door (``inferctl/cli.py``) composes with the engine's, the
+dashboards' and the tools' commands.
 
-The engine's own commands (``inferctl engine serve``, ``inferctl generate``) live in
-``engine/cli.py`` and are attached here; every other command talks to a running controller
-over HTTP (``--url``, default ``$INFERCTL_URL`` or ``http://127.0.0.1:8900``; admin token
-``--token`` or ``$INFERCTL_ADMIN_TOKEN``):
+Every command here but ``up`` and ``controller run`` talks to a running controller over HTTP
+(``--url``, default ``$INFERCTL_URL`` or ``http://127.0.0.1:8900``; admin token ``--token`` or
+``$INFERCTL_ADMIN_TOKEN``):
 
 * ``inferctl up`` — start an engine and the controller in the foreground (Ctrl-C stops both).
 * ``inferctl controller run --config FILE`` — run the controller from a configuration file.
@@ -22,7 +23,7 @@ import datetime as dt
 import json
 import os
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import typer
 
@@ -31,15 +32,6 @@ DEFAULT_URL = "http://127.0.0.1:8900"
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
 URL_ENV = "INFERCTL_URL"
 TOKEN_ENV = "INFERCTL_ADMIN_TOKEN"
-
-app = typer.Typer(
-    name="inferctl",
-    help="Operations control plane for LLM inference: engine, controller, admin commands.",
-    no_args_is_help=True,
-    add_completion=False,
-)
-controller_app = typer.Typer(help="Run the controller.", no_args_is_help=True)
-app.add_typer(controller_app, name="controller")
 
 UrlOpt = typer.Option(None, "--url", help=f"Controller URL (default ${URL_ENV} or {DEFAULT_URL}).")
 TokenOpt = typer.Option(None, "--token", help=f"Admin token (default ${TOKEN_ENV}).")
@@ -80,7 +72,7 @@ def _request(method: str, url: Optional[str], path: str, *, token: Optional[str]
     headers = {}
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
-    from inferctl.controller.engines.base import ResponseTooLarge, bounded_request
+    from inferctl.controller.scrape.http import ResponseTooLarge, bounded_request
 
     try:
         with httpx.Client(timeout=timeout) as client:
@@ -175,7 +167,6 @@ def _bytes(v: Any) -> str:
 
 
 # --------------------------------------------------------------------------- read commands
-@app.command()
 def status(url: Optional[str] = UrlOpt,
            as_json: bool = typer.Option(False, "--json", help="Print the raw /status JSON.")) -> None:
     """Engines (mode, queue, memory, policy states), GPUs and rails, from the controller."""
@@ -235,7 +226,6 @@ def _event_table(events: list[dict]):  # noqa: ANN202
     return t
 
 
-@app.command()
 def events(url: Optional[str] = UrlOpt,
            since_id: Optional[int] = typer.Option(None, "--since-id", min=0, help="Only events after this id."),
            limit: int = typer.Option(50, "--limit", min=1, max=1000, help="At most this many (1..1000)."),
@@ -243,7 +233,8 @@ def events(url: Optional[str] = UrlOpt,
                                               " step, refusal, error, escalation, lifecycle"),
            target: Optional[str] = typer.Option(None, "--target", help="Engine name or gpu:N."),
            as_json: bool = typer.Option(False, "--json", help="Print JSON lines, one event per line."),
-           follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new events (Ctrl-C stops).")) -> None:
+           follow: bool = typer.Option(False, "--follow", "-f",
+                                       help="Keep printing new events (Ctrl-C stops).")) -> None:
     """The controller's event log: transitions, actions with their inputs and outcomes, refusals."""
     params: dict[str, Any] = {"limit": limit}
     for k, v in (("since_id", since_id), ("kind", kind), ("target", target)):
@@ -304,26 +295,26 @@ def _engine_action(action: str, url: Optional[str], token: Optional[str], engine
     _print_result(doc, code)
 
 
-def _add_engine_action_command(action: str, help_text: str) -> None:
-    """Register ``inferctl <action> [--url] [--token] [--engine]``: POST /actions/<action> for
-    one engine, ``help_text`` its help."""
+def _engine_action_command(action: str, help_text: str) -> Callable[..., None]:
+    """The command ``inferctl <action> [--url] [--token] [--engine]``: POST /actions/<action>
+    for one engine, ``help_text`` its help."""
     def command(url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
                 engine: Optional[str] = EngineOpt) -> None:
         _engine_action(action, url, token, engine)
 
     command.__doc__ = help_text
-    app.command(name=action)(command)
+    return command
 
 
-_add_engine_action_command(
-    "degrade", "Switch an engine to int8 now (the precision policy rolls back after its hold).")
-_add_engine_action_command("rollback", "Switch an engine back to full precision now.")
-_add_engine_action_command(
-    "drain", "Stop admitting new requests on an engine (in-flight requests finish).")
-_add_engine_action_command("undrain", "Admit requests again on a drained engine.")
+#: The one-engine actions without options of their own: (command name, help).
+ENGINE_ACTIONS = (
+    ("degrade", "Switch an engine to int8 now (the precision policy rolls back after its hold)."),
+    ("rollback", "Switch an engine back to full precision now."),
+    ("drain", "Stop admitting new requests on an engine (in-flight requests finish)."),
+    ("undrain", "Admit requests again on a drained engine."),
+)
 
 
-@app.command()
 def restart(url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
             engine: Optional[str] = EngineOpt,
             timeout: float = typer.Option(300.0, "--timeout", min=1.0,
@@ -332,7 +323,6 @@ def restart(url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
     _engine_action("restart", url, token, engine, timeout=timeout)
 
 
-@app.command()
 def unpin(url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
           engine: Optional[str] = EngineOpt) -> None:
     """Release the precision flap guard's int8 pin (rollback allowed again after the hold)."""
@@ -356,7 +346,6 @@ def _confirm_or_exit(question: str, verb: str) -> None:
         raise typer.Exit(1)
 
 
-@app.command("reset-gpu")
 def reset_gpu(gpu: int = typer.Argument(..., min=0, help="GPU index (as nvidia-smi numbers it)."),
               url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
               yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
@@ -385,7 +374,6 @@ def reset_gpu(gpu: int = typer.Argument(..., min=0, help="GPU index (as nvidia-s
     _print_result(doc, code)
 
 
-@app.command("release-gpu")
 def release_gpu(gpu: int = typer.Argument(..., min=0, help="GPU index (as nvidia-smi numbers it)."),
                 url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
                 yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
@@ -423,7 +411,6 @@ def _load(config_path: Optional[str]):  # noqa: ANN202
         _die(str(exc), code=2)
 
 
-@controller_app.command("run")
 def controller_run(config: str = typer.Option(..., "--config", "-c", help="YAML configuration file."),
                    token: Optional[str] = typer.Option(None, "--token", envvar=TOKEN_ENV,
                                                        help="Admin token (else the config's; else generated)."),
@@ -433,7 +420,6 @@ def controller_run(config: str = typer.Option(..., "--config", "-c", help="YAML 
     _run_config(_load(config), token, engine_log_dir)
 
 
-@app.command()
 def up(model: Optional[str] = typer.Option(None, "--model", help="Model path (llama2.c .bin or HF dir);"
                                            " default: the built-in demo model."),
        config: Optional[str] = typer.Option(None, "--config", "-c", help="YAML configuration (engines, GPU"
@@ -485,24 +471,20 @@ def up(model: Optional[str] = typer.Option(None, "--model", help="Model path (ll
     _run_config(final, token, engine_log_dir)
 
 
-try:  # the engine's commands; absent only in a partial checkout
-    from inferctl.engine.cli import register as _register_engine_commands
-except ImportError:  # pragma: no cover
-    _register_engine_commands = None
-if _register_engine_commands is not None:
-    _register_engine_commands(app)
-
-# `inferctl dashboards build|check`: dashboards, rules and Alertmanager config from the catalogs.
-from inferctl.dashboards.cli import register as _register_dashboards  # noqa: E402
-
-_register_dashboards(app)
-
-# `inferctl drill oom` (the OOM game day) and `inferctl longtext` (books in chunks).
-from inferctl.controller import drill as _drill, longtext as _longtext  # noqa: E402
-
-_drill.register(app)
-_longtext.register(app)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    app()
+def register(app: typer.Typer) -> None:
+    """Add the controller's commands to the ``inferctl`` typer ``app``: ``controller run``,
+    ``status``, ``events``, the engine actions, ``restart``, ``unpin``, ``reset-gpu``,
+    ``release-gpu`` and ``up``. typer lists an app's commands in the order they are added (and
+    its command groups, such as ``controller``, after them)."""
+    controller_app = typer.Typer(help="Run the controller.", no_args_is_help=True)
+    controller_app.command("run")(controller_run)
+    app.add_typer(controller_app, name="controller")
+    app.command()(status)
+    app.command()(events)
+    for action, help_text in ENGINE_ACTIONS:
+        app.command(name=action)(_engine_action_command(action, help_text))
+    app.command()(restart)
+    app.command()(unpin)
+    app.command("reset-gpu")(reset_gpu)
+    app.command("release-gpu")(release_gpu)
+    app.command()(up)

@@ -1,10 +1,47 @@
-"""The front door: the ``inferctl`` command, composed from the parts' own command groups."""
+"""The front door: the ``inferctl`` command, composed from the parts' own command groups.
+
+This is the only module that puts engine, controller, observability and tools together; nothing
+in the project imports it (``python -m inferctl`` and the ``inferctl`` console script run
+:func:`main`). Each part adds its commands with its own ``register(app)``:
+
+- the controller (``inferctl.controller.cli``): ``status``, ``events``, the engine actions,
+  ``reset-gpu``, ``release-gpu``, ``up``, ``controller run``;
+- the engine (``inferctl.engine.cli``): ``engine serve``, ``generate``;
+- observability (``inferctl.dashboards.cli``): ``dashboards build|check``;
+- the tools: ``drill oom`` (``inferctl.tools.drill``) and ``longtext`` (``inferctl.tools.longtext``).
+
+The order of the calls is the order ``inferctl --help`` lists the commands.
+"""
 
 from __future__ import annotations
 
-from inferctl.controller.cli import app
+import typer
 
-__all__ = ["app", "main"]
+from inferctl.controller.cli import register as register_controller
+from inferctl.dashboards.cli import register as register_dashboards
+from inferctl.engine.cli import register as register_engine
+from inferctl.tools.drill.cli import register as register_drill
+from inferctl.tools.longtext.cli import register as register_longtext
+
+__all__ = ["app", "build_app", "main"]
+
+
+def build_app() -> typer.Typer:
+    """A new root ``inferctl`` typer app with every part's commands attached."""
+    root = typer.Typer(
+        name="inferctl",
+        help="Operations control plane for LLM inference: engine, controller, admin commands.",
+        no_args_is_help=True,
+        add_completion=False,
+    )
+    for register in (register_controller, register_engine, register_dashboards, register_drill,
+                     register_longtext):
+        register(root)
+    return root
+
+
+#: The ``inferctl`` command (tests invoke it with typer's ``CliRunner``).
+app = build_app()
 
 
 def main() -> None:

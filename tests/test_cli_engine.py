@@ -100,7 +100,7 @@ def test_help_is_fast_and_lists_the_engine_commands():
                    "--precision", "--device", "--admin-token", "--served-model-name", "--host", "--port"):
         assert option in serve.stdout, option
     # heavy modules stay out of the CLI's import path
-    check = subprocess.run([sys.executable, "-c", "import sys, controller.cli; "
+    check = subprocess.run([sys.executable, "-c", "import sys, inferctl.cli; "
                             "print(sorted(m for m in ('torch', 'fastapi', 'uvicorn') if m in sys.modules))"],
                            capture_output=True, text=True, env=ENV, timeout=30)
     assert check.stdout.strip() == "[]"

@@ -13,7 +13,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from inferctl.controller import drill as dr
+from inferctl.tools import drill as dr
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -145,7 +145,7 @@ def test_drill_oom_end_to_end(tmp_path, stories_dir, gutenberg_dir):
     """The issue's "done": the drill on stories260K exits 0 with 0 failed requests, a measured
     switch latency and a rollback (xfail only on the known allocator-cache issue, see
     tests/test_up_e2e.py)."""
-    code = (f"import typer, sys; from controller import drill; app = typer.Typer(); drill.register(app); "
+    code = (f"import typer, sys; from inferctl.tools import drill; app = typer.Typer(); drill.register(app); "
             f"app(['drill', 'oom', '--model', {str(stories_dir / 'stories260K.bin')!r}, '--data', "
             f"{str(gutenberg_dir)!r}, '--json', '--no-live', '--out', {str(tmp_path)!r}, '--baseline-seconds', '1', "
             f"'--recovery-seconds', '40'])")

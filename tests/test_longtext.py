@@ -10,7 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from inferctl.controller import longtext as lt
+from inferctl.tools import longtext as lt
 
 
 # ------------------------------------------------------------------------------ reading

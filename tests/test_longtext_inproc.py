@@ -7,7 +7,7 @@ import math
 import pytest
 
 from bench.longtext_inproc import EngineBackend
-from inferctl.controller.longtext import LongTextConfig, read_book, run_longtext
+from inferctl.tools.longtext import LongTextConfig, read_book, run_longtext
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from inferctl.controller.longtext import parse_prompt_logprobs
+from inferctl.tools.longtext import parse_prompt_logprobs
 from inferctl.engine.server import _dumps, _prompt_logprobs_json
 from inferctl.engine.sequence import Logprob
 from tests.model_helpers import Harness

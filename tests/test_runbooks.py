@@ -90,7 +90,7 @@ def inferctl_commands() -> list[tuple[str, list[str]]]:
 
 
 def test_runbook_commands_exist_in_the_inferctl_cli():
-    """Each ``inferctl ...`` line resolves to a real command of ``controller.cli:app`` and its
+    """Each ``inferctl ...`` line resolves to a real command of ``inferctl.cli:app`` and its
     options exist on that command (parsed with click, never executed)."""
     import typer
 

@@ -1,0 +1,79 @@
+"""The drill's rich views: the live table while it runs and the summary table at the end."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from inferctl.tools.drill.report import DrillReport
+
+
+def _mb(x: Any) -> str:
+    return "-" if x is None else f"{x / 1e6:.2f} MB"
+
+
+def _s(x: Any, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f} s"
+
+
+def live_table(run: Any) -> Any:
+    """A rich Table of the running drill."""
+    from rich.table import Table
+
+    s = run.samples[-1] if run.samples else None
+    counts = {"ok": 0, "failed": 0, "lost": 0}
+    inflight = 0
+    for r in run.requests:
+        if r.end is None:
+            inflight += 1
+        else:
+            counts[r.outcome] = counts.get(r.outcome, 0) + 1
+    t = Table(title="inferctl drill oom", show_header=False)
+    t.add_column("what")
+    t.add_column("value")
+    t0 = run.phases[0][1] if run.phases else None
+    t.add_row("phase", f"{run.phase}  (load: {run.load}, {time.time() - t0:.1f} s)" if t0 else run.phase)
+    t.add_row("engine precision", "-" if s is None else str(s.precision))
+    t.add_row("controller policy", str(run.policy_state))
+    if s is not None:
+        t.add_row("memory", f"allocated {_mb(s.allocated_bytes)} / reserved {_mb(s.reserved_bytes)} / "
+                            f"budget {_mb(s.budget_bytes)}")
+        t.add_row("KV usage", "-" if s.kv_usage_ratio is None else f"{100 * s.kv_usage_ratio:.0f} %")
+        t.add_row("running / waiting", f"{s.running} / {s.waiting}")
+        t.add_row("OOM faults", str(s.oom_total))
+    t.add_row("requests", f"ok {counts['ok']}, failed {counts['failed']}, lost {counts['lost']}, in flight {inflight}")
+    if run.oom:
+        t.add_row("OOM", f"{run.oom.get('source')} / {run.oom.get('kind')}"
+                         + (" (injected by the drill)" if run.oom.get("injected") else ""))
+    for e in run.events[-4:]:
+        what = str(e.get("reason") or e.get("message"))[:80]
+        t.add_row(f"event #{e.get('id')}", f"{e.get('kind')} {e.get('source')}: {what}")
+    return t
+
+
+def summary_table(report: DrillReport) -> Any:
+    """The end-of-drill rich Table."""
+    from rich.table import Table
+
+    s = report.summary()
+    c = s["requests"]
+    t = Table(title=f"drill oom: {'PASSED' if s['ok'] else 'FAILED'}")
+    t.add_column("measure")
+    t.add_column("value", justify="right")
+    t.add_row("OOM (source / kind)", f"{s['oom_source']} / {s['oom_kind']}"
+              + (" — injected by the drill" if s["oom_injected_by_drill"] else ""))
+    t.add_row("switch latency: OOM → first int8 token", _s(s["switch_latency_seconds"], 3))
+    t.add_row("OOM → degrade decision", _s(s["oom_to_decision_seconds"], 3))
+    t.add_row("OOM → engine reports int8", _s(s["oom_to_int8_reported_seconds"], 3))
+    t.add_row("rollback: int8 → full", _s(s["rollback_seconds_from_int8"]))
+    t.add_row("rollback: pressure end → full", _s(s["rollback_seconds_from_recovery"]))
+    t.add_row("final precision", str(s["final_precision"]))
+    t.add_row("requests (ok / failed / lost)", f"{c['total']} ({c['ok']} / {c['failed']} / {c['lost']})")
+    for ph, v in s["latency_by_phase"].items():
+        if v["requests"]:
+            t.add_row(f"latency {ph} P50 / P99 ({v['requests']} req)",
+                      f"{_s(v['p50_seconds'])} / {_s(v['p99_seconds'])}")
+    t.add_row("controller events", ", ".join(f"{k} {v}" for k, v in sorted(s["events"].items())) or "none")
+    t.add_row("duration", _s(s["duration_seconds"], 1))
+    return t
+

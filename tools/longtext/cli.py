@@ -1,0 +1,125 @@
+"""``inferctl longtext BOOK``: the typer command (:func:`register` adds it to an app)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Optional
+
+from inferctl.tools.longtext.book import read_book
+from inferctl.tools.longtext.config import (DEFAULT_CHUNK_SIZE, DEFAULT_MAX_NEW_TOKENS, DEFAULT_OVERLAP,
+                                            DEFAULT_POSITION_BUCKET, DEFAULT_REPETITION_PENALTY,
+                                            LongTextConfig, LongTextError)
+from inferctl.tools.longtext.http_backend import HttpBackend
+from inferctl.tools.longtext.measure import run_longtext
+from inferctl.tools.longtext.report import render_tables, write_outputs
+
+
+def register(app: Any) -> None:
+    """Add ``inferctl longtext BOOK`` to the typer ``app``."""
+    import typer
+
+    @app.command("longtext")
+    def longtext(
+        book: Path = typer.Argument(..., help="A text file (Gutenberg books: header/licence stripped)."),
+        url: Optional[str] = typer.Option(None, "--url", help="A running engine (default: start one with --model)."),
+        model: Optional[str] = typer.Option(None, "--model", help="Model to serve when no --url is given"
+                                            " (.bin or HF dir); with --url, the served model name."),
+        encoding: str = typer.Option("auto", "--encoding", help="auto (UTF-8, else Windows-1252) or a codec name."),
+        chunk_size: Optional[int] = typer.Option(None, "--chunk-size", help=f"Tokens per window, BOS included "
+                                                 f"(default {DEFAULT_CHUNK_SIZE}, or the longest window the engine"
+                                                 " can score)."),
+        overlap: int = typer.Option(DEFAULT_OVERLAP, "--overlap", help="Book tokens shared by consecutive windows."),
+        max_new_tokens: int = typer.Option(DEFAULT_MAX_NEW_TOKENS, "--max-new-tokens"),
+        repetition_penalty: float = typer.Option(DEFAULT_REPETITION_PENALTY, "--repetition-penalty"),
+        temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
+        seed: Optional[int] = typer.Option(None, "--seed"),
+        max_chunks: Optional[int] = typer.Option(None, "--max-chunks",
+                                                 help="Evenly spaced sample of windows (default all)."),
+        position_bucket: int = typer.Option(DEFAULT_POSITION_BUCKET, "--position-bucket"),
+        no_generate: bool = typer.Option(False, "--no-generate", help="Perplexity only."),
+        concurrency: int = typer.Option(8, "--concurrency", help="Requests in flight."),
+        max_model_len: Optional[int] = typer.Option(None, "--max-model-len",
+                                                    help="For the engine this command starts."),
+        out: Optional[Path] = typer.Option(None, "--out", help="Output prefix (default"
+                                           " out/longtext/longtext-<book>): .csv and .json."),
+        quiet: bool = typer.Option(False, "--quiet", help="Summary only (no per-chunk table)."),
+    ) -> None:
+        """Process a book longer than the context in overlapping chunks; perplexity by position
+        and repetition of the outputs. Prints the per-chunk table and saves CSV + JSON."""
+        from rich.console import Console
+
+        console = Console()
+        err = Console(stderr=True)
+        try:
+            cfg = LongTextConfig(chunk_size=DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size,
+                                 overlap=overlap, max_new_tokens=max_new_tokens,
+                                 repetition_penalty=repetition_penalty, temperature=temperature, seed=seed,
+                                 position_bucket=position_bucket, max_chunks=max_chunks,
+                                 generate=not no_generate, concurrency=concurrency)
+            text = read_book(book, encoding)
+        except LongTextError as exc:
+            err.print(f"error: --{exc.field.replace('_', '-')}: {exc.message}" if exc.field and exc.field != "book"
+                      else f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(2)
+        sup = None
+        backend = None
+        try:
+            if url is None:
+                sup, url = _start_engine(model, max_model_len, err)
+            backend = HttpBackend(url, model=model if sup is None else None)
+            if chunk_size is None and cfg.chunk_size > backend.max_window:
+                # over HTTP a scored window is at most max_model_len - 1 tokens (max_tokens 1)
+                cfg = replace(cfg, chunk_size=backend.max_window)
+                err.print(f"note: --chunk-size {cfg.chunk_size}: the longest window the engine at {backend.base_url} "
+                          f"can score (max_model_len {backend.max_model_len} - 1)", markup=False, highlight=False,
+                          soft_wrap=True)
+            last = {"t": 0.0}
+
+            def progress(stage: str, done: int, total: int) -> None:
+                if time.monotonic() - last["t"] > 2 or done == total:
+                    last["t"] = time.monotonic()
+                    err.print(f"{stage}: {done}/{total} windows", highlight=False, soft_wrap=True)
+
+            report = run_longtext(text, backend, cfg, progress)
+        except LongTextError as exc:
+            err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(2)
+        except RuntimeError as exc:   # the engine did not start
+            err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(1)
+        finally:
+            if backend is not None:
+                backend.close()
+            if sup is not None:
+                sup.stop()
+        tables = render_tables(report)
+        for t in (tables[1:] if quiet else tables):
+            console.print(t)
+        for note in report.notes:
+            err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+        prefix = out if out is not None else Path("out") / "longtext" / f"longtext-{book.stem}"
+        csv_path, json_path = write_outputs(report, prefix)
+        err.print(f"wrote {csv_path} and {json_path}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _start_engine(model: str | None, max_model_len: int | None, err: Any) -> tuple[Any, str]:
+    """Start ``inferctl engine serve`` on a free loopback port; returns (supervisor, url)."""
+    import socket
+    import tempfile
+
+    from inferctl.controller.actions import EngineSupervisor, engine_serve_argv
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    extra = ["--max-model-len", str(max_model_len)] if max_model_len else []
+    url = f"http://127.0.0.1:{port}"
+    log = Path(tempfile.gettempdir()) / f"inferctl-longtext-engine-{port}.log"
+    sup = EngineSupervisor("longtext", engine_serve_argv(port, model=model, extra=extra), url,
+                           health_timeout_seconds=120.0, log_path=log)
+    err.print(f"starting an engine for {model or 'the demo model'} on {url} (log: {log})", highlight=False,
+              soft_wrap=True)
+    sup.start()
+    return sup, url
