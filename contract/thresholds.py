@@ -156,11 +156,14 @@ class Thresholds:
                 _check_number(f.name, value, 0.0, None, strict_min=True)
         _check_number("degenerate_seq_rep_threshold", self.degenerate_seq_rep_threshold, 0.0, 1.0, strict_min=False)
         _check_number("degenerate_min_tokens", self.degenerate_min_tokens, 0.0, None, strict_min=False)
-        for name, q in [("latency_quantile", self.latency_quantile)] + [("latency_quantiles", v) for v in self.latency_quantiles]:
+        quantiles = [("latency_quantile", self.latency_quantile)]
+        quantiles += [("latency_quantiles", v) for v in self.latency_quantiles]
+        for name, q in quantiles:
             if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0.0 < q < 1.0:
                 raise ValueError(f"{name}: quantile must lie in (0, 1), got {q!r}")
         if self.ttft_critical_seconds < self.ttft_seconds:
-            raise ValueError(f"ttft_critical_seconds: {self.ttft_critical_seconds:g} is below ttft_seconds {self.ttft_seconds:g}")
+            raise ValueError(f"ttft_critical_seconds: {self.ttft_critical_seconds:g} is below "
+                             f"ttft_seconds {self.ttft_seconds:g}")
         if self.e2e_critical_seconds < self.e2e_warning_seconds:
             raise ValueError(f"e2e_critical_seconds: {self.e2e_critical_seconds:g} is below "
                              f"e2e_warning_seconds {self.e2e_warning_seconds:g}")

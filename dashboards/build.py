@@ -1,17 +1,13 @@
-"""Grafana dashboards, built with grafana-foundation-sdk from the metric catalog.
+"""Grafana dashboard JSON, built with grafana-foundation-sdk from the panel specs.
 
-Five dashboards (stable uids ``inferctl-<name>``): Service, GPU, Batching, Model health and
-Control plane. Each panel is declared as data (:class:`PanelSpec`) and turned into SDK
-builders by :func:`build_dashboard`; :func:`render_dashboards` serialises them with the SDK's
-own ``JSONEncoder`` (sorted keys, 2-space indent, trailing newline) so the committed JSON is
-byte-stable.
+The five dashboards are declared as data in :mod:`dashboards.panels` (:class:`PanelSpec`);
+:func:`build_dashboard` turns one into SDK builders and :func:`render_dashboards` serialises
+them with the SDK's own ``JSONEncoder`` (sorted keys, 2-space indent, trailing newline) so the
+committed JSON is byte-stable.
 
-Queries follow :mod:`dashboards.promql`: gauges aggregate with max/avg/min, never sum;
-ratios divide aggregates with a guarded denominator; latency quantiles give no data without
-traffic. Windows are Grafana's ``$__rate_interval`` (``$__interval`` for annotations). Every
-panel reads the ``datasource`` template variable (type ``prometheus``). Controller events
-are annotations read from Prometheus only (``inferctl_events_total``,
-``inferctl_precision_switches_total``).
+Every panel reads the ``datasource`` template variable (type ``prometheus``). Controller
+events are annotations read from Prometheus only (``inferctl_events_total``,
+``inferctl_precision_switches_total``) over Grafana's ``$__interval``.
 
 Pinned SDK build: grafana-foundation-sdk ``1769699379!11.6.0`` (Grafana 11.6 schema,
 ``schemaVersion`` 41). Unlike the 10.1 build it omits ``options`` for panels without
@@ -21,7 +17,6 @@ options instead of writing ``"options": null``; a test checks no panel carries a
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 
 from grafana_foundation_sdk.builders import common as cb
 from grafana_foundation_sdk.builders import dashboard as db
@@ -31,354 +26,38 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 
+from inferctl.contract.thresholds import THRESHOLDS, Thresholds
 from inferctl.dashboards import promql as q
-from inferctl.dashboards.catalog import CONTROLLER_JOB, ENGINE_JOB, metric_catalog, scraped_label
+from inferctl.dashboards.panels import DashboardSpec, PanelSpec, dashboard_specs
 
-W = "$__rate_interval"
+__all__ = ["DATASOURCE", "SDK_BUILD", "annotation_queries", "build_dashboard", "dashboard_specs",
+           "panel_queries", "render_dashboards", "to_json"]
+
+#: Annotation range: Grafana's per-pixel ``$__interval``, so each event marks one point.
+ANNOTATION_WINDOW = "$__interval"
+#: Dashboard refresh period and default time range (display choices, not thresholds).
+REFRESH = "30s"
+TIME_FROM, TIME_TO = "now-3h", "now"
+#: Height of every panel, in Grafana grid units.
+PANEL_HEIGHT = 8
 DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 SDK_BUILD = "1769699379!11.6.0"
-
-
-@dataclass(frozen=True)
-class Target:
-    expr: str
-    legend: str
-
-
-@dataclass(frozen=True)
-class PanelSpec:
-    """One panel: ``kind`` is ``timeseries``, ``stat`` or ``state`` (state timeline);
-    ``unit`` a Grafana unit id (``s``, ``bytes``, ``percentunit``, ``short``, ...);
-    ``threshold`` draws a red line/colour from that value."""
-
-    title: str
-    description: str
-    targets: tuple[Target, ...]
-    unit: str = "short"
-    kind: str = "timeseries"
-    threshold: float | None = None
-    min: float | None = None
-    max: float | None = None
-    width: int = 12
-
-
-@dataclass(frozen=True)
-class DashboardSpec:
-    uid: str
-    title: str
-    description: str
-    rows: tuple[tuple[str, tuple[PanelSpec, ...]], ...]
-    tags: tuple[str, ...] = field(default=("inferctl",))
-
-
-def T(expr: str, legend: str) -> Target:   # noqa: N802 (short constructor for the tables below)
-    return Target(expr, legend)
-
-
-def _quantiles(hist: str, what: str) -> tuple[Target, ...]:
-    return tuple(T(q.quantile(v, hist, ("model",), W), f"p{int(v * 100)} {{{{model}}}}") for v in (0.5, 0.9, 0.99))
-
-
-def service() -> DashboardSpec:
-    e2e, ttft, itl = ("inferctl_engine_e2e_request_latency_seconds", "inferctl_engine_time_to_first_token_seconds",
-                      "inferctl_engine_inter_token_latency_seconds")
-    finished = q.rate_sum("inferctl_engine_requests_total", ("model",), W)
-    errors = q.rate_sum("inferctl_engine_request_errors_total", ("model",), W)
-    return DashboardSpec(
-        "inferctl-service", "inferctl / Service",
-        "What clients see: latency percentiles, throughput, requests and errors (engine /metrics).",
-        (
-            ("Latency", (
-                PanelSpec("End-to-end latency P50 / P90 / P99", "Arrival to last token. No data when there is no traffic.",
-                          _quantiles(e2e, "e2e"), "s", width=8),
-                PanelSpec("Time to first token P50 / P90 / P99", "Arrival to first generated token (TTFT). Red: the 500 ms budget.",
-                          _quantiles(ttft, "ttft"), "s", threshold=0.5, width=8),
-                PanelSpec("Inter-token latency P50 / P90 / P99", "Time between consecutive generated tokens (ITL).",
-                          _quantiles(itl, "itl"), "s", width=8),
-            )),
-            ("Throughput", (
-                PanelSpec("Tokens per second", "Generated (decode) and prompt (prefill) tokens per second.", (
-                    T(q.rate_sum("inferctl_engine_generation_tokens_total", ("model",), W), "generated {{model}}"),
-                    T(q.rate_sum("inferctl_engine_prompt_tokens_total", ("model",), W), "prompt {{model}}"),
-                ), "short", width=8),
-                PanelSpec("Requests per second", "Finished requests per second by finish reason.", (
-                    T(q.rate_sum("inferctl_engine_requests_total", ("model", "finish_reason"), W), "{{finish_reason}} {{model}}"),
-                ), "reqps", width=8),
-                PanelSpec("Errors per second", "Requests answered with an error, by reason.", (
-                    T(q.rate_sum("inferctl_engine_request_errors_total", ("model", "reason"), W), "{{reason}} {{model}}"),
-                ), "reqps", width=8),
-                PanelSpec("Error ratio", "Errors per finished request: 0 with traffic and no errors, no data without traffic.", (
-                    T(q.ratio(errors, finished, zero_fill=True), "{{model}}"),
-                ), "percentunit", min=0, width=12),
-                PanelSpec("Engines up", "1 when Prometheus scraped the engine target successfully.", (
-                    T(f'min by (instance) (up{{job="{ENGINE_JOB}"}})', "{{instance}}"),
-                ), "short", kind="stat", width=12),
-            )),
-        ))
-
-
-def gpu() -> DashboardSpec:
-    g = ("gpu",)
-    eng = ("job", "instance")
-    return DashboardSpec(
-        "inferctl-gpu", "inferctl / GPU",
-        "GPU memory, allocator fragmentation, utilisation, thermals, power and hardware faults.",
-        (
-            ("Memory", (
-                PanelSpec("GPU memory used / reserved / total", "NVML v2 'used' (allocations), 'reserved' (driver), total, per GPU.", (
-                    T(q.gauge("inferctl_gpu_memory_used_bytes", g), "used gpu {{gpu}}"),
-                    T(q.gauge("inferctl_gpu_memory_reserved_bytes", g), "reserved gpu {{gpu}}"),
-                    T(q.gauge("inferctl_gpu_memory_free_bytes", g), "free gpu {{gpu}}"),
-                    T(q.gauge("inferctl_gpu_memory_total_bytes", g), "total gpu {{gpu}}"),
-                ), "bytes"),
-                PanelSpec("GPU memory used ratio", "used / total per GPU (this is NOT fragmentation).", (
-                    T(q.ratio(q.gauge("inferctl_gpu_memory_used_bytes", g), q.gauge("inferctl_gpu_memory_total_bytes", g)), "gpu {{gpu}}"),
-                ), "percentunit", min=0, max=1),
-                PanelSpec("Allocator fragmentation", "Reserved-but-unallocated / reserved bytes (not free memory). "
-                          "Red: 30 %, where the controller drains and restarts the engine.", (
-                    T(q.gauge("inferctl_fragmentation_ratio", ("engine",)), "controller {{engine}}"),
-                    T(q.ratio(f'{q.gauge("inferctl_engine_memory_reserved_bytes", eng)} - {q.gauge("inferctl_engine_memory_allocated_bytes", eng)}',
-                              q.gauge("inferctl_engine_memory_reserved_bytes", eng)), "engine {{instance}}"),
-                ), "percentunit", threshold=0.3, min=0, max=1),
-                PanelSpec("Engine memory", "The engine's own accounting: budget, reserved, allocated, weights.", (
-                    T(q.gauge("inferctl_engine_memory_budget_bytes", eng), "budget {{instance}}"),
-                    T(q.gauge("inferctl_engine_memory_reserved_bytes", eng), "reserved {{instance}}"),
-                    T(q.gauge("inferctl_engine_memory_allocated_bytes", eng), "allocated {{instance}}"),
-                    T(q.gauge("inferctl_engine_memory_weights_bytes", eng), "weights {{instance}}"),
-                ), "bytes"),
-            )),
-            ("Utilisation and thermals", (
-                PanelSpec("Memory-bandwidth utilisation", "DRAM / copy-engine utilisation where the GPU reports it.", (
-                    T(q.gauge("inferctl_gpu_memory_bandwidth_utilization_ratio", g), "gpu {{gpu}}"),
-                ), "percentunit", min=0, max=1, width=8),
-                PanelSpec("SM utilisation", "GPU (SM) utilisation.", (
-                    T(q.gauge("inferctl_gpu_utilization_ratio", g), "gpu {{gpu}}"),
-                ), "percentunit", min=0, max=1, width=8),
-                PanelSpec("Temperature", "GPU core temperature.", (
-                    T(q.gauge("inferctl_gpu_temperature_celsius", g), "gpu {{gpu}}"),
-                ), "celsius", width=8),
-                PanelSpec("Power", "GPU power draw.", (
-                    T(q.gauge("inferctl_gpu_power_watts", g), "gpu {{gpu}}"),
-                ), "watt", width=8),
-            )),
-            ("Health", (
-                PanelSpec("ECC errors (volatile)", "Volatile ECC error counts by type; any uncorrected error pages.", (
-                    T(q.gauge("inferctl_gpu_ecc_errors", ("gpu", "type")), "{{type}} gpu {{gpu}}"),
-                ), "short", width=8),
-                PanelSpec("Xid events", "Xid events per window by code and the catalogue's action.", (
-                    T(q.window_increase("inferctl_gpu_xid_events_total", ("gpu", "xid", "action"), W), "gpu {{gpu}} Xid {{xid}} ({{action}})"),
-                ), "short", width=8),
-                PanelSpec("GPU telemetry up", "1 when the GPU source's last poll succeeded (NVML, dcgm, replay, sim).", (
-                    T(q.gauge("inferctl_gpu_telemetry_up", ("source",), how="min"), "{{source}}"),
-                ), "short", kind="state", width=8),
-                PanelSpec("GPU healthy / lost", "Hardware policy verdict per GPU; lost means reboot the node.", (
-                    T(q.gauge("inferctl_gpu_healthy", g, how="min"), "healthy gpu {{gpu}}"),
-                    T(q.gauge("inferctl_gpu_lost", g), "lost gpu {{gpu}}"),
-                ), "short", kind="state", width=24),
-            )),
-        ))
-
-
-def batching() -> DashboardSpec:
-    eng = ("job", "instance")
-    padded = q.rate_sum("inferctl_engine_step_padded_tokens_total", eng, W)
-    real = q.rate_sum("inferctl_engine_step_real_tokens_total", eng, W)
-    return DashboardSpec(
-        "inferctl-batching", "inferctl / Batching",
-        "Continuous batching: effective batch size, padding, queues, preemptions and the paged KV cache.",
-        (
-            ("Batches", (
-                PanelSpec("Effective batch size", "Sequences per engine step: step_sequences / steps over the window.", (
-                    T(q.ratio(q.rate_sum("inferctl_engine_step_sequences_total", eng, W),
-                              q.rate_sum("inferctl_engine_steps_total", eng, W)), "engine {{instance}}"),
-                    T(q.gauge("inferctl_effective_batch_size", ("engine",), how="avg"), "controller {{engine}}"),
-                ), "short"),
-                PanelSpec("Padding ratio", "padded / (real + padded) tokens; 0 for the packed varlen batch.", (
-                    T(q.ratio(padded, f"({real} + {padded})"), "engine {{instance}}"),
-                    T(q.gauge("inferctl_padding_ratio", ("engine",), how="avg"), "controller {{engine}}"),
-                ), "percentunit", min=0, max=1),
-                PanelSpec("Queue depth", "Requests waiting and running.", (
-                    T(q.gauge("inferctl_engine_num_requests_waiting", eng), "waiting {{instance}}"),
-                    T(q.gauge("inferctl_engine_num_requests_running", eng), "running {{instance}}"),
-                ), "short"),
-                PanelSpec("Preemptions and steps per second", "Sequences preempted (recompute) and engine steps, per second.", (
-                    T(q.rate_sum("inferctl_engine_preemptions_total", eng, W), "preemptions {{instance}}"),
-                    T(q.rate_sum("inferctl_engine_steps_total", eng, W), "steps {{instance}}"),
-                ), "short"),
-            )),
-            ("KV cache", (
-                PanelSpec("KV cache usage", "Fraction of KV blocks in use.", (
-                    T(q.gauge("inferctl_engine_kv_cache_usage_ratio", eng), "engine {{instance}}"),
-                    T(q.gauge("inferctl_kv_cache_usage_ratio", ("engine",)), "controller {{engine}}"),
-                ), "percentunit", min=0, max=1, width=8),
-                PanelSpec("KV cache waste", "1 - tokens stored / (blocks used * block size); no data when no block is used.", (
-                    T(q.gauge("inferctl_engine_kv_cache_waste_ratio", eng), "engine {{instance}}"),
-                    T(q.gauge("inferctl_kv_cache_waste_ratio", ("engine",)), "controller {{engine}}"),
-                ), "percentunit", min=0, max=1, width=8),
-                PanelSpec("KV cache blocks", "Blocks in the pool by state.", (
-                    T(q.gauge("inferctl_engine_kv_cache_blocks", eng + ("state",)), "{{state}} {{instance}}"),
-                ), "short", width=8),
-            )),
-        ))
-
-
-def model_health() -> DashboardSpec:
-    m = ("model",)
-    buckets = ("model", "prompt_len_bucket")
-    return DashboardSpec(
-        "inferctl-model-health", "inferctl / Model health",
-        "Output quality: repetition (seq-rep-n), degenerate outputs by prompt length, perplexity.",
-        (
-            ("Quality", (
-                PanelSpec("Repetition rate (mean seq-rep-n)", "1 - distinct n-grams / n-grams of each output, averaged (Welleck et al. 2019).", (
-                    T(q.histogram_mean("inferctl_engine_output_repetition_ratio", ("model", "n"), W), "seq-rep-{{n}} {{model}}"),
-                    T(q.gauge("inferctl_repetition_ratio", ("engine",)), "controller seq-rep-4 {{engine}}"),
-                ), "percentunit", min=0, max=1),
-                PanelSpec("Degenerate-output rate by prompt length", "Degenerate outputs / scored outputs per prompt-length bucket.", (
-                    T(q.ratio(q.rate_sum("inferctl_engine_degenerate_outputs_total", buckets, W),
-                              q.rate_sum("inferctl_engine_outputs_total", buckets, W), zero_fill=True),
-                      "{{prompt_len_bucket}} {{model}}"),
-                    T(q.gauge("inferctl_degenerate_ratio", ("engine", "prompt_len_bucket")), "controller {{prompt_len_bucket}} {{engine}}"),
-                ), "percentunit", min=0, max=1),
-                PanelSpec("Perplexity", "Mean and P90 perplexity of generated tokens.", (
-                    T(q.histogram_mean("inferctl_engine_output_perplexity", m, W), "mean {{model}}"),
-                    T(q.quantile(0.9, "inferctl_engine_output_perplexity", m, W), "p90 {{model}}"),
-                    T(q.gauge("inferctl_perplexity", ("engine",)), "controller {{engine}}"),
-                ), "short"),
-                PanelSpec("Scored outputs and non-finite logprobs", "Outputs scored per second by prompt-length bucket; NaN/Inf logprobs per second.", (
-                    T(q.rate_sum("inferctl_engine_outputs_total", buckets, W), "outputs {{prompt_len_bucket}} {{model}}"),
-                    T(q.rate_sum("inferctl_engine_nonfinite_logprobs_total", ("job", "instance"), W), "non-finite {{instance}}"),
-                ), "short"),
-            )),
-        ))
-
-
-def control_plane() -> DashboardSpec:
-    e = ("engine",)
-    return DashboardSpec(
-        "inferctl-control-plane", "inferctl / Control plane",
-        "What the controller decided and did: precision, switches, rollbacks, restarts, resets, breaker.",
-        (
-            ("Precision", (
-                PanelSpec("Precision mode", "1 for the mode each engine serves (controller's view and the engine's own).", (
-                    T(q.gauge("inferctl_precision_mode", ("engine", "mode")), "{{engine}} {{mode}}"),
-                    T(q.gauge("inferctl_engine_precision_mode", ("instance", "mode")), "engine {{instance}} {{mode}}"),
-                ), "short", kind="state", width=24),
-                PanelSpec("Precision switches", "Switches per window by target mode (int8 = degrade, full = rollback).", (
-                    T(q.window_increase("inferctl_precision_switches_total", ("engine", "to"), W), "to {{to}} {{engine}}"),
-                    T(q.window_increase("inferctl_engine_precision_switches_total", ("instance", "to"), W), "engine to {{to}} {{instance}}"),
-                ), "short", width=8),
-                PanelSpec("Rollbacks", "Rollbacks to full precision per window.", (
-                    T(q.window_increase("inferctl_precision_switches_total", e, W, matchers='to="full"'), "{{engine}}"),
-                ), "short", width=8),
-                PanelSpec("Degraded time and rollback hold", "Seconds in int8 since the degradation; the hold required before rollback; flap-guard pin.", (
-                    T(q.gauge("inferctl_degraded_seconds", e), "degraded {{engine}}"),
-                    T(q.gauge("inferctl_rollback_hold_seconds", e), "hold {{engine}}"),
-                    T(q.gauge("inferctl_precision_pinned", e), "pinned {{engine}}"),
-                ), "s", width=8),
-            )),
-            ("Actions", (
-                PanelSpec("Engine restarts and drains", "Restarts by reason and drains, per window.", (
-                    T(q.window_increase("inferctl_engine_restarts_total", ("engine", "reason"), W), "restart {{reason}} {{engine}}"),
-                    T(q.window_increase("inferctl_engine_drains_total", e, W), "drain {{engine}}"),
-                ), "short", width=8),
-                PanelSpec("GPU resets", "GPU reset attempts by outcome (success, failed, refused, dry_run), per window.", (
-                    T(q.window_increase("inferctl_gpu_resets_total", ("gpu", "outcome"), W), "{{outcome}} gpu {{gpu}}"),
-                ), "short", width=8),
-                PanelSpec("Engines draining", "1 while an engine admits no new requests (drain before restart).", (
-                    T(q.gauge("inferctl_engine_draining", ("instance",)), "{{instance}}"),
-                ), "short", kind="state", width=24),
-                PanelSpec("OOM faults", "Out-of-memory faults per window, by kind (controller's and engine's count).", (
-                    T(q.window_increase("inferctl_engine_oom_events_total", ("engine", "kind"), W), "{{kind}} {{engine}}"),
-                    T(q.window_increase("inferctl_engine_oom_total", ("instance", "kind"), W), "engine {{kind}} {{instance}}"),
-                ), "short", width=8),
-            )),
-            ("Latency breaker", (
-                PanelSpec("Breaker state", "1 for the latency breaker's state (closed, open, half_open).", (
-                    T(q.gauge("inferctl_breaker_state", ("engine", "state")), "{{engine}} {{state}}"),
-                ), "short", kind="state", width=12),
-                PanelSpec("Breaker trips and TTFT P99", "Trips per window; TTFT P99 over the breaker window (controller); saturated = 1 when that P99 is only a lower bound (it fell in the top bucket).", (
-                    T(q.window_increase("inferctl_breaker_trips_total", e, W), "trips {{engine}}"),
-                    T(q.gauge("inferctl_ttft_p99_seconds", e), "ttft p99 {{engine}}"),
-                    T(q.gauge("inferctl_ttft_p99_saturated", e), "p99 saturated {{engine}}"),
-                ), "short", width=12),
-            )),
-            ("Controller", (
-                PanelSpec("Controller and engines up", "Prometheus' scrape of the controller; the controller's poll of each engine.", (
-                    T(f'min by (instance) (up{{job="{CONTROLLER_JOB}"}})', "controller {{instance}}"),
-                    T(q.gauge("inferctl_engine_up", e, how="min"), "engine {{engine}}"),
-                ), "short", kind="state", width=24),
-                PanelSpec("Events per second", "Event-log appends by kind.", (
-                    T(q.rate_sum("inferctl_events_total", ("kind",), W), "{{kind}}"),
-                ), "short", width=8),
-                PanelSpec("Poll duration P99 and errors", "P99 duration of one poll, and failed polls per second, by poller (gpu, or engine:NAME).", (
-                    T(q.quantile(0.99, "inferctl_poll_duration_seconds", ("poller",), W), "p99 {{poller}}"),
-                    T(q.rate_sum("inferctl_poll_errors_total", ("poller",), W), "errors/s {{poller}}"),
-                ), "s", width=8),
-                PanelSpec("Invalid samples", "Samples rejected as invalid per second, by signal.", (
-                    T(q.rate_sum("inferctl_invalid_samples_total", ("signal",), W), "{{signal}}"),
-                ), "short", width=8),
-            )),
-        ))
-
-
-def dashboard_specs() -> list[DashboardSpec]:
-    """The five dashboards, with an "Other catalog metrics" row for any catalog entry no panel
-    charts yet (so a metric added to a catalog shows up after ``inferctl dashboards build``)."""
-    specs = [service(), gpu(), batching(), model_health(), control_plane()]
-    return _with_uncharted(specs)
-
-
-def _uncharted_panel(name: str, spec: dict) -> PanelSpec:
-    labels = tuple(scraped_label(lbl) for lbl in spec["labels"])
-    legend = " ".join(f"{{{{{lbl}}}}}" for lbl in labels) or "{{instance}}"
-    if spec["type"] == "gauge":
-        target = T(q.gauge(name, ("instance",) + labels), legend)
-    elif spec["type"] == "counter":
-        target = T(q.rate_sum(name, ("instance",) + labels, W), legend)
-    else:
-        target = T(q.quantile(0.99, name, labels or ("instance",), W), "p99 " + legend)
-    return PanelSpec(name, spec["help"], (target,), "short", width=8)
-
-
-def _charted_metrics(specs: list[DashboardSpec]) -> set[str]:
-    from inferctl.dashboards.promql_lint import analyze   # local: keeps the import graph one-way
-    names: set[str] = set()
-    for d in specs:
-        for _row, panels in d.rows:
-            for p in panels:
-                for t in p.targets:
-                    names |= {s.name for s in analyze(t.expr).selectors if s.name}
-    return names
-
-
-def _with_uncharted(specs: list[DashboardSpec]) -> list[DashboardSpec]:
-    catalog = metric_catalog()
-    charted = _charted_metrics(specs)
-    series_of = {n: ({f"{n}_bucket", f"{n}_sum", f"{n}_count"} if s["type"] == "histogram" else {n}) for n, s in catalog.items()}
-    missing = [n for n in catalog if not (series_of[n] & charted)]
-    out = []
-    for d in specs:
-        side = "engine" if d.uid == "inferctl-service" else "controller" if d.uid == "inferctl-control-plane" else None
-        extra = tuple(_uncharted_panel(n, catalog[n]) for n in missing if catalog[n]["side"] == side)
-        out.append(DashboardSpec(d.uid, d.title, d.description, d.rows + ((("Other catalog metrics", extra),) if extra else ()), d.tags)
-                   if extra else d)
-    return out
 
 
 def _annotations() -> list[db.AnnotationQuery]:
     return [
         db.AnnotationQuery().name("Controller events").datasource(DATASOURCE).enable(True).icon_color("orange")
-        .expr(q.counter_increased("inferctl_events_total", ("kind",), "$__interval",
+        .expr(q.counter_increased("inferctl_events_total", ("kind",), ANNOTATION_WINDOW,
                                   'kind=~"transition|action|escalation|refusal|error"')),
         db.AnnotationQuery().name("Precision switches").datasource(DATASOURCE).enable(True).icon_color("red")
-        .expr(q.counter_increased("inferctl_precision_switches_total", ("engine", "to"), "$__interval")),
+        .expr(q.counter_increased("inferctl_precision_switches_total", ("engine", "to"), ANNOTATION_WINDOW)),
     ]
 
 
 def _bottom_list_legend() -> cb.VizLegendOptions:
     """The legend of time series and state timelines: a list below the graph."""
-    return cb.VizLegendOptions().display_mode(cm.LegendDisplayMode.LIST).placement(cm.LegendPlacement.BOTTOM).show_legend(True)
+    return (cb.VizLegendOptions().display_mode(cm.LegendDisplayMode.LIST).placement(cm.LegendPlacement.BOTTOM)
+            .show_legend(True))
 
 
 def _panel_builder(p: PanelSpec, panel_id: int):
@@ -396,7 +75,8 @@ def _panel_builder(p: PanelSpec, panel_id: int):
              .tooltip(cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.SINGLE).sort(cm.SortOrder.NONE)))
     else:
         raise ValueError(f"kind: panel {p.title!r} has unknown kind {p.kind!r} (timeseries, stat, state)")
-    b = b.id(panel_id).title(p.title).description(p.description).datasource(DATASOURCE).unit(p.unit).span(p.width).height(8)
+    b = (b.id(panel_id).title(p.title).description(p.description).datasource(DATASOURCE).unit(p.unit)
+         .span(p.width).height(PANEL_HEIGHT))
     if p.min is not None:
         b = b.min(p.min)
     if p.max is not None:
@@ -415,9 +95,11 @@ def _panel_builder(p: PanelSpec, panel_id: int):
 def build_dashboard(spec: DashboardSpec) -> dm.Dashboard:
     """The SDK model of one dashboard (panel ids are 1.. in layout order, stable)."""
     d = (db.Dashboard(spec.title).uid(spec.uid).description(spec.description).tags(list(spec.tags))
-         .editable().tooltip(dm.DashboardCursorSync.CROSSHAIR).refresh("30s").time("now-3h", "now").timezone("browser")
+         .editable().tooltip(dm.DashboardCursorSync.CROSSHAIR).refresh(REFRESH).time(TIME_FROM, TIME_TO)
+         .timezone("browser")
          .with_variable(db.DatasourceVariable("datasource").label("Data source").type("prometheus"))
-         .link(db.DashboardLink("inferctl dashboards").type(dm.DashboardLinkType.DASHBOARDS).tags(["inferctl"]).as_dropdown(True).keep_time(True)))
+         .link(db.DashboardLink("inferctl dashboards").type(dm.DashboardLinkType.DASHBOARDS).tags(["inferctl"])
+               .as_dropdown(True).keep_time(True)))
     for ann in _annotations():
         d = d.annotation(ann)
     next_id = 1
@@ -435,9 +117,10 @@ def to_json(model: dm.Dashboard) -> str:
     return json.dumps(model, cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
 
 
-def render_dashboards() -> dict[str, str]:
-    """``{file name: JSON text}`` for every dashboard (file name ``<uid>.json``)."""
-    return {f"{s.uid}.json": to_json(build_dashboard(s)) for s in dashboard_specs()}
+def render_dashboards(thresholds: Thresholds = THRESHOLDS) -> dict[str, str]:
+    """``{file name: JSON text}`` for every dashboard (file name ``<uid>.json``); threshold
+    lines, quantiles and job names from ``thresholds``."""
+    return {f"{s.uid}.json": to_json(build_dashboard(s)) for s in dashboard_specs(thresholds)}
 
 
 def panel_queries(dashboard_json: dict) -> list[tuple[str, str, str]]:

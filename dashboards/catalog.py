@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
+from inferctl.contract.thresholds import THRESHOLDS
 from inferctl.controller.metrics import CONTROLLER_METRICS
 from inferctl.engine.metrics import ENGINE_METRICS
 
@@ -28,9 +29,10 @@ TARGET_LABELS: tuple[str, ...] = ("job", "instance")
 #: (https://prometheus.io/docs/concepts/jobs_instances/#automatically-generated-labels-and-time-series).
 SYNTHETIC_SERIES: Mapping[str, tuple[str, ...]] = MappingProxyType({"up": ()})
 
-#: Scrape job names the dashboards, the rules and docs/observability.md agree on.
-ENGINE_JOB = "inferctl-engine"
-CONTROLLER_JOB = "inferctl-controller"
+#: Scrape job names the dashboards, the rules and docs/observability.md agree on (read from
+#: :data:`inferctl.contract.thresholds.THRESHOLDS`; defined there, only named here).
+ENGINE_JOB = THRESHOLDS.engine_job
+CONTROLLER_JOB = THRESHOLDS.controller_job
 
 _METRIC_TYPES = ("counter", "gauge", "histogram")
 

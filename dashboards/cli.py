@@ -12,7 +12,8 @@ import typer
 from inferctl.dashboards.alerts import DEFAULT_RUNBOOK_BASE_URL
 from inferctl.dashboards.generate import REPO_ROOT, stale_files, write_all
 
-RootOption = typer.Option(REPO_ROOT, "--root", help="Repository root whose generated files are written or checked (default: this checkout).",
+RootOption = typer.Option(REPO_ROOT, "--root",
+                          help="Repository root whose generated files are written or checked (default: this checkout).",
                           file_okay=False, dir_okay=True)
 RunbookOption = typer.Option(DEFAULT_RUNBOOK_BASE_URL, "--runbook-base-url",
                              help="Prefix of every alert's runbook_url (ends with '/').")

@@ -1,12 +1,14 @@
 """PromQL expression builders shared by the dashboards and the rules.
 
-The builders encode three rules that real outages taught (see ``/work/shared/cases``):
+The builders encode three rules that real outages taught (see docs/field-cases.md):
 
-- **Aggregate, then divide** (F05, prometheus #6611): a ratio is ``sum(num) / sum(den)``, never
-  an average of per-series ratios, and the denominator is guarded with ``> 0`` so that an idle
-  window gives *no data* instead of ``NaN`` or ``+Inf``: ``sum(rate(a)) / (sum(rate(b)) > 0)``.
-- **No traffic is no data** (F04, prometheus #6645): ``histogram_quantile`` over all-zero bucket
-  rates returns ``NaN``; :func:`quantile` keeps only groups whose ``_count`` rate is > 0.
+- **Aggregate, then divide** (division by zero in ratios, prometheus #6611): a ratio is
+  ``sum(num) / sum(den)``, never an average of per-series ratios, and the denominator is guarded
+  with ``> 0`` so that an idle window gives *no data* instead of ``NaN`` or ``+Inf``:
+  ``sum(rate(a)) / (sum(rate(b)) > 0)``.
+- **No traffic is no data** (no traffic gives NaN, prometheus #6645): ``histogram_quantile``
+  over all-zero bucket rates returns ``NaN``; :func:`quantile` keeps only groups whose
+  ``_count`` rate is > 0.
 - **Gauges aggregate with max/avg/min, never sum** (a summed utilisation or ratio is meaningless),
   and NaN readings are dropped before aggregating (:func:`gauge`).
 

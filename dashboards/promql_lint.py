@@ -31,7 +31,8 @@ OTHER_KEYWORDS = frozenset({"and", "or", "unless", "bool", "offset", "atan2", "i
 
 _IDENT = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _NUMBER = re.compile(r"(?:0x[0-9a-fA-F]+|\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)(?:ms|s|m|h|d|w|y)*")
-_MATCHER = re.compile(r"\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*(\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|`[^`]*`)\s*,?")
+_MATCHER = re.compile(r"\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"
+                      r"(\"(?:[^\"\\]|\\.)*\"|'(?:[^'\\]|\\.)*'|`[^`]*`)\s*,?")
 _VARIABLE = re.compile(r"\$(?:\{[A-Za-z0-9_:.]+\}|[A-Za-z_][A-Za-z0-9_]*)")   # Grafana: $__interval, ${x}
 _OPS = ("==", "!=", ">=", "<=", "=~", "!~")
 
@@ -178,7 +179,8 @@ def _guarded(tokens: list[Token], i: int) -> bool:
     ``> 0`` (``/ (x > 0)``: where ``x`` is 0 the sample is dropped, so the quotient is no data
     rather than ±Inf or NaN; Prometheus issue #6611).
     """
-    while i < len(tokens) and tokens[i].kind == "ident" and tokens[i].text in ("on", "ignoring", "group_left", "group_right", "bool"):
+    while (i < len(tokens) and tokens[i].kind == "ident"
+           and tokens[i].text in ("on", "ignoring", "group_left", "group_right", "bool")):
         i += 1
         if i < len(tokens) and tokens[i].kind == "lparen":
             i = _skip_label_list(tokens, i, set())
