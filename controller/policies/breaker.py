@@ -27,10 +27,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from inferctl.controller.policies.base import Gauge
 from inferctl.controller.policies.common import PerEnginePolicy, check_number, config_from_mapping
 from inferctl.controller.signals import (InvalidHistogram, InvalidSampleCounter, LatencySummary,
                                 histogram_delta, latency_summary, to_histogram)
-from inferctl.controller.types import Decision, EngineSnapshot
+from inferctl.controller.types import Decision, EngineSnapshot, GpuSnapshot
 
 POLICY = "breaker"
 
@@ -39,6 +40,16 @@ class BreakerState(str, enum.Enum):
     CLOSED = "closed"
     OPEN = "open"
     HALF_OPEN = "half_open"
+
+
+_B = BreakerState
+#: (state, event) → state: every state change of the breaker (docs/policies.md).
+TRANSITIONS: Mapping[tuple[BreakerState, str], BreakerState] = {
+    (_B.CLOSED, "ttft_over"): _B.OPEN,
+    (_B.OPEN, "open_elapsed"): _B.HALF_OPEN,
+    (_B.HALF_OPEN, "probes_over"): _B.OPEN,
+    (_B.HALF_OPEN, "probes_ok"): _B.CLOSED,
+}
 
 
 @dataclass
@@ -88,7 +99,13 @@ class BreakerConfig:
 
 
 class LatencyBreaker(PerEnginePolicy):
-    """The latency breaker for one engine. Pure: ``now`` comes from the caller."""
+    """The latency breaker for one engine. Pure: ``now`` comes from the caller. Its state
+    changes are :data:`TRANSITIONS`; entering OPEN counts a trip
+    (``inferctl_breaker_trips_total``)."""
+
+    NAME = POLICY
+    TRANSITIONS = TRANSITIONS
+    COUNTED_ENTRIES = {BreakerState.OPEN.value: "inferctl_breaker_trips_total"}
 
     def __init__(self, config: BreakerConfig | Mapping[str, Any], *, engine: str | None = None,
                  counter: InvalidSampleCounter | None = None) -> None:
@@ -108,9 +125,11 @@ class LatencyBreaker(PerEnginePolicy):
     def current(self) -> BreakerState:
         return self._state
 
-    def observe(self, now: float, engine: EngineSnapshot) -> list[Decision]:
-        """One poll of the engine → decisions (``route_light``, ``probe``, ``route_main``).
-        Raises ``ValueError`` for another engine's snapshot."""
+    def observe(self, now: float, engine: EngineSnapshot, gpu: GpuSnapshot | None = None,
+                telemetry_ok: bool = True) -> list[Decision]:
+        """One poll of the engine → decisions (``route_light``, ``probe``, ``route_main``);
+        ``gpu`` and ``telemetry_ok`` are not used. Raises ``ValueError`` for another engine's
+        snapshot."""
         self._start_poll(now, engine.name)
         if not engine.ok:
             return []
@@ -187,7 +206,7 @@ class LatencyBreaker(PerEnginePolicy):
             f"TTFT p{self.config.quantile * 100:g} {q} s over the last {span:g} s "
             f"({info['observations']:g} requests) > {self.config.ttft_threshold_seconds:g} s: "
             f"route new requests to the light model {self.config.light_model!r}", inputs,
-            "warning")]
+            "warning", event="ttft_over")]
 
     def _open(self, now: float, hist: Any, common: dict) -> list[Decision]:
         opened_for = 0.0 if self._opened_at is None else now - self._opened_at
@@ -201,7 +220,7 @@ class LatencyBreaker(PerEnginePolicy):
             now, BreakerState.HALF_OPEN, "probe",
             f"open for {opened_for:g} s: probe the main model with "
             f"{self.config.probe_fraction:.0%} of new requests (at most "
-            f"{self.config.probe_max_requests})", inputs)]
+            f"{self.config.probe_max_requests})", inputs, event="open_elapsed")]
 
     def _half_open(self, now: float, hist: Any, common: dict) -> list[Decision]:
         delta = histogram_delta(self._probe_baseline, hist)
@@ -217,23 +236,40 @@ class LatencyBreaker(PerEnginePolicy):
             return [self._transition(
                 now, BreakerState.OPEN, "route_light",
                 f"probes' TTFT p{self.config.quantile * 100:g} {q} s > "
-                f"{self.config.close_threshold:g} s: open again", inputs, "warning")]
+                f"{self.config.close_threshold:g} s: open again", inputs, "warning",
+                event="probes_over")]
         self._history.clear()
         self._history.append((now, hist))
         return [self._transition(
             now, BreakerState.CLOSED, "route_main",
             f"probes' TTFT p{self.config.quantile * 100:g} {q} s <= "
             f"{self.config.close_threshold:g} s over {info['observations']:g} requests: "
-            "route back to the main model", inputs)]
+            "route back to the main model", inputs, event="probes_ok")]
 
     # ------------------------------------------------------------------ helpers
     def _transition(self, now: float, to: BreakerState, action: str, reason: str,
-                    inputs: dict[str, Any], severity: str = "info") -> Decision:
+                    inputs: dict[str, Any], severity: str = "info", *, event: str) -> Decision:
+        """Move to ``to`` on ``event`` (a declared transition, else :class:`TransitionError`)."""
         frm = self._state
+        self.check_transition(frm, event, to)
         self._state = to
         self._since = now
         return Decision(POLICY, self.engine or "", action, frm.value, to.value, reason,
                         inputs, severity)
+
+    def gauges(self, now: float) -> list[Gauge]:
+        """``inferctl_breaker_state{state}`` (1 for the current state, 0 for the others) and,
+        once a window was judged, ``inferctl_ttft_p99_seconds`` (None: the window had no usable
+        data) and ``inferctl_ttft_p99_saturated`` (1 when the p99 fell in the +Inf bucket: the
+        value is only a lower bound)."""
+        out = [Gauge("inferctl_breaker_state", 1.0 if s is self._state else 0.0, {"state": s.value})
+               for s in BreakerState]
+        last = self._last or {}
+        p99 = last.get("p")
+        out.append(Gauge("inferctl_ttft_p99_seconds", p99))
+        out.append(Gauge("inferctl_ttft_p99_saturated",
+                         None if p99 is None else (1.0 if last.get("p_at_least") else 0.0)))
+        return out
 
     def state(self, now: float | None = None) -> dict[str, Any]:
         """A plain dict for ``/status``: state, since, trips, and the last judged window's

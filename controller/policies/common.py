@@ -11,6 +11,8 @@ import dataclasses
 import math
 from typing import Any, Mapping, TypeVar
 
+from inferctl.controller.policies.base import EnginePolicy
+
 T = TypeVar("T")
 
 
@@ -56,8 +58,9 @@ def config_from_mapping(cls: type[T], data: Mapping[str, Any] | T | None) -> T:
     return cls(**dict(data))
 
 
-class PerEnginePolicy:
-    """What the per-engine policies (breaker, fragmentation, precision) share: ``engine``, the
+class PerEnginePolicy(EnginePolicy):
+    """What the per-engine policies (breaker, fragmentation, precision) share (besides the
+    :class:`~inferctl.controller.policies.base.EnginePolicy` interface): ``engine``, the
     engine's name (given, or bound by the first snapshot); ``_since``, when the current state
     began (the first poll until a transition sets it); ``_last_now``, the latest ``now`` seen
     (seconds). Subclasses set all three in ``__init__``."""

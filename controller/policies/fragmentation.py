@@ -37,7 +37,7 @@ from typing import Any, Mapping
 from inferctl.controller.policies.common import (HoldClock, PerEnginePolicy, check_number,
                                         config_from_mapping)
 from inferctl.controller.signals import InvalidSampleCounter, format_bytes, fragmentation_ratio
-from inferctl.controller.types import Decision, EngineSnapshot
+from inferctl.controller.types import Decision, EngineSnapshot, GpuSnapshot
 
 POLICY = "fragmentation"
 
@@ -45,6 +45,15 @@ POLICY = "fragmentation"
 class FragmentationState(str, enum.Enum):
     NORMAL = "normal"
     RESTARTING = "restarting"
+
+
+_F = FragmentationState
+#: (state, event) → state: every state change of the fragmentation policy (docs/policies.md).
+TRANSITIONS: Mapping[tuple[FragmentationState, str], FragmentationState] = {
+    (_F.NORMAL, "restart_decided"): _F.RESTARTING,
+    (_F.RESTARTING, "restart_done"): _F.NORMAL,
+    (_F.RESTARTING, "restart_timeout"): _F.NORMAL,
+}
 
 
 @dataclass
@@ -77,7 +86,11 @@ class FragmentationConfig:
 
 
 class FragmentationPolicy(PerEnginePolicy):
-    """The fragmentation state machine for one engine. Pure: ``now`` comes from the caller."""
+    """The fragmentation state machine for one engine. Pure: ``now`` comes from the caller.
+    Its state changes are :data:`TRANSITIONS`."""
+
+    NAME = POLICY
+    TRANSITIONS = TRANSITIONS
 
     def __init__(self, config: FragmentationConfig | Mapping[str, Any] | None = None, *,
                  engine: str | None = None,
@@ -98,9 +111,11 @@ class FragmentationPolicy(PerEnginePolicy):
     def current(self) -> FragmentationState:
         return self._state
 
-    def observe(self, now: float, engine: EngineSnapshot) -> list[Decision]:
+    def observe(self, now: float, engine: EngineSnapshot, gpu: GpuSnapshot | None = None,
+                telemetry_ok: bool = True) -> list[Decision]:
         """One poll of the engine → decisions (``drain_restart``, a refusal with action None,
-        or the end of a restart). Raises ``ValueError`` for another engine's snapshot."""
+        or the end of a restart); ``gpu`` and ``telemetry_ok`` are not used. Raises
+        ``ValueError`` for another engine's snapshot."""
         self._start_poll(now, engine.name)
         sig = (fragmentation_ratio(engine.memory_reserved_bytes, engine.memory_allocated_bytes,
                                    self.counter) if engine.ok else None)
@@ -171,6 +186,7 @@ class FragmentationPolicy(PerEnginePolicy):
                             f"{now - self._last_restart:g} s ago, at most one per "
                             f"{self.config.min_interval_seconds:g} s (next allowed in "
                             f"{nxt - now:g} s)", inputs, "warning")
+        self.check_transition(self._state, "restart_decided", FragmentationState.RESTARTING)
         self._last_restart = now
         self._refused_since_restart = False
         self._state = FragmentationState.RESTARTING
@@ -187,7 +203,8 @@ class FragmentationPolicy(PerEnginePolicy):
                 and sig.value <= self.config.threshold_ratio:
             return [self._back(now, f"engine answers with fragmentation {sig.value:.1%} <= "
                                     f"{self.config.threshold_ratio:.0%}: restart done",
-                               {"fragmentation_ratio": sig.value, "elapsed_seconds": elapsed})]
+                               {"fragmentation_ratio": sig.value, "elapsed_seconds": elapsed},
+                               event="restart_done")]
         if elapsed >= self.config.restart_timeout_seconds:
             value = None if sig is None else sig.value
             shown = "no data" if value is None else f"{value:.1%}"
@@ -196,11 +213,13 @@ class FragmentationPolicy(PerEnginePolicy):
                                     "still applies",
                                {"elapsed_seconds": elapsed,
                                 "fragmentation_ratio": None if sig is None else sig.value},
-                               severity="warning")]
+                               severity="warning", event="restart_timeout")]
         return []
 
     def _back(self, now: float, reason: str, inputs: dict[str, Any],
-              severity: str = "info") -> Decision:
+              severity: str = "info", *, event: str) -> Decision:
+        """RESTARTING → NORMAL on ``event`` (``restart_done`` or ``restart_timeout``)."""
+        self.check_transition(self._state, event, FragmentationState.NORMAL)
         self._state = FragmentationState.NORMAL
         self._since = now
         self._hold.reset(now, "restart finished")

@@ -7,17 +7,12 @@ as a mapping or a callable (``controller.gpu.xid.XidCatalog.action``); plain str
 ``XidAction`` enum. Without one, the well-known codes from NVIDIA's docs are used (79 reboot
 node; 48, 64, 95, 119, 120 reset GPU; 13, 31, 94 restart the application; 43, 63, 92 ignore).
 
-Per-GPU states::
-
-    HEALTHY ─restart-class Xid─▶ DEGRADED ─(quiet for degraded_clear_seconds)─▶ HEALTHY
-    HEALTHY/DEGRADED ─reset-class Xid, ECC uncorrectable growth, recovery action 1/4,
-        pending row remap─▶ DRAINING ─engines drained or drain timeout─▶ RESETTING (reset_gpu)
-        ─reset succeeded─▶ VERIFYING ─quiet for verify_seconds─▶ HEALTHY (undrain)
-    any ─lost (NVML GpuIsLost, Xid 79, "fallen off the bus"), reboot-class Xid, recovery
-        action 2, reset failed/timed out, fault again while verifying, a second reset within
-        reset_min_interval_seconds─▶ ISOLATED (isolate_gpu + drain + reboot_node)
-
-A lost GPU is isolated and never reset (NVIDIA: a GPU that fell off the bus needs a node
+Per-GPU states: :data:`TRANSITIONS` (printed in docs/policies.md). A restart-class Xid
+degrades a GPU; a reset-class fault (Xid, uncorrectable ECC growth, recovery action 1/4, pending
+row remap) drains, resets and verifies it; a lost GPU (NVML GpuIsLost, Xid 79, "fallen off the
+bus"), a reboot-class Xid, recovery action 2, a failed or timed-out reset, a fault while
+verifying or a second reset within ``reset_min_interval_seconds`` isolates it (isolate_gpu +
+drain + reboot_node). A lost GPU is isolated and never reset (NVIDIA: a GPU that fell off the bus needs a node
 reboot). Telemetry down (``GpuReading.ok`` False, F08) decides nothing at all: the GPUs show
 ``telemetry_down`` and every timer waits. Decides only; the loop acts and records events.
 """
@@ -31,6 +26,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
+from inferctl.controller.policies.base import GpuPolicy
 from inferctl.controller.policies.common import PolicyError, check_number, config_from_mapping
 from inferctl.controller.types import Decision, EngineSnapshot, GpuReading, GpuSnapshot, XidEvent
 
@@ -73,6 +69,22 @@ class GpuHealth(str, enum.Enum):
     RESETTING = "resetting"
     VERIFYING = "verifying"
     ISOLATED = "isolated"
+
+
+_H = GpuHealth
+#: (state, event) → state: every state change of a GPU (docs/policies.md).
+TRANSITIONS: Mapping[tuple[GpuHealth, str], GpuHealth] = {
+    (_H.HEALTHY, "restart_fault"): _H.DEGRADED,
+    (_H.HEALTHY, "unknown_fault"): _H.DEGRADED,
+    (_H.DEGRADED, "quiet"): _H.HEALTHY,
+    (_H.HEALTHY, "reset_fault"): _H.DRAINING,
+    (_H.DEGRADED, "reset_fault"): _H.DRAINING,
+    (_H.DRAINING, "drained"): _H.RESETTING,
+    (_H.RESETTING, "reset_ok"): _H.VERIFYING,
+    (_H.VERIFYING, "verified"): _H.HEALTHY,
+    **{(s, "isolate"): _H.ISOLATED for s in _H if s is not _H.ISOLATED},
+    (_H.ISOLATED, "release"): _H.HEALTHY,
+}
 
 
 @dataclass
@@ -148,13 +160,17 @@ _RANK = MappingProxyType({"lost": 6, REBOOT_NODE: 5, "isolate": 4, RESET_GPU: 3,
                           RESTART_ENGINE: 2, UNKNOWN: 1, IGNORE: 0})
 
 
-class HardwarePolicy:
-    """Hardware health of every GPU. Pure: ``now`` comes from the caller.
+class HardwarePolicy(GpuPolicy):
+    """Hardware health of every GPU. Pure: ``now`` comes from the caller. Its state changes
+    are :data:`TRANSITIONS`.
 
     ``xid_actions``: mapping Xid → action or a callable ``(xid) -> action`` (None: the
     built-in table). ``gpu_engines``: which engines run on which GPU, keyed by GPU UUID or
     index (int or str); their names are the targets of drain/restart/undrain decisions.
     """
+
+    NAME = POLICY
+    TRANSITIONS = TRANSITIONS
 
     def __init__(self, xid_actions: Mapping[int, Any] | Callable[[int], Any] | None = None,
                  config: HardwareConfig | Mapping[str, Any] | None = None, *,
@@ -249,7 +265,7 @@ class HardwarePolicy:
             g.seen_events = {k: v for k, v in g.seen_events.items() if k[0] == "exact"}
             return [self._move(now, g, GpuHealth.VERIFYING, None,
                                f"reset succeeded ({detail or 'no detail'}): verifying for "
-                               f"{self.config.verify_seconds:g} s", {"detail": detail})]
+                               f"{self.config.verify_seconds:g} s", {"detail": detail}, event="reset_ok")]
         return self._isolate(now, g, f"GPU reset failed: {detail or 'no detail'}",
                              {"detail": detail}, reboot=True)
 
@@ -288,7 +304,7 @@ class HardwarePolicy:
         g.phase_started = None
         g.restart_faults.clear()
         return [self._move(now, g, GpuHealth.HEALTHY, None, f"released by {who}",
-                           {"who": who})]
+                           {"who": who}, event="release")]
 
     def gpu_state(self, gpu_uuid: str) -> str | None:
         """The GPU's state name, ``telemetry_down`` while the source is down, None if unknown."""
@@ -453,7 +469,7 @@ class HardwarePolicy:
             engines = self._engines_of(g)
             out = [self._move(now, g, GpuHealth.DEGRADED, None,
                               f"{f.reason}: restart the engine(s) on this GPU", inputs,
-                              "warning")] if st is not GpuHealth.DEGRADED else \
+                              "warning", event="restart_fault")] if st is not GpuHealth.DEGRADED else \
                 [self._note(g, None, f"{f.reason}: restart the engine(s) on this GPU", inputs,
                             "warning")]
             if not engines:
@@ -467,7 +483,7 @@ class HardwarePolicy:
         if st is GpuHealth.HEALTHY:
             return [self._move(now, g, GpuHealth.DEGRADED, None,
                                f"{f.reason}: no automatic action; investigate", inputs,
-                               "warning")]
+                               "warning", event="unknown_fault")]
         return [self._note(g, None, f"{f.reason}: no automatic action; investigate", inputs,
                            "warning")]
 
@@ -481,7 +497,7 @@ class HardwarePolicy:
         g.phase_started = now
         out = [self._move(now, g, GpuHealth.DRAINING, None,
                           f"{reason}: drain the engine(s) on this GPU, then reset it",
-                          {**inputs, "engines": engines}, "warning")]
+                          {**inputs, "engines": engines}, "warning", event="reset_fault")]
         out += [Decision(POLICY, e, "drain", None, None,
                          f"GPU {self._label(g)} needs a reset: {reason}", dict(inputs), "warning")
                 for e in engines]
@@ -492,7 +508,7 @@ class HardwarePolicy:
         engines = self._engines_of(g)
         full = {**inputs, "engines": engines, "gpu_index": g.index, "pci_bus_id": g.pci}
         out = [self._move(now, g, GpuHealth.ISOLATED, "isolate_gpu",
-                          f"{reason}: isolate the GPU (no reset)", full, "critical")]
+                          f"{reason}: isolate the GPU (no reset)", full, "critical", event="isolate")]
         out += [Decision(POLICY, e, "drain", None, None,
                          f"GPU {self._label(g)} isolated: {reason}", dict(full), "critical")
                 for e in engines]
@@ -509,7 +525,7 @@ class HardwarePolicy:
         if st is GpuHealth.DEGRADED and not fault_now and g.last_fault is not None \
                 and now - g.last_fault >= self.config.degraded_clear_seconds:
             return [self._move(now, g, GpuHealth.HEALTHY, None,
-                               f"no fault for {now - g.last_fault:g} s: healthy", {})]
+                               f"no fault for {now - g.last_fault:g} s: healthy", {}, event="quiet")]
         if st is GpuHealth.DRAINING:
             names = self._engines_of(g)
             waiting = [n for n in names if not _drained(engines.get(n))]
@@ -524,7 +540,7 @@ class HardwarePolicy:
                                f"{why}: reset GPU {self._label(g)}",
                                {"gpu_index": g.index, "pci_bus_id": g.pci, "engines": names,
                                 "drained": not waiting, "elapsed_seconds": elapsed},
-                               "warning")]
+                               "warning", event="drained")]
         if st is GpuHealth.RESETTING and g.dry_run_at is None and \
                 now - started >= self.config.reset_timeout_seconds:
             return self._isolate(now, g, f"no reset result after {now - started:g} s", {},
@@ -534,7 +550,7 @@ class HardwarePolicy:
             names = self._engines_of(g)
             out = [self._move(now, g, GpuHealth.HEALTHY, None,
                               f"no fault for {now - started:g} s after the reset: healthy",
-                              {"engines": names})]
+                              {"engines": names}, event="verified")]
             out += [Decision(POLICY, e, "undrain", None, None,
                              f"GPU {self._label(g)} verified healthy after its reset", {})
                     for e in names]
@@ -547,8 +563,9 @@ class HardwarePolicy:
         return f"{g.index} ({g.uuid})" if g.index is not None else g.uuid
 
     def _move(self, now: float, g: _Gpu, to: GpuHealth, action: str | None, reason: str,
-              inputs: dict, severity: str = "info") -> Decision:
+              inputs: dict, severity: str = "info", *, event: str) -> Decision:
         frm = g.state
+        self.check_transition(frm, event, to)
         g.state = to
         g.since = now
         g.reason = reason

@@ -41,23 +41,18 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from inferctl.contract.precision import FULL, INT8, check_precision_mode
+from inferctl.controller.policies.base import Gauge
 from inferctl.controller.policies.common import (HoldClock, PerEnginePolicy, PolicyError,
-                                        check_number, config_from_mapping)
-from inferctl.controller.signals import (InvalidSampleCounter, OomNumbers, classify_oom, format_bytes,
-                                hardware_fault_evidence, parse_oom_message, validate_nonneg)
-from inferctl.controller.gpu.base import MEMORY_ROUNDING_TOLERANCE_BYTES
+                                                 check_number, config_from_mapping)
+from inferctl.controller.policies.precision_inputs import BENIGN_XIDS, HARDWARE_RECOVERY_ACTIONS  # noqa: F401
+from inferctl.controller.policies.precision_inputs import (fault_inputs, fault_numbers,
+                                                           hardware_evidence, memory_sample)
+from inferctl.controller.signals import (InvalidSampleCounter, classify_oom, format_bytes,
+                                         hardware_fault_evidence, validate_nonneg)
 from inferctl.controller.types import Decision, EngineSnapshot, GpuSnapshot
 
 POLICY = "precision"
 HOUR = 3600.0
-
-#: Xids that do not mean the GPU is at fault (NVIDIA catalogue: no action for 43, 63, 92;
-#: shared/fixtures/README.md). Any other Xid near an OOM makes it a hardware fault.
-BENIGN_XIDS = frozenset({43, 63, 92})
-
-#: NVML field 230 (GPU recovery action) values that mean the GPU itself needs attention:
-#: 1 reset, 2 node reboot, 4 drain and reset.
-HARDWARE_RECOVERY_ACTIONS = frozenset({1, 2, 4})
 
 
 class PrecisionState(str, enum.Enum):
@@ -66,6 +61,32 @@ class PrecisionState(str, enum.Enum):
     INT8 = INT8
     ROLLING_BACK = "rolling_back"
     PINNED_INT8 = "pinned_int8"
+
+
+_P = PrecisionState
+#: (state, event) → state: every state change the precision policy makes (docs/policies.md).
+TRANSITIONS: Mapping[tuple[PrecisionState, str], PrecisionState] = {
+    (_P.FULL, "exhaustion_oom"): _P.DEGRADING,
+    (_P.ROLLING_BACK, "exhaustion_oom"): _P.DEGRADING,
+    (_P.FULL, "flap_guard"): _P.PINNED_INT8,
+    (_P.ROLLING_BACK, "flap_guard"): _P.PINNED_INT8,
+    (_P.DEGRADING, "engine_int8"): _P.INT8,
+    (_P.DEGRADING, "precision_unreported"): _P.INT8,
+    (_P.DEGRADING, "degrade_failed"): _P.FULL,
+    (_P.INT8, "memory_recovered"): _P.ROLLING_BACK,
+    (_P.INT8, "engine_full"): _P.DEGRADING,
+    (_P.ROLLING_BACK, "engine_full"): _P.FULL,
+    (_P.ROLLING_BACK, "precision_unreported"): _P.FULL,
+    (_P.ROLLING_BACK, "confirm_timeout"): _P.INT8,
+    (_P.ROLLING_BACK, "rollback_failed"): _P.INT8,
+    (_P.FULL, "engine_int8"): _P.INT8,
+    (_P.PINNED_INT8, "unpin"): _P.INT8,
+    (_P.FULL, "operator_degrade"): _P.DEGRADING,
+    (_P.ROLLING_BACK, "operator_degrade"): _P.DEGRADING,
+    (_P.DEGRADING, "operator_rollback"): _P.ROLLING_BACK,
+    (_P.INT8, "operator_rollback"): _P.ROLLING_BACK,
+    (_P.PINNED_INT8, "operator_rollback"): _P.ROLLING_BACK,
+}
 
 
 @dataclass
@@ -114,30 +135,6 @@ class PrecisionConfig:
         check_number("hardware_window_seconds", self.hardware_window_seconds, minimum=0)
 
 
-def _fault_numbers(fault: Mapping[str, Any]) -> tuple[OomNumbers, str]:
-    """The fault's numbers: its own fields where present, else parsed from its message."""
-    parsed = parse_oom_message(fault.get("message"))
-    vals = {}
-    for key in ("requested_bytes", "free_bytes", "total_bytes", "allocated_bytes",
-                "reserved_unallocated_bytes"):
-        v = validate_nonneg(fault.get(key)).value
-        vals[key] = int(v) if v is not None else getattr(parsed, key)
-    return OomNumbers(**vals), ("fields" if fault.get("requested_bytes") is not None
-                                else "message")
-
-
-def _fault_inputs(fault: Mapping[str, Any], nums: OomNumbers, kind: str) -> dict[str, Any]:
-    return {
-        "fault_id": fault.get("id"), "fault_time": fault.get("time"), "kind": kind,
-        "requested_bytes": nums.requested_bytes, "requested": format_bytes(nums.requested_bytes),
-        "free_bytes": nums.free_bytes, "free": format_bytes(nums.free_bytes),
-        "total_bytes": nums.total_bytes, "allocated_bytes": nums.allocated_bytes,
-        "reserved_unallocated_bytes": nums.reserved_unallocated_bytes,
-        "engine_precision": fault.get("precision"), "source": fault.get("source"),
-        "message": fault.get("message"),
-    }
-
-
 def _operator(who: str) -> str:
     """``who`` as the event reason names it: callers pass ``operator:NAME`` (the API) or a bare
     name; never print "operator operator:"."""
@@ -146,10 +143,14 @@ def _operator(who: str) -> str:
 
 class PrecisionPolicy(PerEnginePolicy):
     """The precision state machine for one engine. Pure: ``now`` comes from the caller.
+    Its state changes are :data:`TRANSITIONS`.
 
     ``fragmentation`` is the same engine's :class:`FragmentationPolicy` (optional): a
     fragmentation OOM that recurs after a compaction asks it for a rate-limited restart.
     """
+
+    NAME = POLICY
+    TRANSITIONS = TRANSITIONS
 
     def __init__(self, config: PrecisionConfig | Mapping[str, Any] | None = None, *,
                  engine: str | None = None, fragmentation: Any = None,
@@ -189,7 +190,8 @@ class PrecisionPolicy(PerEnginePolicy):
         """
         self._start_poll(now, engine.name)
         out: list[Decision] = []
-        hw = self._hardware_evidence(now, gpu, telemetry_ok)
+        hw = hardware_evidence(now, gpu, telemetry_ok, self.config.hardware_window_seconds,
+                               self._ecc_uncorrected)
         out += self._handle_faults(now, engine, hw)
         out += self._reconcile(now, engine)
         if self._state is PrecisionState.INT8:
@@ -210,7 +212,7 @@ class PrecisionPolicy(PerEnginePolicy):
         d = self._transition(now, PrecisionState.INT8, None,
                              f"unpinned by {who}: int8 kept, rollback allowed after a "
                              f"{self._hold_seconds:g} s hold with memory recovered",
-                             {"who": who, "pinned_by": self._pinned_by})
+                             {"who": who, "pinned_by": self._pinned_by}, event="unpin")
         self._pinned_by = None
         return [d]
 
@@ -254,7 +256,7 @@ class PrecisionPolicy(PerEnginePolicy):
             return [self._transition(now, PrecisionState.DEGRADING, None,
                                      f"{_operator(who)}: manual degrade to int8; rollback only "
                                      f"after a {self._hold_seconds:g} s hold with memory "
-                                     "recovered", inputs, severity="warning")]
+                                     "recovered", inputs, severity="warning", event="operator_degrade")]
         if st is PrecisionState.FULL:
             return [self._note(now, None, f"{_operator(who)} asked for full precision while "
                                           "already in full", inputs)]
@@ -270,7 +272,7 @@ class PrecisionPolicy(PerEnginePolicy):
                                  f"{_operator(who)}: manual rollback to full precision"
                                  + (" (releases the pin)" if st is PrecisionState.PINNED_INT8
                                     else "") + "; no automatic degrade without a new OOM",
-                                 inputs, severity="warning")]
+                                 inputs, severity="warning", event="operator_rollback")]
 
     def record_action_result(self, now: float, action: str, ok: bool,
                              detail: str = "") -> list[Decision]:
@@ -282,13 +284,13 @@ class PrecisionPolicy(PerEnginePolicy):
         if action == "degrade" and self._state is PrecisionState.DEGRADING:
             return [self._transition(now, PrecisionState.FULL, None,
                                      f"degrade failed: {detail or 'no detail'}",
-                                     {"action": action, "detail": detail}, severity="critical")]
+                                     {"action": action, "detail": detail}, severity="critical", event="degrade_failed")]
         if action == "rollback" and self._state is PrecisionState.ROLLING_BACK:
             self._hold.reset(now, "rollback failed")
             return [self._transition(now, PrecisionState.INT8, None,
                                      f"rollback failed: {detail or 'no detail'}; staying in "
                                      "int8, hold restarts", {"action": action, "detail": detail},
-                                     severity="warning")]
+                                     severity="warning", event="rollback_failed")]
         return []
 
     def state(self, now: float | None = None) -> dict[str, Any]:
@@ -309,30 +311,14 @@ class PrecisionPolicy(PerEnginePolicy):
             "threshold": self._last_threshold,
         }
 
-    # ------------------------------------------------------------------ faults
-    def _hardware_evidence(self, now: float, gpu: GpuSnapshot | None,
-                           telemetry_ok: bool) -> list[str]:
-        if gpu is None or not telemetry_ok:
-            return []
-        ev: list[str] = []
-        if gpu.lost or (gpu.health or "").lower() == "lost":
-            ev.append(f"GPU {gpu.uuid} is lost")
-        prev = self._ecc_uncorrected.get(gpu.uuid)
-        cur = validate_nonneg(gpu.ecc_uncorrected).value
-        if cur is not None:
-            if prev is not None and cur > prev:
-                ev.append(f"uncorrectable ECC errors grew {prev} -> {int(cur)}")
-            self._ecc_uncorrected[gpu.uuid] = int(cur)
-        if gpu.recovery_action in HARDWARE_RECOVERY_ACTIONS:
-            ev.append(f"NVML recovery action {gpu.recovery_action}")
-        for x in gpu.xid_events:
-            if getattr(x, "lost", False):
-                ev.append(f"Xid {x.xid}: GPU fell off the bus")
-            elif x.xid is not None and x.xid not in BENIGN_XIDS and \
-                    (not x.time or abs(now - x.time) <= self.config.hardware_window_seconds):
-                ev.append(f"Xid {x.xid}: {x.message}")
-        return ev
+    def gauges(self, now: float) -> list[Gauge]:
+        """``inferctl_precision_pinned`` (1 while pinned in int8, else 0) and
+        ``inferctl_rollback_hold_seconds`` (the current hold before a rollback, seconds)."""
+        pinned = 1.0 if self._state is PrecisionState.PINNED_INT8 else 0.0
+        return [Gauge("inferctl_precision_pinned", pinned),
+                Gauge("inferctl_rollback_hold_seconds", self._hold_seconds)]
 
+    # ------------------------------------------------------------------ faults
     def _new_faults(self, now: float, engine: EngineSnapshot) -> list[Mapping[str, Any]]:
         fresh = []
         for f in engine.faults or []:
@@ -363,7 +349,7 @@ class PrecisionPolicy(PerEnginePolicy):
         out: list[Decision] = []
         exhaustion: list[dict[str, Any]] = []
         for f in self._new_faults(now, engine):
-            nums, origin = _fault_numbers(f)
+            nums, origin = fault_numbers(f)
             text_hw = hardware_fault_evidence(f.get("message"))
             kind = f.get("kind") if f.get("kind") in ("exhaustion", "fragmentation",
                                                        "impossible", "hardware") else None
@@ -374,7 +360,7 @@ class PrecisionPolicy(PerEnginePolicy):
                 kind_for_record = "hardware"
             else:
                 kind_for_record = kind or classify_oom(nums) or "exhaustion"
-            inputs = _fault_inputs(f, nums, kind_for_record)
+            inputs = fault_inputs(f, nums, kind_for_record)
             inputs["numbers_from"] = origin
             self._last_fault = {k: inputs[k] for k in ("fault_id", "fault_time", "kind",
                                                        "requested", "free")}
@@ -462,9 +448,9 @@ class PrecisionPolicy(PerEnginePolicy):
                 now, PrecisionState.PINNED_INT8, "degrade",
                 f"{words}; {len(self._degrades)} degrades in the last hour > "
                 f"{self.config.max_switches_per_hour}: pinned in int8 until an operator unpins",
-                inputs, severity="critical")
+                inputs, severity="critical", event="flap_guard")
         return self._transition(now, PrecisionState.DEGRADING, "degrade",
-                                f"{words}: switch to int8", inputs, severity="warning")
+                                f"{words}: switch to int8", inputs, severity="warning", event="exhaustion_oom")
 
     # ------------------------------------------------------------------ reconcile
     def _reconcile(self, now: float, engine: EngineSnapshot) -> list[Decision]:
@@ -479,12 +465,12 @@ class PrecisionPolicy(PerEnginePolicy):
             if prec == INT8:
                 self._hold.reset(now, "int8 confirmed; hold starts with the next good sample")
                 return [self._transition(now, PrecisionState.INT8, None,
-                                         "engine reports int8: degrade confirmed", inputs)]
+                                         "engine reports int8: degrade confirmed", inputs, event="engine_int8")]
             if prec is None:
                 self._hold.reset(now, "int8 assumed")
                 return [self._transition(now, PrecisionState.INT8, None,
                                          "engine does not report its precision: degrade "
-                                         "assumed applied", inputs, severity="warning")]
+                                         "assumed applied", inputs, severity="warning", event="precision_unreported")]
             if timed_out:
                 self._last_command = now
                 return [self._note(now, "degrade", f"engine still reports {prec} "
@@ -495,20 +481,20 @@ class PrecisionPolicy(PerEnginePolicy):
                 self._last_rollback_done = now
                 why = ("engine reports full: rollback confirmed" if prec == FULL else
                        "engine does not report its precision: rollback assumed applied")
-                return [self._transition(now, PrecisionState.FULL, None, why, inputs)]
+                return [self._transition(now, PrecisionState.FULL, None, why, inputs, event="engine_full" if prec == FULL else "precision_unreported")]
             if timed_out:
                 self._hold.reset(now, "rollback not confirmed")
                 return [self._transition(now, PrecisionState.INT8, None,
                                          f"engine still reports {prec} "
                                          f"{self.config.confirm_timeout_seconds:g} s after the "
                                          "rollback: staying in int8, hold restarts", inputs,
-                                         severity="warning")]
+                                         severity="warning", event="confirm_timeout")]
         elif st is PrecisionState.INT8 and prec == FULL:
             self._last_command = now
             return [self._transition(now, PrecisionState.DEGRADING, "degrade",
                                      "engine reports full while the policy holds int8 (engine "
                                      "restarted?): re-applying int8", inputs,
-                                     severity="warning")]
+                                     severity="warning", event="engine_full")]
         elif st is PrecisionState.PINNED_INT8 and prec == FULL and timed_out:
             self._last_command = now
             return [self._note(now, "degrade", "engine reports full while pinned in int8: "
@@ -517,66 +503,13 @@ class PrecisionPolicy(PerEnginePolicy):
             self._hold.reset(now, "adopted int8")
             return [self._transition(now, PrecisionState.INT8, None,
                                      "engine reports int8 without a policy degrade (operator "
-                                     "or startup): adopted; rollback after the hold", inputs)]
+                                     "or startup): adopted; rollback after the hold", inputs, event="engine_int8")]
         return []
 
     # ------------------------------------------------------------------ recovery
-    def _memory_sample(self, engine: EngineSnapshot, gpu: GpuSnapshot | None,
-                       telemetry_ok: bool) -> tuple[dict[str, Any] | None, str]:
-        c = self.counter
-        if not engine.ok:
-            return None, "engine did not answer (no data)"
-        if gpu is not None or not telemetry_ok:
-            if not telemetry_ok:
-                return None, "GPU telemetry down (no data is not recovery)"
-            if gpu.lost:
-                return None, "GPU lost"
-            free = validate_nonneg(gpu.memory_free_bytes, "gpu_memory_free_bytes", c)
-            total = validate_nonneg(gpu.memory_total_bytes, "gpu_memory_total_bytes", c)
-            src = "gpu"
-        else:
-            budget = validate_nonneg(engine.memory_budget_bytes, "engine_memory_budget_bytes", c)
-            reserved = validate_nonneg(engine.memory_reserved_bytes,
-                                       "engine_memory_reserved_bytes", c)
-            if budget.value is None or reserved.value is None:
-                bad = budget if budget.value is None else reserved
-                return None, f"engine memory: {bad.reason}"
-            free_v = budget.value - reserved.value
-            if free_v < 0:
-                if c is not None:
-                    c.record("engine_memory_free_bytes", "negative")
-                return None, f"engine reserved {reserved.value:.0f} B > budget {budget.value:.0f} B"
-            free = validate_nonneg(free_v)
-            total = budget
-            src = "engine budget - reserved"
-        if free.value is None:
-            return None, f"free memory: {free.reason}"
-        if total.value is None or total.value == 0:
-            return None, f"total memory: {total.reason or 'is 0'}"
-        if free.value > total.value + MEMORY_ROUNDING_TOLERANCE_BYTES:
-            if c is not None:
-                c.record("gpu_memory_free_bytes" if src == "gpu" else "engine_memory_free_bytes",
-                         "above_total")
-            return None, (f"free memory {format_bytes(free.value)} > total {format_bytes(total.value)}"
-                          " (an inconsistent sample is no data)")
-        extra = self.config.full_weights_extra_bytes
-        if extra is None:
-            fw = validate_nonneg(engine.full_weights_bytes, "full_weights_bytes", c).value
-            w = validate_nonneg(engine.weights_bytes, "weights_bytes", c).value
-            if fw is None or w is None:
-                return None, "full-precision weight size unknown (set full_weights_extra_bytes)"
-            extra = max(0.0, fw - w)
-        margin = (self.config.margin_bytes if self.config.margin_bytes is not None
-                  else self.config.margin_ratio * total.value)
-        threshold = extra + margin
-        return {"free_bytes": free.value, "free": format_bytes(free.value),
-                "total_bytes": total.value, "extra_weights_bytes": extra,
-                "margin_bytes": margin, "threshold_bytes": threshold,
-                "threshold": format_bytes(threshold), "memory_source": src}, ""
-
     def _track_recovery(self, now: float, engine: EngineSnapshot, gpu: GpuSnapshot | None,
                         telemetry_ok: bool) -> list[Decision]:
-        sample, why = self._memory_sample(engine, gpu, telemetry_ok)
+        sample, why = memory_sample(self.config, engine, gpu, telemetry_ok, self.counter)
         if sample is None:
             self._hold.update(now, False, why)
             return []
@@ -595,7 +528,7 @@ class PrecisionPolicy(PerEnginePolicy):
             f"free memory {sample['free']} has stayed >= {sample['threshold']} (full-precision "
             f"weights' extra {format_bytes(sample['extra_weights_bytes'])} + margin "
             f"{format_bytes(sample['margin_bytes'])}) for {held:g} s >= hold "
-            f"{self._hold_seconds:g} s with no new OOM: switch back to full precision", inputs)]
+            f"{self._hold_seconds:g} s with no new OOM: switch back to full precision", inputs, event="memory_recovered")]
 
     # ------------------------------------------------------------------ helpers
     def _trim(self, now: float | None) -> None:
@@ -605,8 +538,10 @@ class PrecisionPolicy(PerEnginePolicy):
             self._degrades.popleft()
 
     def _transition(self, now: float, to: PrecisionState, action: str | None, reason: str,
-                    inputs: dict[str, Any], severity: str = "info") -> Decision:
+                    inputs: dict[str, Any], severity: str = "info", *, event: str) -> Decision:
+        """Move to ``to`` on ``event`` (a declared transition, else :class:`TransitionError`)."""
         frm = self._state
+        self.check_transition(frm, event, to)
         self._state = to
         self._since = now
         return Decision(POLICY, self.engine or "", action, frm.value, to.value, reason,

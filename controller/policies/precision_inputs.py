@@ -1,0 +1,140 @@
+"""What the precision policy reads from a poll, as pure functions: an OOM fault's numbers,
+the hardware evidence near an OOM, and the memory sample that decides a rollback.
+
+Sizes are bytes (``int``/``float``), times seconds (``time.time()`` scale). ``None`` is "no
+data" and never becomes 0. The rules are those of docs/policies.md ("Precision": faults,
+hardware hand-off, rollback threshold).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from inferctl.controller.gpu.base import MEMORY_ROUNDING_TOLERANCE_BYTES
+from inferctl.controller.signals import (InvalidSampleCounter, OomNumbers, format_bytes,
+                                         parse_oom_message, validate_nonneg)
+from inferctl.controller.types import EngineSnapshot, GpuSnapshot
+
+#: Xids that do not mean the GPU is at fault (NVIDIA's Xid catalogue gives no action for 43,
+#: 63, 92; docs/field-cases.md). Any other Xid near an OOM makes it a hardware fault.
+BENIGN_XIDS = frozenset({43, 63, 92})
+
+#: NVML field 230 (GPU recovery action) values that mean the GPU itself needs attention:
+#: 1 reset, 2 node reboot, 4 drain and reset.
+HARDWARE_RECOVERY_ACTIONS = frozenset({1, 2, 4})
+
+
+def fault_numbers(fault: Mapping[str, Any]) -> tuple[OomNumbers, str]:
+    """The fault's numbers (bytes): its own fields where present, else parsed from its
+    message; and where they came from (``"fields"`` or ``"message"``)."""
+    parsed = parse_oom_message(fault.get("message"))
+    vals = {}
+    for key in ("requested_bytes", "free_bytes", "total_bytes", "allocated_bytes",
+                "reserved_unallocated_bytes"):
+        v = validate_nonneg(fault.get(key)).value
+        vals[key] = int(v) if v is not None else getattr(parsed, key)
+    return OomNumbers(**vals), ("fields" if fault.get("requested_bytes") is not None
+                                else "message")
+
+
+def fault_inputs(fault: Mapping[str, Any], nums: OomNumbers, kind: str) -> dict[str, Any]:
+    """The decision inputs of one fault: its id/time/kind, the numbers in bytes and in words
+    (``"96.00 MiB"``), the engine's precision, source and message."""
+    return {
+        "fault_id": fault.get("id"), "fault_time": fault.get("time"), "kind": kind,
+        "requested_bytes": nums.requested_bytes, "requested": format_bytes(nums.requested_bytes),
+        "free_bytes": nums.free_bytes, "free": format_bytes(nums.free_bytes),
+        "total_bytes": nums.total_bytes, "allocated_bytes": nums.allocated_bytes,
+        "reserved_unallocated_bytes": nums.reserved_unallocated_bytes,
+        "engine_precision": fault.get("precision"), "source": fault.get("source"),
+        "message": fault.get("message"),
+    }
+
+
+def hardware_evidence(now: float, gpu: GpuSnapshot | None, telemetry_ok: bool,
+                      window_seconds: float, ecc_seen: dict[str, int]) -> list[str]:
+    """Why the GPU snapshot points at the hardware, in words (empty: it does not): lost,
+    uncorrectable ECC count grown since the last call (``ecc_seen`` keeps the count per GPU
+    uuid and is updated), NVML recovery action 1/2/4, a lost report, or a non-benign Xid within
+    ``window_seconds`` of ``now``. No GPU or telemetry down: no evidence."""
+    if gpu is None or not telemetry_ok:
+        return []
+    ev: list[str] = []
+    if gpu.lost or (gpu.health or "").lower() == "lost":
+        ev.append(f"GPU {gpu.uuid} is lost")
+    prev = ecc_seen.get(gpu.uuid)
+    cur = validate_nonneg(gpu.ecc_uncorrected).value
+    if cur is not None:
+        if prev is not None and cur > prev:
+            ev.append(f"uncorrectable ECC errors grew {prev} -> {int(cur)}")
+        ecc_seen[gpu.uuid] = int(cur)
+    if gpu.recovery_action in HARDWARE_RECOVERY_ACTIONS:
+        ev.append(f"NVML recovery action {gpu.recovery_action}")
+    for x in gpu.xid_events:
+        if getattr(x, "lost", False):
+            ev.append(f"Xid {x.xid}: GPU fell off the bus")
+        elif x.xid is not None and x.xid not in BENIGN_XIDS and \
+                (not x.time or abs(now - x.time) <= window_seconds):
+            ev.append(f"Xid {x.xid}: {x.message}")
+    return ev
+
+
+def memory_sample(config: Any, engine: EngineSnapshot, gpu: GpuSnapshot | None,
+                  telemetry_ok: bool, c: InvalidSampleCounter | None
+                  ) -> tuple[dict[str, Any] | None, str]:
+    """The rollback sample: ``({"free_bytes", "total_bytes", "extra_weights_bytes",
+    "margin_bytes", "threshold_bytes", ... "memory_source"}, "")`` or ``(None, why)`` when
+    there is no usable sample (engine down, telemetry down, GPU lost, a missing or
+    inconsistent value). Threshold = (full − int8 weight bytes, or
+    ``config.full_weights_extra_bytes``) + ``config.margin_bytes`` (else
+    ``config.margin_ratio`` × total). Free memory is the GPU's, or without a GPU the engine's
+    budget − reserved. Invalid values are recorded on ``c``."""
+    if not engine.ok:
+        return None, "engine did not answer (no data)"
+    if gpu is not None or not telemetry_ok:
+        if not telemetry_ok:
+            return None, "GPU telemetry down (no data is not recovery)"
+        if gpu.lost:
+            return None, "GPU lost"
+        free = validate_nonneg(gpu.memory_free_bytes, "gpu_memory_free_bytes", c)
+        total = validate_nonneg(gpu.memory_total_bytes, "gpu_memory_total_bytes", c)
+        src = "gpu"
+    else:
+        budget = validate_nonneg(engine.memory_budget_bytes, "engine_memory_budget_bytes", c)
+        reserved = validate_nonneg(engine.memory_reserved_bytes,
+                                   "engine_memory_reserved_bytes", c)
+        if budget.value is None or reserved.value is None:
+            bad = budget if budget.value is None else reserved
+            return None, f"engine memory: {bad.reason}"
+        free_v = budget.value - reserved.value
+        if free_v < 0:
+            if c is not None:
+                c.record("engine_memory_free_bytes", "negative")
+            return None, f"engine reserved {reserved.value:.0f} B > budget {budget.value:.0f} B"
+        free = validate_nonneg(free_v)
+        total = budget
+        src = "engine budget - reserved"
+    if free.value is None:
+        return None, f"free memory: {free.reason}"
+    if total.value is None or total.value == 0:
+        return None, f"total memory: {total.reason or 'is 0'}"
+    if free.value > total.value + MEMORY_ROUNDING_TOLERANCE_BYTES:
+        if c is not None:
+            c.record("gpu_memory_free_bytes" if src == "gpu" else "engine_memory_free_bytes",
+                     "above_total")
+        return None, (f"free memory {format_bytes(free.value)} > total {format_bytes(total.value)}"
+                      " (an inconsistent sample is no data)")
+    extra = config.full_weights_extra_bytes
+    if extra is None:
+        fw = validate_nonneg(engine.full_weights_bytes, "full_weights_bytes", c).value
+        w = validate_nonneg(engine.weights_bytes, "weights_bytes", c).value
+        if fw is None or w is None:
+            return None, "full-precision weight size unknown (set full_weights_extra_bytes)"
+        extra = max(0.0, fw - w)
+    margin = (config.margin_bytes if config.margin_bytes is not None
+              else config.margin_ratio * total.value)
+    threshold = extra + margin
+    return {"free_bytes": free.value, "free": format_bytes(free.value),
+            "total_bytes": total.value, "extra_weights_bytes": extra,
+            "margin_bytes": margin, "threshold_bytes": threshold,
+            "threshold": format_bytes(threshold), "memory_source": src}, ""
