@@ -481,7 +481,8 @@ class PrecisionPolicy(PerEnginePolicy):
                 self._last_rollback_done = now
                 why = ("engine reports full: rollback confirmed" if prec == FULL else
                        "engine does not report its precision: rollback assumed applied")
-                return [self._transition(now, PrecisionState.FULL, None, why, inputs, event="engine_full" if prec == FULL else "precision_unreported")]
+                event = "engine_full" if prec == FULL else "precision_unreported"
+                return [self._transition(now, PrecisionState.FULL, None, why, inputs, event=event)]
             if timed_out:
                 self._hold.reset(now, "rollback not confirmed")
                 return [self._transition(now, PrecisionState.INT8, None,
@@ -528,7 +529,8 @@ class PrecisionPolicy(PerEnginePolicy):
             f"free memory {sample['free']} has stayed >= {sample['threshold']} (full-precision "
             f"weights' extra {format_bytes(sample['extra_weights_bytes'])} + margin "
             f"{format_bytes(sample['margin_bytes'])}) for {held:g} s >= hold "
-            f"{self._hold_seconds:g} s with no new OOM: switch back to full precision", inputs, event="memory_recovered")]
+            f"{self._hold_seconds:g} s with no new OOM: switch back to full precision", inputs,
+            event="memory_recovered")]
 
     # ------------------------------------------------------------------ helpers
     def _trim(self, now: float | None) -> None:
