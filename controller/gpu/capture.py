@@ -15,11 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from inferctl.contract.units import parse_size_or_none
 from inferctl.controller.types import GpuProcess, GpuSnapshot
-
-MIB = 1024 * 1024
-_UNIT_BYTES = {"b": 1, "kib": 1024, "kb": 1024, "mib": MIB, "mb": MIB, "gib": 1024 * MIB,
-               "gb": 1024 * MIB}
 
 _NO_DATA = {
     "", "n/a", "na", "not supported", "unknown error", "requested functionality has been deprecated",
@@ -66,19 +63,13 @@ def parse_number(value: str | None) -> float | None:
 
 
 def parse_bytes(value: str | None, default_unit: str = "MiB") -> int | None:
-    """``"81559 MiB"`` -> 85520809984; a bare number is read in ``default_unit``."""
+    """``"81559 MiB"`` -> 85520809984; a bare number is read in ``default_unit``; KB/MB/GB are
+    powers of 1024, as nvidia-smi means them. "No data", a negative number, an unknown unit
+    (``"52 %"``) or any other text -> None. The size reader is the contract's
+    (:func:`inferctl.contract.units.parse_size_or_none`)."""
     if is_no_data(value):
         return None
-    m = _NUM_RE.match(value)  # type: ignore[arg-type]
-    if not m:
-        return None
-    unit = (m.group(2) or default_unit).lower()
-    if unit not in _UNIT_BYTES:
-        return None
-    n = float(m.group(1))
-    if n < 0:
-        return None
-    return int(round(n * _UNIT_BYTES[unit]))
+    return parse_size_or_none(value, default_unit=default_unit, decimal_si=False)
 
 
 def parse_ratio_percent(value: str | None) -> float | None:

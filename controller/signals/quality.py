@@ -10,41 +10,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+from inferctl.contract.quality import (PROMPT_LEN_BUCKETS, PROMPT_LEN_EDGES, edge_labels, is_degenerate_rep,
+                                       prompt_len_bucket)
+from inferctl.contract.thresholds import THRESHOLDS
 from inferctl.controller.signals.validation import validate_nonneg, validate_ratio
 from inferctl.controller.signals.values import InvalidSampleCounter, Signal, no_data
 
-#: Prompt-length buckets, the same edges and labels as the engine's ``prompt_len_bucket``
-#: label (engine/quality.py), so the controller's and the engine's series line up.
-PROMPT_LEN_EDGES: tuple[int, ...] = (512, 2048, 8192)
-PROMPT_LEN_LABELS: tuple[str, ...] = ("<512", "512-2k", "2k-8k", ">=8k")
+#: Prompt-length buckets: the contract's edges and labels (``inferctl.contract.quality``), the
+#: same as the engine's ``prompt_len_bucket`` label, so the controller's and the engine's
+#: series line up.
+PROMPT_LEN_LABELS: tuple[str, ...] = PROMPT_LEN_BUCKETS
 
 #: seq-rep-4 at or above which an output counts as degenerate when the engine did not flag
-#: it itself (the engine's default ``degenerate_seq_rep_threshold``).
-DEGENERATE_SEQ_REP_THRESHOLD = 0.5
+#: it itself: the one threshold of ``inferctl.contract.thresholds`` (the engine's too).
+DEGENERATE_SEQ_REP_THRESHOLD = THRESHOLDS.degenerate_seq_rep_threshold
 
 #: Prompt length from which an output is "long context" for :func:`diagnose_degeneration`.
 LONG_CONTEXT_TOKENS = 8192
-
-
-def prompt_len_bucket(tokens: int, edges: Sequence[int] = PROMPT_LEN_EDGES,
-                      labels: Sequence[str] | None = None) -> str:
-    """Bucket label for a prompt length; each bucket includes its lower edge. With the
-    default edges: 511 → "<512", 8191 → "2k-8k", 8192 → ">=8k" (as the engine's label)."""
-    if labels is None:
-        labels = PROMPT_LEN_LABELS if tuple(edges) == PROMPT_LEN_EDGES else _edge_labels(edges)
-    if len(labels) != len(edges) + 1:
-        raise ValueError(f"labels: need {len(edges) + 1} labels for {len(edges)} edges")
-    for edge, label in zip(edges, labels):
-        if tokens < edge:
-            return label
-    return labels[-1]
-
-
-def _edge_labels(edges: Sequence[int]) -> tuple[str, ...]:
-    out = [f"<{edges[0]}"]
-    out += [f"{a}-{b}" for a, b in zip(edges, edges[1:])]
-    out.append(f">={edges[-1]}")
-    return tuple(out)
 
 
 def _seq_rep(rec: Mapping[str, Any], n: int) -> Any:
@@ -62,9 +44,7 @@ def _is_degenerate(rec: Mapping[str, Any], n: int, threshold: float,
     if rec.get("finish_reason") == "repetition":
         return True
     s = validate_ratio(_seq_rep(rec, n), f"seq_rep_{n}", counter)
-    if s.value is None:
-        return None
-    return s.value >= threshold
+    return is_degenerate_rep(s.value, threshold)
 
 
 @dataclass(frozen=True)
@@ -108,7 +88,7 @@ def repetition_summary(recent_requests: Iterable[Mapping[str, Any]], *, n: int =
     0/3 below 8k and 3/3 at 8k and above.
     """
     if labels is None:
-        labels = PROMPT_LEN_LABELS if tuple(edges) == PROMPT_LEN_EDGES else _edge_labels(edges)
+        labels = PROMPT_LEN_LABELS if tuple(edges) == PROMPT_LEN_EDGES else edge_labels(edges)
     by_bucket_counts = {lab: [0, 0] for lab in labels}
     by_prec: dict[str, list[int]] = {}
     reps: list[float] = []
