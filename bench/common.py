@@ -132,7 +132,8 @@ def section(name: str, title: str, body: str, facts: dict | None = None, cmd: st
     f = facts or machine_facts()
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     head = (f"### {title}\n\nCommand: `{cmd or command_line()}`  \n"
-            f"Finished {when}; load average at the start {f['load_1m']} / {f['load_5m']} / {f['load_15m']} (1/5/15 min) on "
+            f"Finished {when}; load average at the start {f['load_1m']} / {f['load_5m']} / {f['load_15m']}"
+            " (1/5/15 min) on "
             f"{f['cpus']} CPUs ({f['cpu']}), torch {f['torch']}.\n\n")
     return f"<!-- bench:{name}:start -->\n{head}{body.rstrip()}\n<!-- bench:{name}:end -->"
 

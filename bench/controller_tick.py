@@ -32,6 +32,8 @@ from pathlib import Path
 from bench.common import FIXTURES, STORIES_BIN, machine_facts, md_table, section, write_section
 
 TARGET_TICK_CPU_SECONDS = 0.100
+#: The real 8×H100 ``nvidia-smi -q`` capture the GPU source replays.
+H100_CAPTURE = FIXTURES / "gpu" / "nvsmi_q_h100x8_535.161.08.txt"
 
 
 def bundled_stats_doc() -> dict:
@@ -73,7 +75,7 @@ def gpu_reading(n: int):
     from inferctl.controller.gpu.parsers import parse_smi_q
     from inferctl.controller.types import GpuReading
 
-    cap = parse_smi_q((FIXTURES / "gpu" / "nvsmi_q_h100x8_535.161.08.txt").read_text())
+    cap = parse_smi_q(H100_CAPTURE.read_text())
     gpus = {}
     for i in range(n):
         g = copy.deepcopy(cap.gpus[i % len(cap.gpus)])
@@ -102,8 +104,10 @@ def build_controller(n_engines: int, n_gpus: int, workdir: Path):
     for i in range(n_engines):
         kind = "bundled" if i % 2 == 0 else "vllm"
         engines.append({"name": f"e{i:03d}", "kind": kind, "url": f"http://127.0.0.1:{20000 + i}", "gpu": i % n_gpus})
-    cfg = parse_config({"engines": engines, "gpu": {"kind": "replay"}, "event_log": str(workdir / "events.db"),
-                        "policies": {"breaker": {"enabled": False}}})
+    # the configuration names the real capture (a replay source needs a path); the loop gets
+    # the source built below, which replays that capture cloned to ``n_gpus`` GPUs
+    cfg = parse_config({"engines": engines, "gpu": {"kind": "replay", "options": {"path": str(H100_CAPTURE)}},
+                        "event_log": str(workdir / "events.db"), "policies": {"breaker": {"enabled": False}}})
     clients = {}
     for i, e in enumerate(cfg.engines):
         payload = stats if e.kind == "bundled" else blocks[(i // 2) % len(blocks)]
@@ -162,7 +166,8 @@ def measure(n_engines: int, n_gpus: int, ticks: int) -> dict:
             return {"engines": n_engines, "gpus": n_gpus, "ticks": ticks, "decisions": decisions,
                     "tick_cpu_median_s": statistics.median(cpu), "tick_cpu_max_s": max(cpu),
                     "tick_wall_median_s": statistics.median(wall), "tick_wall_max_s": max(wall),
-                    "poll_cpu_median_s": statistics.median(poll_cpu), "reconcile_cpu_median_s": statistics.median(rec_cpu),
+                    "poll_cpu_median_s": statistics.median(poll_cpu),
+                    "reconcile_cpu_median_s": statistics.median(rec_cpu),
                     "render_median_s": statistics.median(renders), "render_max_s": max(renders),
                     "metrics_bytes": size, "metrics_series": series, "status_s": status_s,
                     "events": log.last_id()}
@@ -175,9 +180,12 @@ def render(r: dict) -> str:
     ok = r["tick_cpu_median_s"] <= TARGET_TICK_CPU_SECONDS
     rows = [["reconcile tick (poll all + reconcile), CPU", f"{1000 * r['tick_cpu_median_s']:.1f} ms",
              f"{1000 * r['tick_cpu_max_s']:.1f} ms"],
-            ["  of which: polls (parse every engine's answer, worker threads), CPU", f"{1000 * r['poll_cpu_median_s']:.1f} ms", "-"],
-            ["  of which: reconcile (signals, policies, events, gauges), CPU", f"{1000 * r['reconcile_cpu_median_s']:.1f} ms", "-"],
-            ["reconcile tick, wall", f"{1000 * r['tick_wall_median_s']:.1f} ms", f"{1000 * r['tick_wall_max_s']:.1f} ms"],
+            ["  of which: polls (parse every engine's answer, worker threads), CPU",
+             f"{1000 * r['poll_cpu_median_s']:.1f} ms", "-"],
+            ["  of which: reconcile (signals, policies, events, gauges), CPU",
+             f"{1000 * r['reconcile_cpu_median_s']:.1f} ms", "-"],
+            ["reconcile tick, wall", f"{1000 * r['tick_wall_median_s']:.1f} ms",
+             f"{1000 * r['tick_wall_max_s']:.1f} ms"],
             ["/metrics render (generate_latest)", f"{1000 * r['render_median_s']:.1f} ms",
              f"{1000 * r['render_max_s']:.1f} ms"],
             ["/status document", f"{1000 * r['status_s']:.1f} ms", "-"]]
@@ -202,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     body = render(r)
     print(body)
     if not (a.quick or a.no_write):
-        write_section("controller", section("controller", "Controller: reconcile tick and /metrics render", body, facts))
+        write_section("controller", section("controller", "Controller: reconcile tick and /metrics render", body,
+                                            facts))
     return 0
 
 

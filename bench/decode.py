@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             f"Bandwidth ({bw['mib']} MiB tensor, best of {a.repeats}, {a.threads} threads): copy "
             f"**{bw['copy_gbps']:.1f} GB/s** (read + write), read-only {bw['read_gbps']:.1f} GB/s.\n\n"
             + md_table(["model", "side", "weights MB", "decode tok/s", "bound tok/s (this run's copy BW)",
-                        "of bound", "of read-BW bound", f"of bound at {REFERENCE_COPY_GBPS:g} GB/s"], rows) + "\n\n" + "\n".join(verdicts))
+                        "of bound", "of read-BW bound", f"of bound at {REFERENCE_COPY_GBPS:g} GB/s"], rows)
+            + "\n\n" + "\n".join(verdicts))
     print(body)
     if not (a.quick or a.no_write):
         write_section("decode", section("decode", "Batch-1 decode vs the memory-bandwidth bound", body, facts))

@@ -60,7 +60,8 @@ def run_all(model: str, max_chunks: int | None, out: Path, threads: int, runs: s
 
 def render(results: dict, runs: str) -> str:
     parts = []
-    for key, title in (("A", "A — perplexity of every window of every book (max_model_len 512, window 512, overlap 64)"),
+    for key, title in (("A", "A — perplexity of every window of every book (max_model_len 512, window 512, "
+                             "overlap 64)"),
                        ("B", "B — generation at the model's context (max_model_len 512): prompt BOS + the window's "
                              "last 255 tokens, 256 new tokens (prompt + output capped at 512)"),
                        ("C", "C — generation with max_model_len 1536: the whole 512-token window as prompt, up to "

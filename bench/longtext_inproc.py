@@ -60,7 +60,8 @@ class EngineBackend:
             a = self.bundle.args
             m = self.bundle.model
             bs = self.engine.config.block_size
-            self._cache = (KVCache.allocate(a.n_layers, blocks, bs, a.n_kv_heads, a.head_dim, m.dtype, m.device), blocks)
+            cache = KVCache.allocate(a.n_layers, blocks, bs, a.n_kv_heads, a.head_dim, m.dtype, m.device)
+            self._cache = (cache, blocks)
         return self._cache[0]
 
     def score(self, windows: list[list[int]]) -> list[list[float | None]]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
-import time
 from pathlib import Path
 
 from bench.common import GUTENBERG, STORIES_BIN, fmt, machine_facts, md_table, percentile, section, write_section
@@ -106,8 +105,8 @@ def measure(clients: int, trials: int, poll: float, max_tokens: int) -> dict:
     for r in run.requests:
         counts[r.outcome] = counts.get(r.outcome, 0) + 1
     errors = [r.error for r in run.requests if r.outcome != "ok"][:3]
-    return {"events": run.events, "clients": clients, "trials": results, "requests": counts, "errors": errors, "poll": poll,
-            "max_tokens": max_tokens}
+    return {"events": run.events, "clients": clients, "trials": results, "requests": counts, "errors": errors,
+            "poll": poll, "max_tokens": max_tokens}
 
 
 def render(r: dict) -> str:
@@ -122,7 +121,8 @@ def render(r: dict) -> str:
     ok = p99 is not None and p99 <= TARGET_P99_SECONDS and c["failed"] == 0 and c["lost"] == 0
     problems = [t for t in r["trials"] if "error" in t or "rollback_error" in t]
     return (f"{r['clients']} streaming clients (short Gutenberg passages, {r['max_tokens']} tokens each), controller "
-            f"engine poll {r['poll']:g} s, {len(r['trials'])} trials (OOM injected; the controller rolls back after a 2 s hold between trials).\n\n"
+            f"engine poll {r['poll']:g} s, {len(r['trials'])} trials (OOM injected; the controller rolls back"
+            " after a 2 s hold between trials).\n\n"
             + md_table(["seconds", "trials", "P50", "P99", "max"], rows)
             + f"\n\nRequests: {sum(c.values())} total, {c['ok']} ok, {c['failed']} failed, {c['lost']} lost."
             + (f" First errors: {r['errors']}" if r["errors"] else "")

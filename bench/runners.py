@@ -75,16 +75,16 @@ def best_of(repeats: int, fn, *args, **kwargs) -> RunResult:
 def static_batch_accounting(batch: Sequence[Request]) -> dict:
     """Padding and KV numbers of one static batch (see the module doc); pure arithmetic."""
     P = max(len(r.prompt) for r in batch)
-    O = max(r.max_tokens for r in batch)
+    O_max = max(r.max_tokens for r in batch)
     B = len(batch)
     prefill_pad = sum(P - len(r.prompt) for r in batch)
-    finished = sum(O - r.max_tokens for r in batch)
+    finished = sum(O_max - r.max_tokens for r in batch)
     kv_real = kv_held = 0
-    for t in range(1, O + 1):
+    for t in range(1, O_max + 1):
         kv_held += B * (P + t)
         kv_real += sum(len(r.prompt) + min(t, r.max_tokens) for r in batch)
     return {"prefill_pad": prefill_pad, "prefill_total": B * P, "finished_slots": finished,
-            "decode_total": B * O, "kv_real": kv_real, "kv_held": kv_held}
+            "decode_total": B * O_max, "kv_real": kv_real, "kv_held": kv_held}
 
 
 def run_hf_static(model_dir: str | Path, requests: Sequence[Request], batch_size: int, threads: int = 2,
@@ -101,17 +101,17 @@ def run_hf_static(model_dir: str | Path, requests: Sequence[Request], batch_size
 
     def gen(batch: Sequence[Request]) -> None:
         P = max(len(r.prompt) for r in batch)
-        O = max(r.max_tokens for r in batch)
+        O_max = max(r.max_tokens for r in batch)
         ids = torch.zeros((len(batch), P), dtype=torch.long)
         mask = torch.zeros((len(batch), P), dtype=torch.long)
         for i, r in enumerate(batch):
             ids[i, P - len(r.prompt):] = torch.tensor(r.prompt)
             mask[i, P - len(r.prompt):] = 1
         with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=O, min_new_tokens=O,
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=O_max, min_new_tokens=O_max,
                                  do_sample=False, eos_token_id=None, pad_token_id=0)
-        if out.shape[1] != P + O:
-            raise RuntimeError(f"HF generate returned {out.shape[1] - P} new tokens, expected {O}")
+        if out.shape[1] != P + O_max:
+            raise RuntimeError(f"HF generate returned {out.shape[1] - P} new tokens, expected {O_max}")
 
     if warmup:
         gen([Request(requests[0].prompt[:8], 2)])
@@ -128,7 +128,8 @@ def run_hf_static(model_dir: str | Path, requests: Sequence[Request], batch_size
     seconds = time.perf_counter() - t0
     total = acc["prefill_total"] + acc["decode_total"]
     return RunResult(
-        side="hf-static", model=name or Path(model_dir).name, batch=min(batch_size, len(requests)), requests=len(requests),
+        side="hf-static", model=name or Path(model_dir).name, batch=min(batch_size, len(requests)),
+        requests=len(requests),
         useful_tokens=sum(r.max_tokens for r in requests), seconds=seconds, latencies=lat,
         padding_ratio=(acc["prefill_pad"] + acc["finished_slots"]) / total,
         prefill_pad_ratio=acc["prefill_pad"] / acc["prefill_total"],
@@ -246,5 +247,6 @@ def run_engine(model_dir: str | Path, requests: Sequence[Request], threads: int 
         latencies=[finish[k] for k in sorted(finish)],
         padding_ratio=padded / (real + padded) if real + padded else None,
         kv_waste_ratio=1 - stored / held if held else None,
-        extra={"steps": steps, "mean_batch": (st1["step_sequences_total"] - st0["step_sequences_total"]) / max(steps, 1),
+        extra={"steps": steps,
+               "mean_batch": (st1["step_sequences_total"] - st0["step_sequences_total"]) / max(steps, 1),
                "preemptions": st1["preemptions_total"] - st0["preemptions_total"]})

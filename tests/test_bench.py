@@ -88,3 +88,11 @@ def test_hf_static_runner_on_converted_stories(tmp_path, stories_dir):
     assert r.useful_tokens == 6 and r.batch == 2
     assert r.prefill_pad_ratio == pytest.approx(2 / 12) and r.finished_slot_ratio == pytest.approx(2 / 8)
     assert len(r.latencies) == 2 and r.latencies[0] == r.latencies[1]     # a static batch ends together
+
+
+def test_controller_tick_runs_at_tiny_sizes(stories_dir, capsys):
+    """``python -m bench.controller_tick`` runs (2 engines, 1 GPU, 1 tick, no doc write)."""
+    from bench.controller_tick import main
+
+    assert main(["--engines", "2", "--gpus", "1", "--ticks", "1", "--quick"]) == 0
+    assert "Tick CPU" in capsys.readouterr().out
