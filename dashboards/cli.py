@@ -1,6 +1,6 @@
 """``inferctl dashboards build|check``: regenerate or verify the observability files.
 
-Attach to the main CLI with ``register(app)`` (``controller/cli.py``).
+Attached to the ``inferctl`` CLI by the front door (``inferctl/cli.py``) with ``register(app)``.
 """
 
 from __future__ import annotations
