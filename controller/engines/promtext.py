@@ -111,7 +111,7 @@ class _Builder:
             self.fields[field] = total
 
     def ratio_mean(self, field: str, *names: str) -> None:
-        """Mean over engines of a 0..1 gauge, valid samples only (F01)."""
+        """Mean over engines of a 0..1 gauge, valid samples only (docs/field-cases.md F01)."""
         _, samples = self.idx.first_present(*names)
         if not samples:
             return

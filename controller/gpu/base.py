@@ -57,7 +57,7 @@ def used_ratio(snapshot: GpuSnapshot, count_reserved: bool = False) -> float | N
 
     ``count_reserved=False`` (the policy default): ``used / total``, where ``used`` is NVML v2
     "used" (allocations, excluding driver/firmware ``reserved``). ``count_reserved=True``:
-    ``(used + reserved) / total``; ``None`` when reserved is unknown. F11 (RTX 3060, MiB total
+    ``(used + reserved) / total``; ``None`` when reserved is unknown. docs/field-cases.md F11 (RTX 3060, MiB total
     12288, used 116, reserved 368): 0.0094 by default, 0.0394 counting reserved.
     Source: NVML ``nvmlMemory_v2_t`` (used excludes reserved); docs/gpu-telemetry.md.
     """
@@ -81,7 +81,7 @@ def used_ratio(snapshot: GpuSnapshot, count_reserved: bool = False) -> float | N
 
 def memory_accounting_gap_bytes(snapshot: GpuSnapshot) -> int | None:
     """``used + free + reserved - total`` in bytes (``reserved`` counted as 0 when unknown), or
-    ``None`` when total, used or free is unknown. F11: 12290 - 12288 MiB = +2 MiB."""
+    ``None`` when total, used or free is unknown. docs/field-cases.md F11: 12290 - 12288 MiB = +2 MiB."""
     s = snapshot
     if s.memory_total_bytes is None or s.memory_used_bytes is None or s.memory_free_bytes is None:
         return None

@@ -16,12 +16,12 @@ Faults, each handled where it belongs:
   the poll interval). A hung call marks telemetry down for that poll; while the call stays hung
   later polls return "down" at once instead of piling up threads. The loop never stalls.
 - ``NVMLError_NotSupported`` (and other per-field errors) -> that field is ``None``, logged once
-  per (GPU, field) for the source's lifetime (F10), never per poll.
+  per (GPU, field) for the source's lifetime (docs/field-cases.md F10), never per poll.
 - ``NVMLError_GpuIsLost`` on one GPU -> that GPU's snapshot has ``lost=True``, ``health="lost"``
-  and no numbers; the other GPUs keep reporting (F09).
+  and no numbers; the other GPUs keep reporting (docs/field-cases.md F09).
 - Library-level failures (``nvmlInit`` raising ``NVMLError_Unknown`` in a container after a
   cgroup change, driver unloaded, library/driver mismatch, ``Unknown`` from a core call) ->
-  ``ok=False``, no GPUs, so no memory numbers and no false "memory recovered" (F08); NVML is
+  ``ok=False``, no GPUs, so no memory numbers and no false "memory recovered" (docs/field-cases.md F08); NVML is
   shut down and re-initialised with exponential backoff (``backoff_initial_s`` doubling up to
   ``backoff_max_s``), and readings resume when it works again.
 

@@ -128,7 +128,7 @@ def parse_query_gpu_csv(text: str, fields: list[str] | str | None = None) -> Par
     Unknown fields are ignored. Raises :class:`CaptureFormatError` when a row's length differs
     from the header's.
 
-    F10: ``GeForce GTX 770, [Not Supported], [Not Supported], 52, [Not Supported],
+    docs/field-cases.md F10: ``GeForce GTX 770, [Not Supported], [Not Supported], 52, [Not Supported],
     [Not Supported], 52 %, P0`` -> temperature 52, fan 0.52, pstate P0, the rest None.
     """
     names, rows = _csv_table(text, fields, "--query-gpu")

@@ -5,9 +5,9 @@ Sources:
   read from ``xid_catalog.csv`` / ``xid_resolution_buckets.csv`` when a path is given; columns
   "Code", "Mnemonic", "Description", "Resolution Bucket (Immediate Action)", "Resolution Bucket
   (Investigatory Action)".
-- A built-in table of the well-known codes so the product works without the file: 79 -> reboot
-  the node (a reset cannot fix a GPU that fell off the bus); 48, 64, 95, 119, 120 -> reset the
-  GPU; 13, 31, 94 -> restart the application; 43, 63, 92 -> no action.
+- A built-in table of the well-known codes so the product works without the file
+  (:data:`inferctl.contract.xid.BUILTIN_ACTIONS`: 79 -> reboot the node; 48, 64, 95, 119, 120 ->
+  reset the GPU; 13, 31, 94 -> restart the application; 43, 63, 92 -> no action).
 
 Kernel lines understood:
 ``NVRM: Xid (PCI:0000:44:00): 79, GPU has fallen off the bus.`` and the newer driver's
@@ -18,56 +18,19 @@ the bus and is not responding to commands.`` (reported as Xid 79, ``lost=True``)
 from __future__ import annotations
 
 import csv
-import enum
 import io
 import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+# XidAction, the tables and XID_FALLEN_OFF_BUS are the contract's (one catalogue vocabulary for
+# the controller, its policies and the alert rules); re-exported here for this module's users.
+from inferctl.contract.xid import (BUCKET_ACTIONS, BUILTIN_ACTIONS, BUILTIN_MNEMONICS, XID_FALLEN_OFF_BUS,
+                                   XidAction)
 from inferctl.controller.types import XidEvent
 
 log = logging.getLogger(__name__)
-
-XID_FALLEN_OFF_BUS = 79
-
-
-class XidAction(str, enum.Enum):
-    """What an Xid asks for, in the controller's vocabulary."""
-
-    RESTART_ENGINE = "restart_engine"   # NVIDIA bucket RESTART_APP
-    RESET_GPU = "reset_gpu"             # RESET_GPU (and WORKFLOW_XID_48 solo)
-    REBOOT_NODE = "reboot_node"         # RESTART_BM / RESTART_VM
-    IGNORE = "ignore"                   # IGNORE
-    UNKNOWN = "unknown"                 # CONTACT_SUPPORT, other workflows, unknown codes: escalate
-
-
-#: Catalogue bucket -> action. Buckets not listed (CONTACT_SUPPORT, WORKFLOW_*, CHECK_*, ...)
-#: need a person and map to UNKNOWN unless the built-in table knows the code.
-BUCKET_ACTIONS: dict[str, XidAction] = {
-    "RESTART_APP": XidAction.RESTART_ENGINE,
-    "RESET_GPU": XidAction.RESET_GPU,
-    "RESTART_BM": XidAction.REBOOT_NODE,
-    "RESTART_VM": XidAction.REBOOT_NODE,
-    "IGNORE": XidAction.IGNORE,
-}
-
-#: Built-in actions for well-known codes (NVIDIA Xid docs; shared/fixtures/README.md).
-BUILTIN_ACTIONS: dict[int, XidAction] = {
-    79: XidAction.REBOOT_NODE,
-    48: XidAction.RESET_GPU, 64: XidAction.RESET_GPU, 95: XidAction.RESET_GPU,
-    119: XidAction.RESET_GPU, 120: XidAction.RESET_GPU,
-    13: XidAction.RESTART_ENGINE, 31: XidAction.RESTART_ENGINE, 94: XidAction.RESTART_ENGINE,
-    43: XidAction.IGNORE, 63: XidAction.IGNORE, 92: XidAction.IGNORE,
-}
-
-BUILTIN_MNEMONICS: dict[int, str] = {
-    13: "Graphics Engine Exception", 31: "GPU memory page fault", 43: "GPU stopped processing",
-    48: "Double Bit ECC Error", 63: "GPU memory remapping event",
-    64: "GPU memory remapping failure", 79: "GPU has fallen off the bus",
-    92: "High single-bit ECC error rate", 94: "Contained memory error",
-    95: "Uncontained memory error", 119: "GSP RPC Timeout", 120: "GSP Error",
-}
 
 
 @dataclass(frozen=True)
@@ -280,7 +243,7 @@ class XidDeduper:
     Key: (normalized PCI address, or GPU UUID when the address is unknown; Xid code). An event is
     admitted when no event with the same key was admitted in the last ``window_seconds``; so the
     old-style "Xid 79" line and the newer "has fallen off the bus" line for one address within
-    5 minutes make one event (F09), and a condition still reported after the window is reported
+    5 minutes make one event (docs/field-cases.md F09), and a condition still reported after the window is reported
     again. State is per instance (no globals).
     """
 

@@ -41,7 +41,7 @@ def counter_delta(prev: Any, curr: Any, name: str = "counter",
 def padding_ratio(real_delta: Any, padded_delta: Any,
                   counter: InvalidSampleCounter | None = None) -> Signal:
     """padded / (real + padded) tokens over a window (counter deltas). 0 tokens → None
-    (no data, F04/F05), never 0."""
+    (no data, docs/field-cases.md F04, F05), never 0."""
     name = "padding_ratio"
     r = validate_nonneg(real_delta, name, counter)
     p = validate_nonneg(padded_delta, name, counter)

@@ -47,11 +47,11 @@ def latency_summary(hist: Any, quantiles: Iterable[float] = (0.5, 0.9, 0.95, 0.9
     """Quantiles of ``hist`` (document or :class:`Histogram`) plus plausibility flags.
 
     Checks (each counted in ``counter`` under ``name``): ``_sum`` 0 with observations
-    (F03a: every bucket 208 incl. le=0.001 and sum 0 → p50 0.0005 s, flagged); mean outside
+    (docs/field-cases.md F03a: every bucket 208 incl. le=0.001 and sum 0 → p50 0.0005 s, flagged); mean outside
     the non-empty buckets' range; ``_count`` ≠ the +Inf bucket; non-monotonic buckets; and,
     when both ``finished_total`` and ``running`` are known (cumulative histograms only),
-    observations > finished + running requests (F03b: 8060 > 3918 + 0). ``hist`` None or
-    no observations (F04: an empty window) → every quantile None.
+    observations > finished + running requests (docs/field-cases.md F03b: 8060 > 3918 + 0). ``hist`` None or
+    no observations (docs/field-cases.md F04: an empty window) → every quantile None.
     """
     qs = tuple(quantiles)
     empty = {q: None for q in qs}

@@ -51,7 +51,7 @@ def fragmentation_from_oom(allocated_bytes: Any, reserved_unallocated_bytes: Any
                            counter: InvalidSampleCounter | None = None) -> Signal:
     """Fragmentation from an OOM record: U / (A + U), where A is "allocated by PyTorch" and U
     "reserved by PyTorch but unallocated" (the same formula as :func:`fragmentation_ratio`
-    with reserved = A + U). F13: (a) A 13.73 GiB, U 736.86 MiB → 4.98 %."""
+    with reserved = A + U). docs/field-cases.md F13: (a) A 13.73 GiB, U 736.86 MiB → 4.98 %."""
     a = validate_nonneg(allocated_bytes, "fragmentation_ratio", counter)
     u = validate_nonneg(reserved_unallocated_bytes, "fragmentation_ratio", counter)
     raw = {"allocated_bytes": allocated_bytes,
@@ -85,11 +85,11 @@ def memory_used_ratio(used_bytes: Any, total_bytes: Any, reserved_bytes: Any = N
                       tolerance_bytes: int = MEMORY_ROUNDING_TOLERANCE_BYTES,
                       counter: InvalidSampleCounter | None = None) -> Signal:
     """used / total, by default NVML v2 "used" (allocations only); with
-    ``count_reserved=True`` the driver-reserved bytes are added (F11: RTX 3060, 116 MiB used,
+    ``count_reserved=True`` the driver-reserved bytes are added (docs/field-cases.md F11: RTX 3060, 116 MiB used,
     368 MiB reserved of 12288 MiB → 0.94 %, or 3.94 % counting reserved).
 
     nvidia-smi and DCGM round each MiB value on its own, so the parts may add up to a few MiB
-    more than the total (F11: used 116 + free 11806 + reserved 368 = 12290 of 12288 MiB).
+    more than the total (docs/field-cases.md F11: used 116 + free 11806 + reserved 368 = 12290 of 12288 MiB).
     Differences up to ``tolerance_bytes`` (``controller.gpu.base.MEMORY_ROUNDING_TOLERANCE_BYTES``,
     4 MiB) are rounding, not invalid: used (+ reserved) over total by at most that much reads
     1.0, and with ``free_bytes`` given, ``used + free + reserved`` must equal total within it

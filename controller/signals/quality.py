@@ -12,6 +12,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from inferctl.contract.quality import (PROMPT_LEN_BUCKETS, PROMPT_LEN_EDGES, edge_labels, is_degenerate_rep,
                                        prompt_len_bucket)
+from inferctl.contract.stats import FINISH_REPETITION
 from inferctl.contract.thresholds import THRESHOLDS
 from inferctl.controller.signals.validation import validate_nonneg, validate_ratio
 from inferctl.controller.signals.values import InvalidSampleCounter, Signal, no_data
@@ -41,7 +42,7 @@ def _is_degenerate(rec: Mapping[str, Any], n: int, threshold: float,
     flag = rec.get("degenerate")
     if isinstance(flag, bool):
         return flag
-    if rec.get("finish_reason") == "repetition":
+    if rec.get("finish_reason") == FINISH_REPETITION:
         return True
     s = validate_ratio(_seq_rep(rec, n), f"seq_rep_{n}", counter)
     return is_degenerate_rep(s.value, threshold)
@@ -84,7 +85,7 @@ def repetition_summary(recent_requests: Iterable[Mapping[str, Any]], *, n: int =
 
     An output is degenerate when the engine flagged it, when it stopped for repetition, or
     when its seq-rep-n ≥ ``degenerate_threshold``. Invalid seq-rep values (NaN, < 0, > 1)
-    are excluded and counted. No record → every value None (F04). F20: edges (8192,) give
+    are excluded and counted. No record → every value None (docs/field-cases.md F04). F20: edges (8192,) give
     0/3 below 8k and 3/3 at 8k and above.
     """
     if labels is None:
@@ -144,7 +145,7 @@ def diagnose_degeneration(recent_requests: Iterable[Mapping[str, Any]], *,
     Groups outputs by (prompt ≥ ``long_context_tokens``?, precision). Rules, in order:
     ``long_context`` when the long group's rate ≥ ``high_rate``, at least twice the short
     group's, and full-precision long outputs degenerate too (so int8 is not needed to explain
-    it; F20: 3/3 long in full precision vs 0/3 short → long context, not int8);
+    it; docs/field-cases.md F20: 3/3 long in full precision vs 0/3 short → long context, not int8);
     ``int8_precision`` when int8 outputs' rate ≥ ``high_rate`` and at least twice the
     full-precision rate in the same length group; ``widespread`` when both length groups are
     ≥ ``high_rate``; otherwise ``unclear``.

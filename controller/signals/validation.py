@@ -48,7 +48,7 @@ def validate_ratio(x: Any, name: str = "ratio",
     Returns ``Signal(value=float)`` when valid; ``value=None`` with ``invalid=True`` and a
     counted reason (``negative``, ``nan``, ``inf``, ``above_one``, ``not_a_number``) when
     rejected; ``value=None, invalid=False`` when ``x`` is None (no data, not counted).
-    F01: ``-0.3875395987328405`` is rejected as ``negative``, never shown as −38.75 %.
+    docs/field-cases.md F01: ``-0.3875395987328405`` is rejected as ``negative``, never shown as −38.75 %.
     """
     return check_number(x, name, counter, 1.0)
 
@@ -62,7 +62,7 @@ def validate_nonneg(x: Any, name: str = "value",
 
 def fleet_mean(samples: Mapping[str, Any], name: str = "ratio",
                counter: InvalidSampleCounter | None = None, *, ratio: bool = True) -> FleetSignal:
-    """Mean over the members' *valid* samples (F01: 0.41 and −0.3875 → 0.41).
+    """Mean over the members' *valid* samples (docs/field-cases.md F01: 0.41 and −0.3875 → 0.41).
 
     ``samples`` maps member name → raw value. Invalid samples are counted and excluded;
     with no valid sample the fleet value is None.
@@ -82,7 +82,7 @@ def fleet_mean(samples: Mapping[str, Any], name: str = "ratio",
 def ratio(numerator: Any, denominator: Any, name: str = "ratio",
           counter: InvalidSampleCounter | None = None) -> Signal:
     """``numerator / denominator`` for a ratio of counts; denominator 0 → None ("undefined",
-    F05), numerator > denominator → invalid (counted)."""
+    docs/field-cases.md F05), numerator > denominator → invalid (counted)."""
     num = validate_nonneg(numerator, f"{name}.numerator", counter)
     den = validate_nonneg(denominator, f"{name}.denominator", counter)
     raw = {"numerator": numerator, "denominator": denominator}
@@ -100,7 +100,7 @@ def ratio(numerator: Any, denominator: Any, name: str = "ratio",
 
 def fleet_ratio(parts: Mapping[str, tuple[Any, Any]], name: str = "ratio",
                 counter: InvalidSampleCounter | None = None) -> FleetSignal:
-    """Aggregate, then divide (F05): fleet = Σ numerators / Σ denominators over members whose
+    """Aggregate, then divide (docs/field-cases.md F05): fleet = Σ numerators / Σ denominators over members whose
     own pair is valid; each member's own ratio is reported beside it (0 of 0 → None).
 
     ``parts`` maps member → (numerator, denominator). Engine A 50 of 100 and B 0 of 0 give
