@@ -193,6 +193,7 @@ def _hist_sum(b: _Builder, field: str, base: str) -> None:
 
 
 def map_vllm(idx: _Index) -> _Builder:
+    """vLLM's series (0.8 -> 0.10+, old and new names; see the module note) -> snapshot fields."""
     b = _Builder(idx)
     b.count("running", "vllm:num_requests_running")
     b.count("waiting", "vllm:num_requests_waiting")
@@ -213,6 +214,7 @@ def map_vllm(idx: _Index) -> _Builder:
 
 
 def map_tgi(idx: _Index) -> _Builder:
+    """TGI's series -> snapshot fields (no KV usage, TTFT or preemptions: they stay missing)."""
     b = _Builder(idx)
     b.count("running", "tgi_batch_current_size")
     b.count("waiting", "tgi_queue_size")
@@ -224,6 +226,7 @@ def map_tgi(idx: _Index) -> _Builder:
 
 
 def map_llamacpp(idx: _Index) -> _Builder:
+    """llama.cpp server's series -> snapshot fields."""
     b = _Builder(idx)
     b.count("running", "llamacpp:requests_processing")
     b.count("waiting", "llamacpp:requests_deferred")

@@ -93,6 +93,7 @@ def parse_bool(value: str | None) -> bool | None:
 
 
 def parse_int(value: str | None) -> int | None:
+    """:func:`parse_number` truncated to an int (``"3"`` -> 3, ``"2.7"`` -> 2); "no data" -> None."""
     n = parse_number(value)
     return None if n is None else int(n)
 

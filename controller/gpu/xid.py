@@ -137,6 +137,7 @@ class XidCatalog:
         return info
 
     def action(self, code: int | None) -> XidAction:
+        """The action for ``code`` (``XidAction.UNKNOWN`` for a code the table lacks)."""
         return self.lookup(code).action
 
 

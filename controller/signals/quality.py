@@ -57,6 +57,7 @@ class BucketRate:
 
     @property
     def rate(self) -> float | None:
+        """degenerate / total in 0..1; None for 0 of 0 (no data)."""
         return None if self.total == 0 else self.degenerate / self.total
 
     def __str__(self) -> str:

@@ -17,7 +17,13 @@ from inferctl.controller.signals.values import (FleetSignal, InvalidSampleCounte
 
 
 def check_number(x: Any, name: str, counter: InvalidSampleCounter | None,
-                  upper: float | None) -> Signal:
+                 upper: float | None) -> Signal:
+    """Accept ``x`` as a finite number >= 0 and, when ``upper`` is given, <= ``upper``.
+
+    None -> no data (not counted); a bool, a non-number, NaN, ±inf (or an integer beyond float
+    range), a negative value or one above ``upper`` -> invalid, counted in ``counter`` under
+    ``name`` with the codes ``not_a_number``, ``nan``, ``inf``, ``negative``, ``above_one``.
+    """
     if x is None:
         return no_data(name, f"{name}: no data", raw=None)
     if isinstance(x, bool) or not isinstance(x, (int, float)):

@@ -76,11 +76,13 @@ class FleetSignal:
 
 
 def no_data(name: str, reason: str, **inputs: Any) -> Signal:
+    """A value-less, valid ``Signal`` ("no data", not counted) with ``reason`` in words."""
     return Signal(name, None, reason, False, dict(inputs))
 
 
 def invalid_signal(name: str, code: str, reason: str, counter: InvalidSampleCounter | None,
-             **inputs: Any) -> Signal:
+                   **inputs: Any) -> Signal:
+    """A value-less ``Signal`` marked invalid, counted in ``counter`` as ``(name, code)``."""
     if counter is not None:
         counter.record(name, code)
     return Signal(name, None, reason, True, dict(inputs))
