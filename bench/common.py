@@ -1,12 +1,12 @@
 """Shared pieces of the benchmark commands: the workload, statistics, machine facts, and the
 writer that puts each command's results (with its command line) into ``docs/benchmarks.md``.
 
-Workload (PERFORMANCE.md): ``n`` requests, prompt lengths uniform in ``[16, 256]`` and output
+Workload (docs/performance.md): ``n`` requests, prompt lengths uniform in ``[16, 256]`` and output
 lengths uniform in ``[16, 256]`` tokens from ``numpy.random.default_rng(seed)`` (seed 1234:
 the ``n`` prompt lengths, then the ``n`` output lengths, then the prompt ids), prompt token ids
 uniform over the vocabulary minus the special ids 0..2, EOS ignored, greedy. With n = 32 this
-reproduces PERFORMANCE.md's static-batch waste: 38 % padded prefill, 51 % of decode slots on
-finished requests. "Useful" tokens are each request's own output tokens only.
+reproduces the static-batch waste of docs/performance.md's earlier baseline: 38 % padded
+prefill, 51 % of decode slots on finished requests. "Useful" tokens are each request's own output tokens only.
 """
 
 from __future__ import annotations

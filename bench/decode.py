@@ -4,7 +4,7 @@
 
 1. Bandwidth, measured with torch on a ``--mib`` MiB float32 tensor (default 256, far above
    the caches), best of ``--repeats``: *copy* ``dst.copy_(src)`` counts bytes read + written
-   (2 × size) per second; *read* ``src.sum()`` counts the bytes read. (PERFORMANCE.md: about
+   (2 × size) per second; *read* ``src.sum()`` counts the bytes read. (docs/performance.md, earlier baseline: about
    14.8 GB/s copy and up to ~18 GB/s read on the project machine.)
 2. Batch-1 decode: one request (16 prompt tokens, ``--output`` new tokens, greedy) on the
    engine in ``full`` and ``int8`` precision, and HF ``generate`` at batch 1. Decode tok/s
@@ -12,7 +12,7 @@
    step outputs; HF ``(n - 1) / (t(n) - t(1))`` from two generate calls.
 3. Bound: every decoded token reads all weights once, so tok/s <= bandwidth / weight bytes
    (the model's ``weight_bytes()`` in that precision). Reported against the copy bandwidth
-   (PERFORMANCE.md's definition; the read bandwidth gives a stricter bound, also shown).
+   (docs/performance.md's definition; the read bandwidth gives a stricter bound, also shown).
 
 Targets: full-precision decode of the 99.5 MB model >= 60 % of the bound (llama.cpp reached
 ~95 %, 142 tok/s), int8 faster than full. Writes the section ``decode`` of docs/benchmarks.md.
@@ -27,7 +27,8 @@ from bench.common import fmt, machine_facts, md_table, section, write_section
 from bench.models import model_dir
 
 TARGET_FRACTION = 0.60
-#: PERFORMANCE.md's copy bandwidth of the project machine (GB/s), the reference bound's basis.
+#: The earlier baseline's copy bandwidth of the project machine (GB/s, docs/performance.md), the reference
+#: bound's basis.
 REFERENCE_COPY_GBPS = 14.8
 
 
@@ -134,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         ref_frac = full["tok_s"] / (REFERENCE_COPY_GBPS * 1e9 / full["weight_bytes"])
         verdicts.append(f"- {name}: full precision at {frac:.0%} of this run's copy-bandwidth bound (target ≥ "
                         f"{TARGET_FRACTION:.0%}: {'met' if frac >= TARGET_FRACTION else 'NOT met'}; "
-                        f"{ref_frac:.0%} of the bound at PERFORMANCE.md's {REFERENCE_COPY_GBPS:g} GB/s); "
+                        f"{ref_frac:.0%} of the bound at the earlier baseline's {REFERENCE_COPY_GBPS:g} GB/s, "
+                        "docs/performance.md); "
                         f"{fmt(full['tok_s'] / hf['tok_s'], 2) + '× HF batch 1; ' if hf else ''}int8 "
                         f"{fmt(int8['tok_s'])} vs full {fmt(full['tok_s'])} tok/s "
                         f"({'faster' if int8['tok_s'] > full['tok_s'] else 'NOT faster'}).")

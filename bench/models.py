@@ -1,7 +1,7 @@
 """The benchmark models, as Hugging Face directories that both the engine and transformers load.
 
 * ``stories260K``: the real llama2.c checkpoint converted with ``engine.loader.save_hf_dir``.
-* ``synthetic-100MB``: a Llama with PERFORMANCE.md's shape (hidden 384, 8 layers, 6 heads /
+* ``synthetic-100MB``: a Llama with the shape of docs/performance.md's 99.5 MB model (hidden 384, 8 layers, 6 heads /
   2 KV heads, FFN 1024, vocab 32000, tied embeddings: 24.9 M parameters, 99.5 MB in fp32)
   and random weights: transformers' own initialisation (normal, std ``initializer_range``
   0.02) under ``torch.manual_seed(seed)``; a word-level ``tokenizer.json`` with SentencePiece

@@ -9,7 +9,7 @@ per-request latency (arrival → last token) P50/P99, padding ratio, KV waste.
   scheduler's padded / (real + padded) tokens (it packs sequences, so padding is 0 unless the
   engine pads). HF static: prefill pads ``sum(P_max - p_i)`` plus decode slots of requests that
   already finished ``sum(O_max - o_i)`` over ``B * (P_max + O_max)`` per batch. Both parts are
-  also reported apart, as PERFORMANCE.md does.
+  also reported apart, as docs/performance.md does.
 * KV waste = 1 − tokens worth keeping / KV slots held, summed over steps. Engine: the block
   manager's ``blocks_used * block_size`` vs ``tokens_stored`` after each step (the paged-KV
   internal fragmentation, the ``kv_waste_ratio`` signal). HF static: at decode step t a batch
@@ -64,7 +64,7 @@ class RunResult:
 
 def best_of(repeats: int, fn, *args, **kwargs) -> RunResult:
     """Run ``fn(*args, **kwargs)`` ``repeats`` times and keep the fastest (highest tok/s):
-    the usual way to read throughput on a shared, noisy machine (PERFORMANCE.md's peers are
+    the usual way to read throughput on a shared, noisy machine (docs/performance.md's peers are
     best of 2-3 runs). ``extra["runs_tok_s"]`` keeps every run's tok/s."""
     runs = [fn(*args, **kwargs) for _ in range(max(1, repeats))]
     best = max(runs, key=lambda r: r.tok_s)

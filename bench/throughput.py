@@ -3,7 +3,7 @@
     python -m bench.throughput [--models stories260K,synthetic] [--n 32] [--threads 2]
 
 For each model: HF ``generate`` with static batches of 1 and of ``n`` (left padding), HF's own
-continuous batching (``ContinuousBatchingManager``, a stronger peer per PERFORMANCE.md), then
+continuous batching (``ContinuousBatchingManager``, a stronger peer per docs/performance.md), then
 the engine (continuous batching, all ``n`` requests at once), same weights (a Hugging Face
 directory, see :mod:`bench.models`), same requests (:func:`bench.common.make_workload`,
 seed 1234). Reports useful output tok/s, P50/P99 latency, padding ratio, KV waste and the
@@ -19,7 +19,7 @@ from bench.common import fmt, machine_facts, make_workload, md_table, section, w
 from bench.models import model_dir
 from bench.runners import RunResult, best_of, run_engine, run_hf_continuous, run_hf_static
 
-#: Targets (PERFORMANCE.md): engine >= 3x HF static at n mixed requests; padding <= 1 %;
+#: Targets (docs/performance.md, earlier baseline): engine >= 3x HF static at n mixed requests; padding <= 1 %;
 #: KV waste <= 4 %.
 TARGET_RATIO = 3.0
 TARGET_PADDING = 0.01

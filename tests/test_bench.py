@@ -22,7 +22,7 @@ def test_workload_is_seeded_and_in_range():
 
 
 def test_workload_reproduces_performance_md_static_waste():
-    """PERFORMANCE.md's HF static batch of 32: 38 % padded prefill, 51 % of decode slots on
+    """docs/performance.md (earlier baseline): HF static batch of 32: 38 % padded prefill, 51 % of decode slots on
     finished requests — the same requests, not just the same distribution."""
     acc = static_batch_accounting(common.make_workload(32, 32000))
     assert acc["prefill_pad"] / acc["prefill_total"] == pytest.approx(0.38, abs=0.005)
