@@ -5,7 +5,7 @@ The pool holds ``num_blocks`` blocks of ``block_size`` token slots. A sequence's
 ``block_table[i // block_size] * block_size + i % block_size`` (the slot mapping). Blocks are
 handed out from a free list and returned when a sequence finishes or is preempted.
 
-Internal waste (DESIGN.md signals): ``1 − tokens stored / (blocks used × block_size)``, the
+Internal waste (docs/design.md, signals): ``1 − tokens stored / (blocks used × block_size)``, the
 unused tail slots of each sequence's last block; ``None`` when no block is used.
 """
 
