@@ -1,8 +1,9 @@
 """AsyncLLMEngine: a background stepping thread plus one asyncio queue per request.
 
-The stepping thread owns the :class:`~engine.engine.LLMEngine`: it applies queued adds and
-aborts between steps, calls ``step()`` while there is work and sleeps on a condition variable
-otherwise. Requests come in through :meth:`AsyncLLMEngine.generate`, an async generator:
+The stepping thread owns the :class:`~inferctl.engine.engine.LLMEngine` (attached as its
+stepping thread): it enqueues new requests and applies the engine's command mailbox (aborts,
+precision switches, drains, injected faults; :mod:`inferctl.engine.commands`) between steps,
+calls ``step()`` while there is work and sleeps on a condition variable otherwise. Requests come in through :meth:`AsyncLLMEngine.generate`, an async generator:
 validation (``LLMEngine.make_sequence``) runs in the caller, so an
 :class:`~engine.scheduler.AdmissionError` is raised before the first item is yielded. Outputs
 are handed to the caller's event loop with one ``call_soon_threadsafe`` per loop per step.
@@ -18,6 +19,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 
+from inferctl.engine.commands import AbortRequest, InjectFault, SetDraining, SwitchPrecision
 from inferctl.engine.engine import LLMEngine, RequestOutput
 from inferctl.engine.sampling_params import SamplingParams
 from inferctl.engine.scheduler import AdmissionError
@@ -34,17 +36,18 @@ class AsyncLLMEngine:
     """Runs ``engine`` on a background thread. Call :meth:`start` before :meth:`generate`.
 
     ``stats()``, ``request_precision()``, ``inject_fault()`` and ``set_draining()`` may be called
-    from any thread; ``stats()`` waits for the current step to end (at most one step).
+    from any thread: they post commands to the engine's mailbox. ``stats()`` and
+    ``set_draining()`` wait for the current step to end (at most one step).
     """
+
+    #: Seconds ``set_draining`` waits for the stepping thread to apply the drain.
+    DRAIN_APPLY_TIMEOUT = 30.0
 
     def __init__(self, engine: LLMEngine):
         self.engine = engine
         self._cv = threading.Condition()
-        self._step_lock = threading.Lock()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._pending_adds: list[Sequence] = []
-        self._pending_aborts: list[str] = []
-        self._pending_faults: list[tuple[str, int]] = []
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.step_errors_total = 0
@@ -56,7 +59,13 @@ class AsyncLLMEngine:
             return
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="inferctl-engine-step", daemon=True)
+        self.engine.mailbox.on_post = self._wake
+        self.engine.attach_stepping_thread(self._thread)
         self._thread.start()
+
+    def _wake(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
 
     @property
     def is_running(self) -> bool:
@@ -69,6 +78,9 @@ class AsyncLLMEngine:
             self._cv.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
+            if not self._thread.is_alive():
+                self.engine.attach_stepping_thread(None)
+                self.engine.mailbox.on_post = None
         with self._cv:
             streams, self._streams = self._streams, {}
             self._pending_adds.clear()
@@ -121,29 +133,23 @@ class AsyncLLMEngine:
             self._streams.pop(request_id, None)
             before = len(self._pending_adds)
             self._pending_adds = [s for s in self._pending_adds if s.request_id != request_id]
-            if len(self._pending_adds) == before:
-                self._pending_aborts.append(request_id)
-            self._cv.notify()
+            queued = len(self._pending_adds) != before
+        if not queued:
+            self.engine.post(AbortRequest(request_id=request_id))
 
     # ------------------------------------------------------------------ admin
     def request_precision(self, mode: str) -> None:
         """See :meth:`LLMEngine.request_precision`; applied before the next step."""
-        self.engine.request_precision(mode)
-        with self._cv:
-            self._cv.notify()
+        self.engine.post(SwitchPrecision(mode=mode))
 
     def inject_fault(self, kind: str = "oom", count: int = 1) -> None:
         """See :meth:`LLMEngine.inject_fault`. Raises ``ValueError`` for a bad kind/count."""
-        if kind != "oom":
-            raise ValueError(f"fault kind must be 'oom', got {kind!r}")
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ValueError(f"count must be an integer >= 1, got {count!r}")
-        with self._cv:
-            self._pending_faults.append((kind, count))
-            self._cv.notify()
+        self.engine.post(InjectFault(kind=kind, count=count))
 
     def set_draining(self, draining: bool) -> None:
-        self.engine.set_draining(draining)
+        """See :meth:`LLMEngine.set_draining`. Returns once the stepping thread has applied it
+        (at most one step), so a request admitted after this call sees the drain."""
+        self.engine.post(SetDraining(draining=draining)).wait(self.DRAIN_APPLY_TIMEOUT)
 
     @property
     def precision(self) -> str:
@@ -155,8 +161,7 @@ class AsyncLLMEngine:
 
     def stats(self) -> dict:
         """The engine's ``/stats`` document, taken between steps."""
-        with self._step_lock:
-            doc = self.engine.stats()
+        doc = self.engine.stats()
         doc["engine"]["step_thread_alive"] = self.is_running
         return doc
 
@@ -167,8 +172,7 @@ class AsyncLLMEngine:
     # ------------------------------------------------------------------ the thread
     def _has_work(self) -> bool:
         e = self.engine
-        return bool(self._pending_adds or self._pending_aborts or self._pending_faults
-                    or e.has_unfinished_requests() or e.requested_precision != e.precision)
+        return bool(self._pending_adds or len(e.mailbox) or e.has_unfinished_requests())
 
     def _run(self) -> None:
         engine = self.engine
@@ -178,20 +182,17 @@ class AsyncLLMEngine:
                     self._cv.wait()
                 if self._stopping:
                     return
-                wait = engine.backoff_remaining()
-                if wait > 0:
-                    self._cv.wait(wait)
-                    continue
-                adds, self._pending_adds = self._pending_adds, []
-                aborts, self._pending_aborts = self._pending_aborts, []
-                faults, self._pending_faults = self._pending_faults, []
             outputs: list[RequestOutput] = []
             try:
-                with self._step_lock:
-                    for kind, count in faults:
-                        engine.inject_fault(kind, count)
-                    for rid in aborts:
-                        engine.abort_request(rid)
+                engine.apply_commands()   # between steps, even during a backoff
+                wait = engine.backoff_remaining()
+                if wait > 0:
+                    with self._cv:
+                        self._cv.wait(wait)
+                    continue
+                with self._cv:
+                    adds, self._pending_adds = self._pending_adds, []
+                with engine.step_lock:
                     for seq in adds:
                         try:
                             engine.enqueue(seq)
@@ -240,11 +241,9 @@ class AsyncLLMEngine:
         """Abort every request after a step raised; every open stream gets the error, so the
         requests queued meanwhile are dropped too (else they would run with no listener).
         Counted in ``/stats`` ``scheduler.step_errors_total`` / ``last_step_error``."""
-        with self._step_lock:
+        with self.engine.step_lock:
             self.engine.abort_all()
-            st = self.engine.stats_
-            st.step_errors_total += 1
-            st.last_step_error = f"step raised: {type(exc).__name__}: {exc}"
+            self.engine.record_step_error(f"step raised: {type(exc).__name__}: {exc}")
         with self._cv:
             streams, self._streams = self._streams, {}
             self._pending_adds.clear()

@@ -1,66 +1,68 @@
 """LLMEngine: requests in, incremental outputs out, one scheduler step at a time.
 
-The engine owns the model bundle, the memory accountant, the paged KV cache, the block
-manager, the scheduler, the runner and the sampler; ``step()`` schedules one batch, runs it,
-samples, detokenizes, checks the stop conditions and returns a :class:`RequestOutput` for
-every request that produced a token or finished. Not thread-safe: one thread calls it
-(:class:`~engine.async_engine.AsyncLLMEngine` is that thread).
+The engine owns the model bundle, the memory plan (accountant, paged KV cache), the block
+manager, the scheduler, the runner and the sampler. ``step()`` is vLLM's engine-core step:
 
-Faults. An OOM during a step — ``torch.OutOfMemoryError`` from the accountant's budget, from
-an injected fault or from CUDA, or a CUDA error whose code is in ``oom_error_codes`` — never
-kills the engine: the step's sequences are re-queued at the front of the waiting queue
-(arrival order kept, blocks freed, recomputed later), and the fault is recorded with its
-numbers, kind and source. The kind decides what happens next (field case F13):
+1. **commands** — apply the mailbox (:mod:`inferctl.engine.commands`: precision switch,
+   drain, fault injection, abort), then wait out an OOM backoff;
+2. **schedule** — the scheduler picks the batch (chunked prefill mixed with decodes,
+   preemption by recompute);
+3. **execute** — the runner runs the forward and samples (:mod:`inferctl.engine.runner`); a
+   failed forward goes to the fault path (:mod:`inferctl.engine.faults`: an OOM re-queues the
+   batch and never kills the engine; another error fails the step's requests);
+4. **update** — commit the tokens, detokenize, check the stop conditions
+   (:mod:`inferctl.engine.stop`), finish requests, and hand one
+   :class:`~inferctl.engine.stats.IterationStats` to both stat loggers (``/stats`` and
+   ``/metrics``).
 
-* ``impossible`` (requested > device total): the request with the largest activation share
-  fails at once (finish_reason "error", status 400: it can never fit), no retry;
-* ``fragmentation`` (reserved-unallocated ≥ requested): ``empty_cache()``, then retry;
-* ``exhaustion``: retry after a backoff of ``min(max, base·2^(k-1))`` for the k-th
-  consecutive OOM.
+Threads. One thread steps the engine. Other threads never write its fields: the admin
+methods (:meth:`LLMEngine.request_precision`, :meth:`~LLMEngine.set_draining`,
+:meth:`~LLMEngine.inject_fault`, :meth:`~LLMEngine.abort_request`) validate their arguments
+once and post a command. With no stepping thread attached (plain single-threaded use) the
+poster applies the mailbox at once, between steps; with one attached
+(:class:`~inferctl.engine.async_engine.AsyncLLMEngine`), the stepping thread applies it before
+its next step. ``make_sequence`` only reads settings, so any thread may call it.
 
-The request blamed for an OOM (largest activation share) counts a retry; past
-``max_oom_retries`` it fails with finish_reason "error", status 503 and a retry hint — never
-silently dropped. Other step errors fail the step's requests with "error" (status 500).
+Precision. A switch frees the old weights' memory and empties the cache before the new weights
+are accounted, so int8 frees budget for activations. The KV cache is untouched, so no request
+fails. A switch that raises is refused (``precision_error``), never retried.
 
-Precision. ``request_precision("int8"|"full")`` is applied between steps: the weights are
-switched (``model.set_precision``), the old weights' memory is freed and the cache emptied
-before the new weights are accounted, so int8 frees budget for activations. The KV cache is
-untouched, so no request fails.
-
-Prompt logprobs (vLLM's ``prompt_logprobs``, asked for with ``SamplingParams.prompt_logprobs``):
-the prefill chunks of such a request compute logits for every token (see
-:mod:`engine.runner`); the entries are collected on the sequence across chunks and handed
-out once, in the request's first :class:`RequestOutput` (``prompt_logprobs``: ``None`` for
-the first prompt token, then ``{token_id: Logprob(logprob, rank)}`` per later token). The
-step's activation estimate counts those logits rows and their ``log_softmax``; on CPU
-without an explicit budget, the budget is sized for a full ``max_num_batched_tokens`` step
-of them. With an explicit budget (or on CUDA) a prompt-logprobs step that does not fit the
-headroom kept for the profile step takes the OOM path like any step that does not fit.
+Prompt logprobs (vLLM's ``prompt_logprobs``): the prefill chunks of such a request compute
+logits for every token (see :mod:`inferctl.engine.runner`); the entries are collected on the
+sequence across chunks and handed out once, in the request's first :class:`RequestOutput`
+(``None`` for the first prompt token, then ``{token_id: Logprob(logprob, rank)}``).
 """
 
 from __future__ import annotations
 
-import math
+import threading
 import time
 from dataclasses import dataclass
 
 import torch
 
+from inferctl.contract.stats import FINISH_ABORT, FINISH_ERROR, MEMORY_CUDA, MEMORY_SIMULATED
+from inferctl.contract.units import format_size
 from inferctl.engine import __version__
-from inferctl.engine.attention import KVCache
 from inferctl.engine.block_manager import BlockManager
-from inferctl.engine.config import ConfigError, EngineConfig
+from inferctl.engine.commands import (AbortRequest, Command, CommandMailbox, InjectFault,
+                                      SetDraining, SwitchPrecision)
+from inferctl.engine.config import EngineConfig
 from inferctl.engine.detokenizer import IncrementalDetokenizer
-from inferctl.engine.memory import (MemoryAccountant, OomInfo, classify_error, classify_oom,
-                           estimate_step_activation_bytes, format_size, parse_oom_message)
-from inferctl.engine.metrics import build_registry
-from inferctl.engine.quality import detect_repetition_loop, score_output
+from inferctl.engine.faults import OomHandler, step_error_message
+from inferctl.engine.memory_plan import ActivationModel, plan_memory
+from inferctl.engine.oom import ERROR_OOM, classify_error
+from inferctl.engine.quality import score_output
 from inferctl.engine.runner import ModelRunner
 from inferctl.engine.sampler import Sampler, make_generator
-from inferctl.engine.sampling_params import SamplingParams, SamplingParamsError
+from inferctl.engine.sampling_params import SamplingParams, SamplingParamsError  # noqa: F401
 from inferctl.engine.scheduler import AdmissionError, Scheduler
 from inferctl.engine.sequence import Logprob, PromptLogprobEntry, Sequence, SequenceStatus
-from inferctl.engine.stats import EngineStats
+from inferctl.engine.stat_loggers import PrometheusStatLogger
+from inferctl.engine.stats import (EngineStats, FinishedRequestStats, IterationStats, OomFault,
+                                   SchedulerStats)
+from inferctl.engine.stop import (NONFINITE_LOGITS_ERROR, RepetitionStop, limit_stop_reason,
+                                  token_stop_reason)
 
 __all__ = ["LLMEngine", "RequestOutput", "AdmissionError", "Logprob"]
 
@@ -152,100 +154,43 @@ class LLMEngine:
             {i for i in (self._eos_id,) if i is not None} | set(getattr(bundle, "stop_token_ids", ()))
         )
         self._vocab = self.args.vocab_size
+        self._repetition_stop = RepetitionStop(cfg.repetition_stop_max_ngram,
+                                               cfg.repetition_stop_min_repeats,
+                                               cfg.repetition_stop_min_span)
         self.started_wall = time.time()
 
         self.precision = getattr(model, "precision", "full")
-        self._requested_precision = self.precision
         self._precision_error: str | None = None
         self._weight_bytes_by_mode = (model.weight_bytes_by_mode()
                                       if hasattr(model, "weight_bytes_by_mode") else {})
-        self._plan_memory()
+        self.acts = ActivationModel.of(self.args, model.dtype)
+        plan = plan_memory(model, self.args, cfg, self.device, self.acts)
+        self.accountant = plan.accountant
+        self.kv_cache = plan.kv_cache
+        self.num_kv_blocks = plan.num_kv_blocks
+        self.kv_bytes_per_block = plan.kv_bytes_per_block
+        self.profile_activation_bytes = plan.profile_activation_bytes
+        self._weights_handle = plan.weights_handle
+        self._kv_handle = plan.kv_handle
 
         self.block_manager = BlockManager(self.num_kv_blocks, cfg.block_size)
         self.scheduler = Scheduler(cfg.max_model_len, cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    self.block_manager)
         self.sampler = Sampler()
         self.runner = ModelRunner(model, self.kv_cache, cfg.block_size, self.accountant, self.sampler)
+        self.oom = OomHandler(cfg.max_oom_retries, cfg.oom_backoff_seconds,
+                              cfg.oom_backoff_max_seconds, self.acts)
+        # the two views of one accounting: /stats and /metrics
         self.stats_ = EngineStats(cfg.latency_window, cfg.recent_requests, cfg.recent_faults)
-        self.registry, self.metrics = build_registry()
+        self.prometheus = PrometheusStatLogger(self.model_name, self.accountant.budget_bytes)
+        self.registry, self.metrics = self.prometheus.registry, self.prometheus.metrics
+        self.mailbox = CommandMailbox()
+        self.step_lock = threading.RLock()
+        self._stepping_thread: threading.Thread | None = None
         self._seqs: dict[str, Sequence] = {}
         self._draining = False
-        self._consecutive_ooms = 0
-        self._backoff_until = 0.0
         self.last_step_idle = True
-        self.hardware_errors_total = 0
-        self.last_hardware_error: str | None = None
-        self._init_metrics()
-
-    # ------------------------------------------------------------------ memory plan
-    def _act(self, num_tokens: int, num_logits: int, sum_q_ctx: int, sum_ctx: int,
-             num_logprob_rows: int = 0) -> int:
-        a = self.args
-        return estimate_step_activation_bytes(
-            num_tokens, num_logits, sum_q_ctx, sum_ctx, a.dim, a.hidden_dim, a.n_heads,
-            a.n_kv_heads, a.vocab_size, torch.empty((), dtype=self.model.dtype).element_size(),
-            num_logprob_rows)
-
-    def _plan_memory(self) -> None:
-        """Size the budget and the KV pool, allocate both through the accountant.
-
-        The activation headroom kept free is the estimate of vLLM's profile step: one prefill
-        of ``max_num_batched_tokens`` tokens. Steps at longer contexts may need more; they
-        then run out of budget through the accountant (the OOM path, by design). On CPU
-        without an explicit budget, the budget covers the worst step instead: B tokens at
-        full context, every row's logits and their ``log_softmax`` (a prompt-logprobs prefill).
-        """
-        cfg, a, model = self.config, self.args, self.model
-        kv_int8 = cfg.kv_cache_dtype == "int8"
-        bpb = KVCache.bytes_per_block(a.n_layers, cfg.block_size, a.n_kv_heads, a.head_dim,
-                                      model.dtype, kv_int8)
-        self.kv_bytes_per_block = bpb
-        weights = model.weight_bytes()
-        B, S, L = cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_model_len
-        profile = self._act(B, 1, B * B, B)
-        self.profile_activation_bytes = profile
-        slack = 4 * 512   # the simulated allocator rounds each allocation up to 512 bytes
-        if self.device.type == "cuda":
-            total = torch.cuda.get_device_properties(self.device).total_memory
-            budget = cfg.memory_budget_bytes or int(cfg.gpu_memory_utilization * total)
-            in_use = torch.cuda.memory_allocated(self.device)
-            if cfg.num_kv_blocks is not None:
-                num_blocks = cfg.num_kv_blocks
-            else:
-                num_blocks = (budget - in_use - profile) // bpb
-        elif cfg.memory_budget_bytes is None:
-            num_blocks = cfg.num_kv_blocks or max(1, min(S * -(-L // cfg.block_size),
-                                                         cfg.cpu_kv_cache_bytes // bpb))
-            worst = self._act(B, B, B * L, min(S, B) * L, num_logprob_rows=B)
-            budget = weights + num_blocks * bpb + max(worst, profile) + slack
-        else:
-            budget = cfg.memory_budget_bytes
-            if cfg.num_kv_blocks is not None:
-                num_blocks = cfg.num_kv_blocks
-            else:
-                num_blocks = (budget - weights - profile - slack) // bpb
-        if num_blocks < 1:
-            raise ConfigError("memory_budget_bytes", (
-                f"budget {format_size(budget)} leaves no room for one KV block "
-                f"({format_size(bpb)}): weights take {format_size(weights)} and a "
-                f"{B}-token step needs {format_size(profile)} of activations; raise the budget "
-                "or lower max_num_batched_tokens"))
-        self.accountant = MemoryAccountant(budget, self.device)
-        try:
-            self._weights_handle = self.accountant.allocate(weights, "weights")
-            self._kv_handle = self.accountant.allocate(num_blocks * bpb, "kv_cache")
-        except torch.OutOfMemoryError as err:
-            raise ConfigError("memory_budget_bytes", (
-                f"budget {format_size(budget)} cannot hold the weights ({format_size(weights)}) "
-                f"and {num_blocks} KV blocks ({format_size(num_blocks * bpb)})")) from err
-        self.num_kv_blocks = num_blocks
-        try:
-            self.kv_cache = KVCache.allocate(a.n_layers, num_blocks, cfg.block_size, a.n_kv_heads,
-                                             a.head_dim, model.dtype, self.device, kv_int8=kv_int8)
-        except torch.OutOfMemoryError as err:   # CUDA: the device itself could not hold it
-            raise ConfigError("num_kv_blocks", (
-                f"{num_blocks} KV blocks ({format_size(num_blocks * bpb)}) do not fit on "
-                f"{self.device}: {err}")) from err
+        self.prometheus.set_gauges(self._scheduler_stats())
 
     # ------------------------------------------------------------------ requests
     def make_sequence(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -283,9 +228,8 @@ class LLMEngine:
                 raise AdmissionError(400, "prompt_logprobs", f"must be an integer >= 0 and <= "
                                      f"{params.limits.max_logprobs}, got {plk!r}")
         except AdmissionError as err:
-            self.stats_.admission_errors_total += 1
             reason = "overloaded" if err.status == 503 else "invalid_request"
-            self.metrics["inferctl_engine_request_errors_total"].labels(self.model_name, reason).inc()
+            self._record(IterationStats(admission_errors=[reason]), live=False)
             raise
         now_mono, now_wall = time.monotonic(), time.time()
         if arrival_time is None:
@@ -314,12 +258,54 @@ class LLMEngine:
         """Validate and queue a request. Raises :class:`AdmissionError` (see make_sequence)."""
         self.enqueue(self.make_sequence(request_id, prompt_token_ids, params, arrival_time))
 
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._seqs)
+
+    # ------------------------------------------------------------------ commands
+    def attach_stepping_thread(self, thread: threading.Thread | None) -> None:
+        """Declare the thread that steps the engine (None: the caller of each method). While
+        one is attached, commands posted by other threads wait for its next step boundary."""
+        self._stepping_thread = thread
+
+    def post(self, command: Command) -> Command:
+        """Queue a validated command (thread-safe); returns it (``command.wait()`` blocks
+        until it is applied). Applied at once when no other thread steps the engine."""
+        self.mailbox.post(command)
+        owner = self._stepping_thread
+        if owner is None or owner is threading.current_thread():
+            self.apply_commands()
+        return command
+
+    def apply_commands(self) -> None:
+        """Apply every queued command, in order (between steps: holds the step lock)."""
+        with self.step_lock:
+            commands = self.mailbox.take_all()
+            if not commands:
+                return
+            it = IterationStats()
+            for cmd in commands:
+                self._apply(cmd, it)
+                cmd.applied.set()
+            self._record(it)
+
+    def _apply(self, cmd: Command, it: IterationStats) -> None:
+        if isinstance(cmd, SwitchPrecision):
+            if cmd.mode != self.precision:
+                self._switch_precision(cmd.mode, it)
+        elif isinstance(cmd, SetDraining):
+            self._draining = cmd.draining
+        elif isinstance(cmd, InjectFault):
+            self.accountant.inject_oom(cmd.count)
+        elif isinstance(cmd, AbortRequest):
+            seq = self._seqs.get(cmd.request_id)
+            if seq is not None:
+                self._finish(seq, FINISH_ABORT, time.monotonic(), it)
+        else:   # a Command subclass the engine does not know
+            raise TypeError(f"unknown engine command {type(cmd).__name__}")
+
     def abort_request(self, request_id: str) -> None:
-        """Finish a request with "abort" now, freeing its KV blocks. Unknown ids are ignored."""
-        seq = self._seqs.get(request_id)
-        if seq is not None:
-            self._finish(seq, "abort", time.monotonic())
-            self._update_gauges()
+        """Finish a request with "abort", freeing its KV blocks. Unknown ids are ignored."""
+        self.post(AbortRequest(request_id=request_id))
 
     def abort_all(self) -> int:
         """Abort every unfinished request; returns how many."""
@@ -328,35 +314,25 @@ class LLMEngine:
             self.abort_request(rid)
         return len(ids)
 
-    def has_unfinished_requests(self) -> bool:
-        return bool(self._seqs)
-
-    # ------------------------------------------------------------------ admin
     def request_precision(self, mode: str) -> None:
-        """Ask for precision ``"full"`` or ``"int8"``; applied before the next step.
+        """Ask for precision ``"full"`` or ``"int8"``; applied between steps.
         Raises ``ValueError`` for another mode."""
-        if mode not in ("full", "int8"):
-            raise ValueError(f"precision mode must be 'full' or 'int8', got {mode!r}")
-        self._requested_precision = mode
+        self.post(SwitchPrecision(mode=mode))
 
     @property
     def requested_precision(self) -> str:
-        return self._requested_precision
+        """The mode of the last switch not applied yet, else the current precision."""
+        return self.mailbox.pending_precision() or self.precision
 
     def inject_fault(self, kind: str = "oom", count: int = 1) -> None:
         """Make the next ``count`` steps run out of memory for real: the accountant's
         activation reservation raises ``torch.OutOfMemoryError`` (source "injected") and the
         engine handles it like any OOM. Raises ``ValueError`` for another kind or count < 1."""
-        if kind != "oom":
-            raise ValueError(f"fault kind must be 'oom', got {kind!r}")
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ValueError(f"count must be an integer >= 1, got {count!r}")
-        self.accountant.inject_oom(count)
+        self.post(InjectFault(kind=kind, count=count))
 
     def set_draining(self, draining: bool) -> None:
         """Stop (True) or resume (False) admitting requests; in-flight work continues."""
-        self._draining = bool(draining)
-        self.metrics["inferctl_engine_draining"].set(1 if self._draining else 0)
+        self.post(SetDraining(draining=draining))
 
     @property
     def draining(self) -> bool:
@@ -364,11 +340,10 @@ class LLMEngine:
 
     def backoff_remaining(self) -> float:
         """Seconds until the next step may run after an "exhaustion" OOM (0 = now)."""
-        return max(0.0, self._backoff_until - time.monotonic())
+        return self.oom.backoff_remaining()
 
-    def _apply_precision(self) -> None:
-        mode, old = self._requested_precision, self.precision
-        acct = self.accountant
+    def _switch_precision(self, mode: str, it: IterationStats) -> None:
+        old, acct = self.precision, self.accountant
         acct.free(self._weights_handle)
         acct.empty_cache()
         try:
@@ -380,7 +355,6 @@ class LLMEngine:
             if getattr(self.model, "precision", old) != old:
                 self.model.set_precision(old)
             self._weights_handle = acct.allocate(self.model.weight_bytes(), "weights")
-            self._requested_precision = old
             need = self._weight_bytes_by_mode.get(mode)
             need_text = f"the weights need {format_size(need)}; " if need is not None else ""
             self._precision_error = f"switch to {mode} refused: {need_text}{type(err).__name__}: {err}"
@@ -388,82 +362,69 @@ class LLMEngine:
         self.precision = mode
         self._precision_error = None
         self._weight_bytes_by_mode[mode] = self.model.weight_bytes()
-        m = self.metrics
-        m["inferctl_engine_precision_switches_total"].labels(mode).inc()
-        m["inferctl_engine_precision_mode"].labels("full").set(1 if mode == "full" else 0)
-        m["inferctl_engine_precision_mode"].labels("int8").set(1 if mode == "int8" else 0)
-        m["inferctl_engine_memory_weights_bytes"].set(acct.bytes_by_tag("weights"))
+        it.precision_switched_to = mode
 
     # ------------------------------------------------------------------ the step
     def step(self) -> list[RequestOutput]:
         """Run one scheduler step; return the outputs of the requests that advanced.
 
-        Applies a pending precision switch first and waits out an OOM backoff (see
+        Applies the queued commands first and waits out an OOM backoff (see
         :meth:`backoff_remaining`). Never raises for a failed forward (see the module doc).
         """
-        if self._requested_precision != self.precision:
-            self._apply_precision()
-        wait = self._backoff_until - time.monotonic()
+        self.apply_commands()
+        wait = self.oom.backoff_remaining()
         if wait > 0:
             time.sleep(wait)
-        outputs: list[RequestOutput] = []
+        with self.step_lock:
+            it = IterationStats()
+            outputs: list[RequestOutput] = []
+            self._step(it, outputs)
+            self._record(it)
+        return outputs
+
+    def _step(self, it: IterationStats, outputs: list[RequestOutput]) -> None:
+        # schedule
         sched = self.scheduler.schedule()
-        if sched.preempted:
-            self.metrics["inferctl_engine_preemptions_total"].inc(len(sched.preempted))
+        it.num_preempted = len(sched.preempted)
         self.last_step_idle = sched.is_empty
         if sched.is_empty:
-            self._update_gauges()
-            return outputs
+            return
+        # execute
         t0 = time.monotonic()
         try:
             res = self.runner.execute(sched.scheduled)
         except Exception as exc:   # noqa: BLE001 — a failed forward must never kill the engine
-            kind = classify_error(exc, self.config.oom_error_codes)
-            if kind == "oom":
-                self._handle_oom(exc, sched.scheduled, outputs)
-            else:
-                self._handle_step_error(exc, kind, sched.scheduled, outputs)
-            self._update_gauges()
-            return outputs
-        self._consecutive_ooms = 0
+            self._handle_step_failure(exc, sched.scheduled, it, outputs)
+            return
+        # update
+        self.oom.forward_succeeded()
         now = time.monotonic()
         for seq, n in sched.scheduled:
             seq.num_computed_tokens += n
         for seq, cached, entries in res.prompt_logprobs:
             seq.set_prompt_logprobs(cached, entries)
         if res.sample is not None:
-            self._commit_samples(res.sampled, res.sample, now, outputs)
-        batch = len(sched.scheduled)
-        duration = now - t0
-        self.stats_.record_step(batch, res.num_tokens, sched.num_prefill_tokens,
-                                sched.num_decode_tokens, duration)
-        m = self.metrics
-        m["inferctl_engine_steps_total"].inc()
-        m["inferctl_engine_step_sequences_total"].inc(batch)
-        m["inferctl_engine_step_real_tokens_total"].inc(res.num_tokens)
-        if res.sampled:
-            m["inferctl_engine_generation_tokens_total"].labels(self.model_name).inc(len(res.sampled))
+            self._commit_samples(res.sampled, res.sample, now, it, outputs)
+        it.ran_forward = True
+        it.batch_size = len(sched.scheduled)
+        it.real_tokens = res.num_tokens
+        it.prefill_tokens = sched.num_prefill_tokens
+        it.decode_tokens = sched.num_decode_tokens
+        it.duration = now - t0
+        it.num_generation_tokens = len(res.sampled)
         if not self._seqs:
             # Idle: hand cached activation segments back (torch.cuda.empty_cache on CUDA), so
             # an idle engine reports its real free memory and no allocator "fragmentation" —
             # the controller's rollback and fragmentation policies read these numbers.
             self.accountant.empty_cache()
-        self._update_gauges()
-        return outputs
 
-    def _commit_samples(self, sampled: list[Sequence], sample, now: float,
+    def _commit_samples(self, sampled: list[Sequence], sample, now: float, it: IterationStats,
                         outputs: list[RequestOutput]) -> None:
         toks, lps, tops = sample.token_ids, sample.logprobs, sample.top_logprobs
         dead = set(sample.nonfinite_rows) if sample.nonfinite_rows else ()
-        end_ids = self._end_ids
         prec = self.precision
-        st = self.stats_
-        h_ttft = self.m_ttft
-        h_itl = self.m_itl
-        new_prompt_tokens = 0
         for i, seq in enumerate(sampled):
-            tok = toks[i]
-            lp = lps[i]
+            tok, lp = toks[i], lps[i]
             first = seq.first_token_time is None
             prompt_lps = None
             if seq.prompt_logprobs is not None and not seq.output_token_ids:
@@ -471,15 +432,11 @@ class LLMEngine:
                 seq.prompt_logprobs = None
             seq.append_token(tok, lp, now)
             if first:
-                ttft = now - seq.arrival_time
-                st.ttft.append(ttft)
-                h_ttft.observe(ttft)
-                new_prompt_tokens += len(seq.prompt_token_ids)
+                it.ttfts.append(now - seq.arrival_time)
+                it.num_prompt_tokens += len(seq.prompt_token_ids)
                 seq.precision = prec
             else:
-                itl = seq.itl[-1]
-                st.itl.append(itl)
-                h_itl.observe(itl)
+                it.itls.append(seq.itl[-1])
                 if seq.precision != prec:
                     seq.precision = "mixed"
             top = None
@@ -488,197 +445,106 @@ class LLMEngine:
                 if seq.top_logprobs is None:
                     seq.top_logprobs = []
                 seq.top_logprobs.append(tops[i])
-            reason = None
             text = ""
-            if i in dead:
-                reason = "error"
-                seq.error = "the model's logits had no finite value (NaN/inf); output stopped"
+            reason = token_stop_reason(tok, nonfinite=i in dead, end_ids=self._end_ids,
+                                       ignore_eos=seq.ignore_eos, stop_token_ids=seq.stop_token_ids)
+            if reason == FINISH_ERROR:
+                seq.error = NONFINITE_LOGITS_ERROR
                 seq.error_status = 500
-            elif tok in end_ids and not seq.ignore_eos:
-                reason = "stop"
-            elif tok in seq.stop_token_ids:
-                reason = "stop"
-            else:
+            elif reason is None:
                 text, stopped = seq.detokenizer.add(tok)
-                if stopped:
-                    reason = "stop"
-            if reason is None:
-                if len(seq.output_token_ids) >= seq.max_tokens:
-                    reason = "length"
-                elif seq.repetition_stop and detect_repetition_loop(
-                        seq.output_token_ids, 1, self.config.repetition_stop_max_ngram,
-                        self.config.repetition_stop_min_repeats, self.config.repetition_stop_min_span):
-                    reason = "repetition"
+                reason = "stop" if stopped else limit_stop_reason(
+                    seq.output_token_ids, max_tokens=seq.max_tokens,
+                    repetition_stop=seq.repetition_stop, rule=self._repetition_stop)
             if reason is not None and not seq.detokenizer.stopped:
                 text += seq.detokenizer.flush()
             if reason is not None:
-                self._finish(seq, reason, now)
+                self._finish(seq, reason, now, it)
             outputs.append(RequestOutput(seq.request_id, [tok], text, reason is not None, reason,
                                          [lp], len(seq.prompt_token_ids), len(seq.output_token_ids),
                                          top, seq.error, seq.error_status, prompt_lps))
-        if new_prompt_tokens:
-            st.prompt_tokens_total += new_prompt_tokens
-            self.metrics["inferctl_engine_prompt_tokens_total"].labels(self.model_name).inc(new_prompt_tokens)
 
-    def _finish(self, seq: Sequence, reason: str, now: float) -> None:
-        """Mark ``seq`` finished, free its blocks, record its stats and metrics."""
+    def _finish(self, seq: Sequence, reason: str, now: float, it: IterationStats) -> None:
+        """Mark ``seq`` finished, free its blocks, add its stats to ``it``."""
         seq.status = _STATUS_BY_REASON[reason]
         seq.finish_time = now
         self.scheduler.finish(seq)
         self._seqs.pop(seq.request_id, None)
         ttft = seq.first_token_time - seq.arrival_time if seq.first_token_time is not None else None
-        e2e = now - seq.arrival_time
         quality = score_output(seq.output_token_ids, seq.logprobs, len(seq.prompt_token_ids), reason)
-        self.stats_.record_finished(seq.request_id, len(seq.prompt_token_ids), len(seq.output_token_ids),
-                                    reason, ttft, e2e, quality, seq.precision, seq.num_preemptions,
-                                    seq.error)
-        m, name = self.metrics, self.model_name
-        m["inferctl_engine_requests_total"].labels(name, reason).inc()
-        m["inferctl_engine_e2e_request_latency_seconds"].labels(name).observe(e2e)
-        if seq.output_token_ids:   # an output with no token has no quality to score
-            bucket = quality.prompt_len_bucket
-            m["inferctl_engine_outputs_total"].labels(name, bucket).inc()
-            if quality.degenerate:
-                m["inferctl_engine_degenerate_outputs_total"].labels(name, bucket).inc()
-            for n, v in quality.seq_rep.items():
-                if v is not None:
-                    m["inferctl_engine_output_repetition_ratio"].labels(name, n).observe(v)
-            if quality.perplexity is not None:
-                m["inferctl_engine_output_perplexity"].labels(name).observe(quality.perplexity)
-            if quality.nonfinite_logprobs:
-                m["inferctl_engine_nonfinite_logprobs_total"].inc(quality.nonfinite_logprobs)
-        if reason == "error":
-            err_reason = "oom" if (seq.error or "").startswith("out of memory") else "internal"
-            m["inferctl_engine_request_errors_total"].labels(name, err_reason).inc()
+        it.finished.append(FinishedRequestStats(
+            seq.request_id, reason, len(seq.prompt_token_ids), len(seq.output_token_ids), ttft,
+            now - seq.arrival_time, quality, seq.precision, seq.num_preemptions, seq.error))
 
-    # ------------------------------------------------------------------ faults
-    def _share(self, seq: Sequence, n: int) -> int:
-        c = seq.num_computed_tokens
-        ctx = c + n
-        last_prompt = len(seq.prompt_token_ids) - 1
-        if c < last_prompt and seq.wants_prompt_logprobs:   # the runner's all-logits chunk
-            return self._act(n, n, n * ctx, ctx, num_logprob_rows=min(ctx, last_prompt) - c)
-        return self._act(n, 1, n * ctx, ctx)
+    def _fail(self, seq: Sequence, message: str, status: int, now: float, it: IterationStats,
+              outputs: list[RequestOutput], flush: bool) -> None:
+        seq.error = message
+        seq.error_status = status
+        text = seq.detokenizer.flush() if flush and not seq.detokenizer.stopped else ""
+        self._finish(seq, FINISH_ERROR, now, it)
+        outputs.append(RequestOutput(seq.request_id, [], text, True, FINISH_ERROR, [],
+                                     len(seq.prompt_token_ids), len(seq.output_token_ids),
+                                     None, message, status))
 
-    def _handle_oom(self, exc: BaseException, scheduled: list[tuple[Sequence, int]],
-                    outputs: list[RequestOutput]) -> None:
-        info = getattr(exc, "oom_info", None)
-        if info is None:
-            try:
-                info = parse_oom_message(str(exc))
-            except ValueError:
-                info = OomInfo(None, None, None, None, None, message=str(exc))
-        source = getattr(exc, "oom_source", "cuda")
-        kind = classify_oom(info) or "exhaustion"
+    def _handle_step_failure(self, exc: BaseException, scheduled: list[tuple[Sequence, int]],
+                             it: IterationStats, outputs: list[RequestOutput]) -> None:
+        """The fault path (:mod:`inferctl.engine.faults`): an OOM re-queues the batch (or fails
+        the blamed request); any other error fails the step's requests with status 500."""
         now = time.monotonic()
-        culprit = max(scheduled, key=lambda sn: (self._share(*sn), sn[0].arrival_time))[0]
-        failed: list[tuple[Sequence, str, int]] = []
-        req = format_size(info.requested_bytes) if info.requested_bytes is not None else "an unknown size"
-        if kind == "impossible":
-            action = "reject"
-            failed.append((culprit, (
-                f"out of memory: a step of this request needs {req}, more than the device's "
-                f"total {format_size(info.total_bytes)}; it can never fit — shorten the prompt "
-                "or max_tokens"), 400))
-        else:
-            culprit.oom_retries += 1
-            if kind == "fragmentation":
-                action = "empty_cache"
-                self.accountant.empty_cache()
-            else:
-                action = "backoff"
-                self._consecutive_ooms += 1
-                delay = min(self.config.oom_backoff_max_seconds,
-                            self.config.oom_backoff_seconds * 2 ** (self._consecutive_ooms - 1))
-                self._backoff_until = now + delay
-            if culprit.oom_retries > self.config.max_oom_retries:
-                free = format_size(info.free_bytes) if info.free_bytes is not None else "unknown"
-                failed.append((culprit, (
-                    f"out of memory ({kind}) after {self.config.max_oom_retries} retries: a step "
-                    f"needed {req}, {free} free at precision {self.precision}; retry later "
-                    "(the engine may switch to int8 to free memory) or send a shorter request"),
-                    503))
-        failed_seqs = {id(s) for s, _, _ in failed}
-        requeue = [s for s, _ in scheduled if id(s) not in failed_seqs]
-        self.scheduler.requeue(requeue)
-        for seq, msg, status in failed:
-            seq.error = msg
-            seq.error_status = status
-            text = seq.detokenizer.flush() if not seq.detokenizer.stopped else ""
-            self._finish(seq, "error", now)
-            outputs.append(RequestOutput(seq.request_id, [], text, True, "error", [],
-                                         len(seq.prompt_token_ids), len(seq.output_token_ids),
-                                         None, msg, status))
-        self.stats_.record_fault(kind, info, info.message or str(exc), len(requeue), len(failed),
-                                 self.precision, source, action)
-        self.metrics["inferctl_engine_oom_total"].labels(kind).inc()
+        kind = classify_error(exc, self.config.oom_error_codes)
+        if kind != ERROR_OOM:
+            msg = step_error_message(exc, kind)
+            it.step_errors.append(msg)
+            if kind == "hardware":
+                it.hardware_errors.append(msg)
+            for seq, _ in scheduled:
+                self._fail(seq, msg, 500, now, it, outputs, flush=False)
+            return
+        d = self.oom.decide(exc, scheduled, self.precision, self.accountant)
+        self.scheduler.requeue(d.requeue)
+        for seq, msg, status in d.failed:
+            self._fail(seq, msg, status, now, it, outputs, flush=True)
+        it.ooms.append(OomFault(d.kind, d.info, d.info.message or str(exc), len(d.requeue),
+                                len(d.failed), self.precision, d.source, d.action))
 
-    def _handle_step_error(self, exc: BaseException, kind: str,
-                           scheduled: list[tuple[Sequence, int]], outputs: list[RequestOutput]) -> None:
-        now = time.monotonic()
-        msg = f"{kind} error during the step: {type(exc).__name__}: {exc}"
-        self.stats_.step_errors_total += 1
-        self.stats_.last_step_error = msg
-        if kind == "hardware":
-            self.hardware_errors_total += 1
-            self.last_hardware_error = msg
-        for seq, _ in scheduled:
-            seq.error = msg
-            seq.error_status = 500
-            self._finish(seq, "error", now)
-            outputs.append(RequestOutput(seq.request_id, [], "", True, "error", [],
-                                         len(seq.prompt_token_ids), len(seq.output_token_ids),
-                                         None, msg, 500))
-
-    # ------------------------------------------------------------------ metrics and stats
-    def _init_metrics(self) -> None:
-        m = self.metrics
-        self.m_ttft = m["inferctl_engine_time_to_first_token_seconds"].labels(self.model_name)
-        self.m_itl = m["inferctl_engine_inter_token_latency_seconds"].labels(self.model_name)
-        m["inferctl_engine_memory_budget_bytes"].set(self.accountant.budget_bytes)
-        m["inferctl_engine_precision_mode"].labels("full").set(1 if self.precision == "full" else 0)
-        m["inferctl_engine_precision_mode"].labels("int8").set(1 if self.precision == "int8" else 0)
-        m["inferctl_engine_draining"].set(0)
-        for kind in ("fragmentation", "exhaustion", "impossible"):
-            m["inferctl_engine_oom_total"].labels(kind)
-        self._g = (m["inferctl_engine_num_requests_running"], m["inferctl_engine_num_requests_waiting"],
-                   m["inferctl_engine_kv_cache_blocks"].labels("used"),
-                   m["inferctl_engine_kv_cache_blocks"].labels("free"),
-                   m["inferctl_engine_kv_cache_usage_ratio"], m["inferctl_engine_kv_cache_waste_ratio"],
-                   m["inferctl_engine_memory_allocated_bytes"], m["inferctl_engine_memory_reserved_bytes"],
-                   m["inferctl_engine_memory_weights_bytes"])
-        self._update_gauges()
-
-    def _update_gauges(self) -> None:
-        run, wait, used, free, usage, waste, alloc, res, wts = self._g
+    # ------------------------------------------------------------------ stats
+    def _scheduler_stats(self) -> SchedulerStats:
         bm, sch, acct = self.block_manager, self.scheduler, self.accountant
-        run.set(len(sch.running))
-        wait.set(len(sch.waiting))
-        used.set(bm.num_used_blocks)
-        free.set(bm.num_free_blocks)
-        usage.set(bm.usage_ratio)
-        w = bm.waste_ratio
-        waste.set(math.nan if w is None else w)   # NaN: no block used, no data
-        alloc.set(acct.allocated_bytes)
-        res.set(acct.reserved_bytes)
-        wts.set(acct.bytes_by_tag("weights"))
+        return SchedulerStats(
+            running=len(sch.running), waiting=len(sch.waiting),
+            preemptions_total=sch.preemptions_total, kv_blocks_used=bm.num_used_blocks,
+            kv_blocks_free=bm.num_free_blocks, kv_usage_ratio=bm.usage_ratio,
+            kv_waste_ratio=bm.waste_ratio, kv_tokens_stored=bm.tokens_stored,
+            allocated_bytes=acct.allocated_bytes, reserved_bytes=acct.reserved_bytes,
+            weights_bytes=acct.bytes_by_tag("weights"), precision=self.precision,
+            draining=self._draining, pending_injected=acct.pending_injected_ooms)
+
+    def _record(self, it: IterationStats, live: bool = True) -> None:
+        """Hand one :class:`IterationStats` to both stat loggers (``/stats`` and ``/metrics``);
+        ``live`` also refreshes the gauges from the engine's state."""
+        s = self._scheduler_stats() if live else None
+        self.stats_.record(s, it)
+        self.prometheus.record(s, it)
+
+    def record_step_error(self, message: str) -> None:
+        """Count an error raised by a step itself (the async engine's guard), in
+        ``scheduler.step_errors_total`` / ``last_step_error``."""
+        self._record(IterationStats(step_errors=[message]))
 
     def stats(self) -> dict:
-        """The ``/stats`` document (docs/architecture.md); JSON-ready."""
-        cfg, bm, acct = self.config, self.block_manager, self.accountant
+        """The ``/stats`` document (:class:`inferctl.contract.stats.StatsDocument`,
+        docs/architecture.md); JSON-ready. Taken between steps (holds the step lock)."""
+        with self.step_lock:
+            return self._stats_document()
+
+    def _stats_document(self) -> dict:
+        cfg, acct, live = self.config, self.accountant, self._scheduler_stats()
         snap = acct.snapshot()
         reserved = snap["reserved_bytes"]
-        base = self.stats_.to_dict()
-        sched = base["scheduler"]
-        sched.update(running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
-                     preemptions_total=self.scheduler.preemptions_total)
-        faults = base["faults"]
-        faults.update(hardware_errors_total=self.hardware_errors_total,
-                      last_hardware_error=self.last_hardware_error,
-                      pending_injected=acct.pending_injected_ooms)
+        sections = self.stats_.sections(live)
         return {
             "engine": {"model": self.model_name, "models": [self.model_name], "device": str(self.device),
-                       "precision": self.precision, "requested_precision": self._requested_precision,
+                       "precision": self.precision, "requested_precision": self.requested_precision,
                        "precision_error": self._precision_error,
                        "kv_cache_dtype": self.kv_cache.dtype_name, "draining": self._draining,
                        "uptime_seconds": time.time() - self.started_wall, "version": __version__,
@@ -694,13 +560,10 @@ class LLMEngine:
                        "activation_bytes": snap["activation_bytes"],
                        "full_weights_bytes": self._weight_bytes_by_mode.get("full"),
                        "int8_weights_bytes": self._weight_bytes_by_mode.get("int8"),
-                       "source": "cuda" if acct.is_cuda else "simulated"},
-            "kv_cache": {"block_size": cfg.block_size, "num_blocks": bm.num_blocks,
-                         "blocks_used": bm.num_used_blocks, "blocks_free": bm.num_free_blocks,
-                         "tokens_stored": bm.tokens_stored, "waste_ratio": bm.waste_ratio,
-                         "usage_ratio": bm.usage_ratio, "bytes_per_block": self.kv_bytes_per_block},
-            "scheduler": sched,
-            "requests": base["requests"],
-            "quality": base["quality"],
-            "faults": faults,
+                       "source": MEMORY_CUDA if acct.is_cuda else MEMORY_SIMULATED},
+            "kv_cache": {"block_size": cfg.block_size, "num_blocks": self.block_manager.num_blocks,
+                         "blocks_used": live.kv_blocks_used, "blocks_free": live.kv_blocks_free,
+                         "tokens_stored": live.kv_tokens_stored, "waste_ratio": live.kv_waste_ratio,
+                         "usage_ratio": live.kv_usage_ratio, "bytes_per_block": self.kv_bytes_per_block},
+            **sections,
         }

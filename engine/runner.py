@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 import torch
 
 from inferctl.engine.attention import AttentionMetadata, KVCache
-from inferctl.engine.memory import MemoryAccountant, estimate_step_activation_bytes
+from inferctl.engine.memory import MemoryAccountant
+from inferctl.engine.memory_plan import estimate_step_activation_bytes
 from inferctl.engine.sampler import Sampler, SampleResult
 from inferctl.engine.sequence import Logprob, PromptLogprobEntry, Sequence
 
@@ -80,7 +81,7 @@ class ModelRunner:
     def estimate_activation_bytes(self, num_tokens: int, num_logits: int, sum_q_ctx: int,
                                   sum_ctx: int, num_logprob_rows: int = 0) -> int:
         """The accountant's activation estimate for a step of this shape (see
-        :func:`engine.memory.estimate_step_activation_bytes`)."""
+        :func:`inferctl.engine.memory_plan.estimate_step_activation_bytes`)."""
         return estimate_step_activation_bytes(num_tokens, num_logits, sum_q_ctx, sum_ctx,
                                               num_logprob_rows=num_logprob_rows, **self._dims)
 

@@ -1,23 +1,111 @@
-"""EngineStats: the engine's counters, latency windows, recent requests and faults.
+"""One accounting of the engine's numbers (vLLM's ``IterationStats`` / ``SchedulerStats``).
 
-Holds what ``/stats`` reports (docs/architecture.md) apart from live gauges (queues, KV,
-memory), which the engine reads at :meth:`LLMEngine.stats` time. Latency quantiles are
-computed over the last ``latency_window`` samples with linear interpolation (numpy's default
-``percentile`` method); with no sample they are ``None`` (no data, never 0).
+Every step (and every abort or refused request outside a step) produces one
+:class:`IterationStats`: what happened (batch, tokens, latencies, finished requests, OOMs,
+errors, a precision switch). The engine hands it, together with a :class:`SchedulerStats`
+snapshot of the live state (queues, KV pool, memory, mode), to its two stat loggers:
+
+* :class:`EngineStats`, the accumulator behind ``/stats`` (counters, latency windows, recent
+  requests and faults); :func:`build_stats_document` renders the document
+  (:class:`inferctl.contract.stats.StatsDocument`, docs/architecture.md);
+* :class:`inferctl.engine.stat_loggers.PrometheusStatLogger`, the ``/metrics`` catalog.
+
+Latency quantiles are computed over the last ``latency_window`` samples with linear
+interpolation (numpy's default ``percentile`` method); with no sample they are ``None`` (no
+data, never 0).
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from inferctl.contract.stats import FINISH_REASONS
+from inferctl.contract.oom import OOM_EXHAUSTION, OOM_FRAGMENTATION, OOM_IMPOSSIBLE, OomInfo
+from inferctl.contract.stats import FINISH_ERROR, FINISH_REASONS
 from inferctl.engine.quality import OutputQuality
 
 
+# ---------------------------------------------------------------------------- per step
+@dataclass(slots=True)
+class FinishedRequestStats:
+    """One request that finished (seconds; ``error_reason`` "oom"/"internal" on an error)."""
 
+    request_id: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    ttft: float | None
+    e2e: float
+    quality: OutputQuality
+    precision: str | None
+    preemptions: int
+    error: str | None
+
+
+@dataclass(slots=True)
+class OomFault:
+    """One OOM the engine survived: its numbers, kind (contract OOM kind), what was done."""
+
+    kind: str
+    info: OomInfo
+    message: str
+    requeued: int
+    failed: int
+    precision: str
+    source: str
+    action: str
+
+
+@dataclass
+class IterationStats:
+    """What one step did. ``ran_forward`` is True when a forward completed (only then are the
+    step counters and ``last_step`` updated). Token counts are tokens, durations seconds."""
+
+    ran_forward: bool = False
+    batch_size: int = 0
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    duration: float = 0.0
+    num_preempted: int = 0
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    ttfts: list[float] = field(default_factory=list)
+    itls: list[float] = field(default_factory=list)
+    finished: list[FinishedRequestStats] = field(default_factory=list)
+    ooms: list[OomFault] = field(default_factory=list)
+    step_errors: list[str] = field(default_factory=list)
+    hardware_errors: list[str] = field(default_factory=list)
+    admission_errors: list[str] = field(default_factory=list)
+    precision_switched_to: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    """The live state after a step: queues (requests), KV pool (blocks, ratios; waste None
+    with no used block), memory (bytes, the cheap numbers: no device query), mode."""
+
+    running: int
+    waiting: int
+    preemptions_total: int
+    kv_blocks_used: int
+    kv_blocks_free: int
+    kv_usage_ratio: float
+    kv_waste_ratio: float | None
+    kv_tokens_stored: int
+    allocated_bytes: int
+    reserved_bytes: int
+    weights_bytes: int
+    precision: str
+    draining: bool
+    pending_injected: int
+
+
+# ---------------------------------------------------------------------------- /stats
 def quantiles(samples: deque | list) -> dict:
     """``{"p50", "p90", "p99", "count"}`` of ``samples`` (seconds); quantiles None if empty."""
     if not samples:
@@ -27,7 +115,7 @@ def quantiles(samples: deque | list) -> dict:
 
 
 class EngineStats:
-    """Cumulative counters and bounded windows.
+    """Cumulative counters and bounded windows behind ``/stats``.
 
     Args:
         latency_window: samples kept per latency series.
@@ -53,81 +141,89 @@ class EngineStats:
         self.degenerate_total = 0
         self.step_errors_total = 0
         self.last_step_error: str | None = None
+        self.hardware_errors_total = 0
+        self.last_hardware_error: str | None = None
         self.ttft: deque[float] = deque(maxlen=latency_window)
         self.itl: deque[float] = deque(maxlen=latency_window)
         self.e2e: deque[float] = deque(maxlen=latency_window)
         self.recent: deque[dict] = deque(maxlen=recent_requests)
         self.oom_total = 0
-        self.oom_by_kind = {"fragmentation": 0, "exhaustion": 0, "impossible": 0}
+        self.oom_by_kind = {OOM_FRAGMENTATION: 0, OOM_EXHAUSTION: 0, OOM_IMPOSSIBLE: 0}
         self.faults: deque[dict] = deque(maxlen=recent_faults)
         self.last_oom: dict | None = None
         self._fault_id = 0
 
-    def record_step(self, batch_size: int, real_tokens: int, prefill_tokens: int,
-                    decode_tokens: int, duration: float, padded_tokens: int = 0) -> None:
+    def record(self, scheduler_stats: SchedulerStats | None, it: IterationStats) -> None:
+        """Account one step's :class:`IterationStats` (the live state is read at document time)."""
+        if it.ran_forward:
+            self._record_step(it)
+        self.ttft.extend(it.ttfts)
+        self.itl.extend(it.itls)
+        self.prompt_tokens_total += it.num_prompt_tokens
+        for fin in it.finished:
+            self._record_finished(fin)
+        for fault in it.ooms:
+            self._record_fault(fault)
+        for msg in it.step_errors:
+            self.step_errors_total += 1
+            self.last_step_error = msg
+        for msg in it.hardware_errors:
+            self.hardware_errors_total += 1
+            self.last_hardware_error = msg
+        self.admission_errors_total += len(it.admission_errors)
+
+    def _record_step(self, it: IterationStats) -> None:
         self.steps_total += 1
-        self.step_sequences_total += batch_size
-        self.real_tokens_total += real_tokens
-        self.padded_tokens_total += padded_tokens
-        ls = self.last_step
-        ls["batch_size"] = batch_size
-        ls["real_tokens"] = real_tokens
-        ls["padded_tokens"] = padded_tokens
-        ls["prefill_tokens"] = prefill_tokens
-        ls["decode_tokens"] = decode_tokens
-        ls["duration_seconds"] = duration
+        self.step_sequences_total += it.batch_size
+        self.real_tokens_total += it.real_tokens
+        self.padded_tokens_total += it.padded_tokens
+        self.last_step = {"batch_size": it.batch_size, "real_tokens": it.real_tokens,
+                          "padded_tokens": it.padded_tokens, "prefill_tokens": it.prefill_tokens,
+                          "decode_tokens": it.decode_tokens, "duration_seconds": it.duration}
 
-    def record_finished(self, request_id: str, prompt_tokens: int, completion_tokens: int,
-                        finish_reason: str, ttft: float | None, e2e: float | None,
-                        quality: OutputQuality | None, precision: str | None,
-                        preemptions: int = 0, error: str | None = None) -> dict:
-        """Count a finished request; returns its ``recent`` entry."""
+    def _record_finished(self, fin: FinishedRequestStats) -> None:
         self.finished_total += 1
-        self.by_finish_reason[finish_reason] = self.by_finish_reason.get(finish_reason, 0) + 1
-        if finish_reason == "error":
+        reason = fin.finish_reason
+        self.by_finish_reason[reason] = self.by_finish_reason.get(reason, 0) + 1
+        if reason == FINISH_ERROR:
             self.errors_total += 1
-        self.completion_tokens_total += completion_tokens
-        if e2e is not None:
-            self.e2e.append(e2e)
-        entry = {"request_id": request_id, "prompt_tokens": prompt_tokens,
-                 "completion_tokens": completion_tokens, "finish_reason": finish_reason,
-                 "ttft_seconds": ttft, "e2e_seconds": e2e, "precision": precision,
-                 "preemptions": preemptions, "error": error}
-        if quality is not None:
-            q = quality.to_dict()
-            entry.update(seq_rep=q["seq_rep"], distinct=q["distinct"], perplexity=q["perplexity"],
-                         degenerate=q["degenerate"], nonfinite_logprobs=q["nonfinite_logprobs"],
-                         prompt_len_bucket=q["prompt_len_bucket"])
-            self.nonfinite_logprobs_total += quality.nonfinite_logprobs
-            if quality.degenerate:
-                self.degenerate_total += 1
-        else:
-            entry.update(seq_rep=None, distinct=None, perplexity=None, degenerate=None,
-                         nonfinite_logprobs=None, prompt_len_bucket=None)
-        self.recent.append(entry)
-        return entry
+        self.completion_tokens_total += fin.completion_tokens
+        self.e2e.append(fin.e2e)
+        q = fin.quality.to_dict()
+        self.recent.append({
+            "request_id": fin.request_id, "prompt_tokens": fin.prompt_tokens,
+            "completion_tokens": fin.completion_tokens, "finish_reason": reason,
+            "ttft_seconds": fin.ttft, "e2e_seconds": fin.e2e, "precision": fin.precision,
+            "preemptions": fin.preemptions, "error": fin.error,
+            "seq_rep": q["seq_rep"], "distinct": q["distinct"], "perplexity": q["perplexity"],
+            "degenerate": q["degenerate"], "nonfinite_logprobs": q["nonfinite_logprobs"],
+            "prompt_len_bucket": q["prompt_len_bucket"]})
+        self.nonfinite_logprobs_total += fin.quality.nonfinite_logprobs
+        if fin.quality.degenerate:
+            self.degenerate_total += 1
 
-    def record_fault(self, kind: str, info, message: str, requeued: int, failed: int,
-                     precision: str, source: str, action: str) -> dict:
-        """Record an OOM fault; returns its entry (``faults.recent``)."""
+    def _record_fault(self, f: OomFault) -> None:
         self._fault_id += 1
         self.oom_total += 1
-        self.oom_by_kind[kind] = self.oom_by_kind.get(kind, 0) + 1
-        entry = {"id": self._fault_id, "time": time.time(), "kind": kind,
+        self.oom_by_kind[f.kind] = self.oom_by_kind.get(f.kind, 0) + 1
+        info = f.info
+        entry = {"id": self._fault_id, "time": time.time(), "kind": f.kind,
                  "requested_bytes": info.requested_bytes, "free_bytes": info.free_bytes,
                  "allocated_bytes": info.allocated_bytes,
                  "reserved_unallocated_bytes": info.reserved_unallocated_bytes,
                  "total_bytes": info.total_bytes, "fragmentation_ratio": info.fragmentation_ratio,
-                 "message": message, "requeued_requests": requeued, "failed_requests": failed,
-                 "precision": precision, "source": source, "action": action}
+                 "message": f.message, "requeued_requests": f.requeued, "failed_requests": f.failed,
+                 "precision": f.precision, "source": f.source, "action": f.action}
         self.faults.append(entry)
         self.last_oom = entry
-        return entry
 
-    def to_dict(self) -> dict:
-        """The counter parts of ``/stats`` (scheduler counters, requests, quality, faults)."""
+    def sections(self, live: SchedulerStats) -> dict:
+        """The ``scheduler``, ``requests``, ``quality`` and ``faults`` sections, with the live
+        queue and injected-fault numbers of ``live``."""
         return {
-            "scheduler": {"steps_total": self.steps_total,
+            "scheduler": {"running": live.running, "waiting": live.waiting,
+                          "preemptions_total": live.preemptions_total,
+                          "steps_total": self.steps_total,
                           "step_sequences_total": self.step_sequences_total,
                           "real_tokens_total": self.real_tokens_total,
                           "padded_tokens_total": self.padded_tokens_total,
@@ -147,5 +243,8 @@ class EngineStats:
             "quality": {"nonfinite_logprobs_total": self.nonfinite_logprobs_total,
                         "degenerate_total": self.degenerate_total},
             "faults": {"oom_total": self.oom_total, "oom_by_kind": dict(self.oom_by_kind),
-                       "last_oom": self.last_oom, "recent": list(self.faults)},
+                       "last_oom": self.last_oom, "recent": list(self.faults),
+                       "hardware_errors_total": self.hardware_errors_total,
+                       "last_hardware_error": self.last_hardware_error,
+                       "pending_injected": live.pending_injected},
         }

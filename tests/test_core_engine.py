@@ -415,7 +415,8 @@ def test_cuda_oom_codes_requeue_and_hardware_errors_fail_the_step(bundle):
 
 
 def test_fragmentation_oom_empties_the_cache_and_retries(bundle):
-    from inferctl.engine.memory import GiB, MiB, format_oom_message
+    from inferctl.contract.units import GiB, MiB
+    from inferctl.engine.oom import format_oom_message
     msg = format_oom_message(2 * MiB, 80 * GiB, 1 * MiB, 10 * GiB, 3 * MiB)   # U 3 MiB >= R 2 MiB
     engine = LLMEngine(bundle, EngineConfig())
     engine.runner.model = FailingModel(bundle.model, [torch.OutOfMemoryError(msg)])

@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inferctl.engine.memory import (GiB, KiB, MiB, MemoryAccountant, SimulatedCachingAllocator,
-                           classify_error, classify_oom, estimate_step_activation_bytes,
-                           format_oom_message, format_oom_message_old, format_size,
-                           parse_cuda_error_code, parse_oom_message)
+from inferctl.contract.units import GiB, KiB, MiB, format_size
+from inferctl.engine.allocator import SimulatedCachingAllocator
+from inferctl.engine.memory import MemoryAccountant
+from inferctl.engine.memory_plan import estimate_step_activation_bytes
+from inferctl.engine.oom import (classify_error, classify_oom, format_oom_message, format_oom_message_old,
+                                 parse_cuda_error_code, parse_oom_message)
 
 # Field case F13: requested R, free F, allocated A, reserved-unallocated U, total T.
 F13 = {

@@ -16,7 +16,7 @@ from tests.core_helpers import drain, gutenberg_text
 from inferctl.engine.config import EngineConfig
 from inferctl.engine.engine import LLMEngine
 from inferctl.engine.loader import load_model
-from inferctl.engine.memory import estimate_step_activation_bytes
+from inferctl.engine.memory_plan import estimate_step_activation_bytes
 from inferctl.engine.sampling_params import SamplingParams, SamplingParamsError
 from tests.model_helpers import Harness
 

@@ -1,0 +1,157 @@
+"""The engine's memory plan: how much the budget holds (weights, KV pool, activations).
+
+:func:`estimate_step_activation_bytes` estimates one step's activation peak;
+:func:`plan_memory` sizes the budget and the KV pool the way vLLM's profile step does
+(``gpu_memory_utilization`` on CUDA, ``--memory-budget`` or the worst step on CPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from inferctl.contract.units import format_size
+from inferctl.engine.attention import KVCache
+from inferctl.engine.config import ConfigError
+from inferctl.engine.memory import MemoryAccountant
+
+def estimate_step_activation_bytes(num_tokens: int, num_logits: int, sum_q_ctx: int, sum_ctx: int,
+                                   dim: int, hidden_dim: int, n_heads: int, n_kv_heads: int,
+                                   vocab_size: int, act_bytes: int, num_logprob_rows: int = 0) -> int:
+    """Peak activation bytes of one forward step (one layer's temporaries live at a time).
+
+    ``act_bytes × [T·(4·dim + 2·kv_dim + 3·hidden)      hidden states x, h, q, out; k, v; MLP
+                   + 2·heads·Σ qᵢ·ctxᵢ                  attention scores and probabilities
+                   + 2·kv_dim·Σ ctxᵢ]                    K/V gathered from the paged cache
+      + 4·N·vocab                                        float32 logits
+      + 4·R·vocab``                                      float32 log_softmax of prompt-logprob rows
+    with T the step's tokens, qᵢ the new tokens and ctxᵢ the context (cached + new) of
+    sequence i, kv_dim = n_kv_heads·dim/n_heads, N the logits rows (one per sequence, or
+    every new token of a chunk that computes prompt logprobs) and R the rows whose
+    ``log_softmax`` is taken for prompt logprobs (live together with the logits). Monotone in
+    T, N, R, qᵢ and ctxᵢ. An engineering estimate of the eager PyTorch forward (not a
+    measured profile).
+    """
+    kv_dim = n_kv_heads * (dim // n_heads)
+    per_token = 4 * dim + 2 * kv_dim + 3 * hidden_dim
+    elems = num_tokens * per_token + 2 * n_heads * sum_q_ctx + 2 * kv_dim * sum_ctx
+    return int(act_bytes * elems + 4 * (num_logits + num_logprob_rows) * vocab_size)
+
+
+@dataclass(frozen=True)
+class ActivationModel:
+    """The model dimensions :func:`estimate_step_activation_bytes` needs, bound once.
+
+    ``act_bytes`` is the element size of the model's activation dtype (bytes).
+    """
+
+    dim: int
+    hidden_dim: int
+    n_heads: int
+    n_kv_heads: int
+    vocab_size: int
+    act_bytes: int
+
+    @classmethod
+    def of(cls, args, dtype: torch.dtype) -> ActivationModel:
+        """From a model's ``ModelArgs`` and its dtype."""
+        return cls(args.dim, args.hidden_dim, args.n_heads, args.n_kv_heads, args.vocab_size,
+                   torch.empty((), dtype=dtype).element_size())
+
+    def step_bytes(self, num_tokens: int, num_logits: int, sum_q_ctx: int, sum_ctx: int,
+                   num_logprob_rows: int = 0) -> int:
+        """:func:`estimate_step_activation_bytes` for this model (bytes)."""
+        return estimate_step_activation_bytes(
+            num_tokens, num_logits, sum_q_ctx, sum_ctx, self.dim, self.hidden_dim, self.n_heads,
+            self.n_kv_heads, self.vocab_size, self.act_bytes, num_logprob_rows)
+
+    def share_of(self, seq, n: int) -> int:
+        """Activation bytes that ``n`` new tokens of ``seq`` add to a step (the runner's
+        all-logits chunk for a prompt-logprobs prefill counts its logits rows). Used to blame
+        one request for an OOM (the largest share)."""
+        c = seq.num_computed_tokens
+        ctx = c + n
+        last_prompt = len(seq.prompt_token_ids) - 1
+        if c < last_prompt and seq.wants_prompt_logprobs:
+            return self.step_bytes(n, n, n * ctx, ctx, num_logprob_rows=min(ctx, last_prompt) - c)
+        return self.step_bytes(n, 1, n * ctx, ctx)
+
+
+@dataclass
+class MemoryPlan:
+    """What :func:`plan_memory` set up: the accountant (weights and KV pool accounted), the
+    KV cache, the pool size and the numbers behind it (bytes)."""
+
+    accountant: MemoryAccountant
+    kv_cache: KVCache
+    num_kv_blocks: int
+    kv_bytes_per_block: int
+    profile_activation_bytes: int
+    weights_handle: int
+    kv_handle: int
+
+
+#: The simulated allocator rounds each allocation up to 512 bytes; four of them of slack.
+_ROUNDING_SLACK = 4 * 512
+
+
+def plan_memory(model, args, cfg, device: torch.device, acts: ActivationModel) -> MemoryPlan:
+    """Size the budget and the KV pool, allocate both through a new accountant.
+
+    The activation headroom kept free is the estimate of vLLM's profile step: one prefill of
+    ``max_num_batched_tokens`` tokens. Steps at longer contexts may need more; they then run
+    out of budget through the accountant (the OOM path, by design). On CPU without an
+    explicit budget, the budget covers the worst step instead: B tokens at full context, every
+    row's logits and their ``log_softmax`` (a prompt-logprobs prefill).
+
+    Args:
+        model: the loaded model (``weight_bytes()``, ``dtype``); args: its ``ModelArgs``;
+        cfg: the resolved ``EngineConfig``; device: where the engine runs.
+
+    Raises:
+        ConfigError: the budget cannot hold the weights, one KV block and the profile step, or
+            the device cannot hold the pool (the message gives the numbers).
+    """
+    kv_int8 = cfg.kv_cache_dtype == "int8"
+    bpb = KVCache.bytes_per_block(args.n_layers, cfg.block_size, args.n_kv_heads, args.head_dim,
+                                  model.dtype, kv_int8)
+    weights = model.weight_bytes()
+    B, S, L = cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_model_len
+    profile = acts.step_bytes(B, 1, B * B, B)
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        budget = cfg.memory_budget_bytes or int(cfg.gpu_memory_utilization * total)
+        in_use = torch.cuda.memory_allocated(device)
+        num_blocks = cfg.num_kv_blocks if cfg.num_kv_blocks is not None else (budget - in_use - profile) // bpb
+    elif cfg.memory_budget_bytes is None:
+        num_blocks = cfg.num_kv_blocks or max(1, min(S * -(-L // cfg.block_size),
+                                                     cfg.cpu_kv_cache_bytes // bpb))
+        worst = acts.step_bytes(B, B, B * L, min(S, B) * L, num_logprob_rows=B)
+        budget = weights + num_blocks * bpb + max(worst, profile) + _ROUNDING_SLACK
+    else:
+        budget = cfg.memory_budget_bytes
+        num_blocks = (cfg.num_kv_blocks if cfg.num_kv_blocks is not None
+                      else (budget - weights - profile - _ROUNDING_SLACK) // bpb)
+    if num_blocks < 1:
+        raise ConfigError("memory_budget_bytes", (
+            f"budget {format_size(budget)} leaves no room for one KV block "
+            f"({format_size(bpb)}): weights take {format_size(weights)} and a "
+            f"{B}-token step needs {format_size(profile)} of activations; raise the budget "
+            "or lower max_num_batched_tokens"))
+    accountant = MemoryAccountant(budget, device)
+    try:
+        weights_handle = accountant.allocate(weights, "weights")
+        kv_handle = accountant.allocate(num_blocks * bpb, "kv_cache")
+    except torch.OutOfMemoryError as err:
+        raise ConfigError("memory_budget_bytes", (
+            f"budget {format_size(budget)} cannot hold the weights ({format_size(weights)}) "
+            f"and {num_blocks} KV blocks ({format_size(num_blocks * bpb)})")) from err
+    try:
+        kv_cache = KVCache.allocate(args.n_layers, num_blocks, cfg.block_size, args.n_kv_heads,
+                                    args.head_dim, model.dtype, device, kv_int8=kv_int8)
+    except torch.OutOfMemoryError as err:   # CUDA: the device itself could not hold it
+        raise ConfigError("num_kv_blocks", (
+            f"{num_blocks} KV blocks ({format_size(num_blocks * bpb)}) do not fit on "
+            f"{device}: {err}")) from err
+    return MemoryPlan(accountant, kv_cache, num_blocks, bpb, profile, weights_handle, kv_handle)
