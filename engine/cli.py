@@ -164,7 +164,7 @@ def serve(
 
     import uvicorn
 
-    from inferctl.engine.protocol import CHAT_TEMPLATES
+    from inferctl.engine.chat_template import CHAT_TEMPLATES
     from inferctl.engine.server import create_app
 
     if kv_cache_dtype not in ("auto", "int8"):

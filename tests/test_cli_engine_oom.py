@@ -23,15 +23,15 @@ def test_flags_reach_the_engine_config(monkeypatch):
 
     seen = {}
     monkeypatch.setattr(uvicorn, "run", lambda asgi, **kw: seen.setdefault("app", asgi))
-    import inferctl.engine.server
+    from inferctl.engine import server as engine_server
 
-    real = engine.server.create_app
+    real = engine_server.create_app
 
     def capture(engines, **kw):
         seen["engines"] = engines
         return real(engines, **kw)
 
-    monkeypatch.setattr(engine.server, "create_app", capture)
+    monkeypatch.setattr(engine_server, "create_app", capture)
     res = CliRunner().invoke(app, ["engine", "serve", "--device", "cpu", "--max-oom-retries", "7",
                                    "--oom-backoff-seconds", "0.25", "--oom-backoff-max-seconds", "1.5"])
     assert res.exit_code == 0, res.output

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from inferctl.tools.longtext import parse_prompt_logprobs
-from inferctl.engine.server import _dumps, _prompt_logprobs_json
+from inferctl.engine.entrypoints.logprobs import prompt_logprobs_json as _prompt_logprobs_json
+from inferctl.engine.entrypoints.sse import dumps as _dumps
 from inferctl.engine.sequence import Logprob
 from tests.model_helpers import Harness
 from tests.server_helpers import STORIES, client, engines_running, http_post, make_app, run, stories_engine

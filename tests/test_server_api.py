@@ -11,7 +11,7 @@ import math
 import pytest
 from pydantic import BaseModel
 
-from inferctl.engine.protocol import ChatCompletionChunk, ChatCompletionResponse, CompletionResponse
+from inferctl.contract.openai import ChatCompletionChunk, ChatCompletionResponse, CompletionResponse
 from tests.server_helpers import (  # noqa: F401 - stories_*_fixture are the engine and app fixtures
     REFERENCE,
     STORIES,

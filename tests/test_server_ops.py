@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferctl.engine.engine import RequestOutput
-from inferctl.engine.server import _output_failure
+from inferctl.engine.entrypoints.errors import output_failure as _output_failure
 from tests.server_helpers import (
     ADMIN_TOKEN,
     STORIES,

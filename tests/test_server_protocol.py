@@ -1,20 +1,14 @@
-"""inferctl.engine.protocol: request validation policy, error shape, chat template (no engine needed)."""
+"""inferctl.contract.openai (+ errors, the engine's chat template and length checks): request validation
+policy, error shape, chat template (no engine needed)."""
 
 from __future__ import annotations
 
 import pytest
 
-from inferctl.engine.protocol import (
-    APIError,
-    ChatCompletionRequest,
-    CompletionRequest,
-    ProtocolLimits,
-    check_max_tokens,
-    check_prompt_length,
-    loc_to_param,
-    render_chat_prompt,
-    validate_model,
-)
+from inferctl.contract.errors import APIError, loc_to_param
+from inferctl.contract.openai import ChatCompletionRequest, CompletionRequest, ProtocolLimits, validate_model
+from inferctl.engine.chat_template import render_chat_prompt
+from inferctl.engine.entrypoints.checks import check_max_tokens, check_prompt_length
 
 
 def _err(cls, body, limits=None) -> APIError:

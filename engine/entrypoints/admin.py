@@ -1,0 +1,108 @@
+"""The engine's admin API: ``POST /admin/precision|fault|drain|route`` and ``GET /admin/route``.
+
+Every call needs ``Authorization: Bearer <token>`` (:func:`inferctl.contract.http.check_bearer`):
+401 ``invalid_api_key`` with a missing or wrong token, 403 ``admin_disabled`` when the server
+has no token configured. The token is checked before the body is read. Bodies are the strict
+shapes of :mod:`inferctl.contract.admin` (unknown fields refused, 400 naming the field).
+``model`` omitted means every served model (precision, drain); ``/admin/route {"model":
+"main", "to": "light"}`` sends requests for ``main`` to ``light`` (one hop), ``"to": null``
+clears the route.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, TypeVar
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from pydantic import BaseModel
+
+from inferctl.contract.admin import AdminDrainRequest, AdminFaultRequest, AdminPrecisionRequest, AdminRouteRequest
+from inferctl.contract.errors import APIError
+from inferctl.contract.http import Unauthorized, check_bearer
+from inferctl.contract.openai import validate_model
+from inferctl.engine.entrypoints.serving import read_json
+from inferctl.engine.entrypoints.sse import json_response
+from inferctl.engine.entrypoints.state import ServerState, server_state
+
+B = TypeVar("B", bound=BaseModel)
+
+
+async def admin_state(request: Request, state: Annotated[ServerState, Depends(server_state)]) -> ServerState:
+    """FastAPI dependency: the server state once the bearer token checks out (403 when no token
+    is configured, 401 for a missing or wrong one)."""
+    if state.admin_token is None:
+        raise APIError(403, "the admin API is disabled because no admin token is configured; start the engine "
+                            "with --admin-token TOKEN or set INFERCTL_ADMIN_TOKEN", code="admin_disabled")
+    try:
+        check_bearer(request.headers.get("authorization"), state.admin_token)
+    except Unauthorized:
+        raise APIError(401, "missing or invalid admin token: send 'Authorization: Bearer <token>'",
+                       code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}) from None
+    return state
+
+
+AdminState = Annotated[ServerState, Depends(admin_state)]
+router = APIRouter(prefix="/admin")
+
+
+async def _body(request: Request, state: ServerState, cls: type[B]) -> B:
+    """The body validated as ``cls`` (413/400 as :func:`~inferctl.engine.entrypoints.serving.read_json`,
+    400 naming the field)."""
+    return validate_model(cls, await read_json(request, state))
+
+
+@router.post("/precision")
+async def admin_precision(request: Request, state: AdminState) -> Response:
+    """Ask the named (or every) model for a precision switch, applied before its next step."""
+    body = await _body(request, state, AdminPrecisionRequest)
+    targets = state.admin_targets(body.model)
+    for served in targets:
+        try:
+            served.request_precision(body.mode)
+        except ValueError as exc:
+            raise APIError(400, f"mode: {exc}", param="mode", code="invalid_value") from None
+    main = targets[0]
+    return json_response({"requested": body.mode, "current": main.precision(), "models": [t.name for t in targets]})
+
+
+@router.post("/fault")
+async def admin_fault(request: Request, state: AdminState) -> Response:
+    """Make the next ``count`` steps of one model run out of memory for real."""
+    body = await _body(request, state, AdminFaultRequest)
+    served = state.lookup(body.model)
+    try:
+        served.inject_fault(body.kind, body.count)
+    except (ValueError, TypeError) as exc:
+        raise APIError(400, f"kind: {exc}", param="kind", code="invalid_value") from None
+    return json_response({"injected": body.kind, "count": body.count, "model": served.name})
+
+
+@router.post("/drain")
+async def admin_drain(request: Request, state: AdminState) -> Response:
+    """Stop (or resume) admitting requests on the named (or every) model."""
+    body = await _body(request, state, AdminDrainRequest)
+    targets = state.admin_targets(body.model)
+    for served in targets:
+        served.set_draining(body.draining)
+        state.draining[served.name] = body.draining
+    return json_response({"draining": body.draining, "models": [t.name for t in targets]})
+
+
+@router.post("/route")
+async def admin_route(request: Request, state: AdminState) -> Response:
+    """Set or clear the route of one served model to another."""
+    body = await _body(request, state, AdminRouteRequest)
+    source = state.lookup(body.model)
+    if body.to is None or body.to == source.name:
+        state.routes.pop(source.name, None)
+    else:
+        target = state.lookup(body.to, param="to")
+        state.routes[source.name] = target.name
+    return json_response({"routes": dict(state.routes)})
+
+
+@router.get("/route")
+async def admin_routes(state: AdminState) -> Response:
+    """The active routes."""
+    return json_response({"routes": dict(state.routes)})

@@ -1,0 +1,102 @@
+"""The engine's HTTP server: :func:`create_app` wires the route families into one FastAPI app.
+
+Routes, one module per family (vLLM's ``entrypoints`` layout):
+
+* :mod:`.completions` ``POST /v1/completions``, :mod:`.chat` ``POST /v1/chat/completions`` —
+  OpenAI shapes (:mod:`inferctl.contract.openai`), streamed as SSE (:mod:`.sse`).
+* :mod:`.tokenization` ``POST /tokenize``, ``POST /detokenize`` — vLLM's tokenizer API.
+* :mod:`.health` ``GET /health``, ``/stats``, ``/metrics``, ``/v1/models``.
+* :mod:`.admin` ``POST /admin/precision|fault|drain|route``, ``GET /admin/route`` — bearer token.
+* :mod:`.errors` — every failure as the OpenAI error object (FastAPI's 422 shape is never
+  used); an out-of-memory request is never a 500 and ``/health`` stays 200.
+
+Policies (docs/field-cases.md): ``max_tokens`` above ``max_model_len - prompt tokens`` is a
+400 naming the field and bound (no clamping); drain → 503 ``engine_draining`` with
+``Retry-After`` while in-flight requests finish; a request that fails with out-of-memory
+after the engine's retries → 503 with ``Retry-After``, an allocation larger than the device
+→ 400; request bodies above ``max_body_bytes`` → 413, malformed JSON → 400; a client that
+disconnects (streaming or not) cancels the engine iterator, which aborts the request and
+frees its KV blocks within a step.
+
+Two models (``--light-model``): each served model is its own AsyncLLMEngine with its own
+memory budget and registry; ``/admin/route`` sends one model's requests to another.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+from fastapi import FastAPI
+
+from inferctl.contract.openai import ProtocolLimits
+from inferctl.engine import __version__
+from inferctl.engine.chat_template import render_chat_prompt
+from inferctl.engine.entrypoints import admin, chat, completions, health, tokenization
+from inferctl.engine.entrypoints.errors import install_error_handlers
+from inferctl.engine.entrypoints.state import (DEFAULT_MAX_BODY_BYTES, DEFAULT_RETRY_AFTER_SECONDS,
+                                               AsyncEngineHandle, ServedModel, ServerState)
+
+log = logging.getLogger(__name__)
+
+
+def create_app(engines: dict[str, AsyncEngineHandle], *, admin_token: str | None, default_model: str,
+               limits: ProtocolLimits | None = None, chat_template: str = "plain",
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               retry_after_seconds: int = DEFAULT_RETRY_AFTER_SECONDS,
+               manage_engines: bool = False) -> FastAPI:
+    """Build the FastAPI app serving ``engines`` (served name → AsyncLLMEngine).
+
+    Args:
+        engines: at least one; names are the ``model`` values clients send and the ``model``
+            label values (keep them equal to each engine's ``served_model_name``).
+        admin_token: bearer token for ``/admin/*``; None disables admin (403).
+        default_model: the name used when a request has no ``model``; must be in ``engines``.
+        limits: request-shape limits (:class:`~inferctl.contract.openai.ProtocolLimits`).
+        chat_template: ``"plain"`` or ``"roles"`` (:func:`inferctl.engine.chat_template.render_chat_prompt`).
+        max_body_bytes: request bodies above this (bytes) are a 413.
+        retry_after_seconds: ``Retry-After`` (seconds) on 503 answers.
+        manage_engines: start the engines on app startup and shut them down on exit (the CLI);
+            tests that drive the app in-process manage the engines themselves.
+
+    Raises:
+        ValueError: no engines, an unknown ``default_model`` or chat template, or a bad limit.
+    """
+    if not engines:
+        raise ValueError("engines: at least one served model is needed")
+    if default_model not in engines:
+        raise ValueError(f"default_model: {default_model!r} is not among the served models {sorted(engines)}")
+    render_chat_prompt([], chat_template)  # raises ValueError for an unknown template
+    if max_body_bytes < 1:
+        raise ValueError(f"max_body_bytes: must be >= 1, got {max_body_bytes}")
+    state = ServerState(
+        models={name: ServedModel.from_async_engine(name, eng) for name, eng in engines.items()},
+        default_model=default_model, admin_token=admin_token or None,
+        limits=limits or ProtocolLimits(), chat_template=chat_template,
+        max_body_bytes=int(max_body_bytes), retry_after_seconds=int(retry_after_seconds))
+    app = FastAPI(title="inferctl engine", version=__version__,
+                  lifespan=_engine_lifespan(state) if manage_engines else None, docs_url=None, redoc_url=None)
+    app.state.server = state
+    install_error_handlers(app)
+    for family in (completions, chat, tokenization, health, admin):
+        app.include_router(family.router)
+    return app
+
+
+def _engine_lifespan(state: ServerState) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """A lifespan that starts every served engine and shuts them down on exit."""
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        for served in state.models.values():
+            served.async_engine.start()
+        log.info("engines started: %s", ", ".join(state.models))
+        try:
+            yield
+        finally:
+            for served in state.models.values():
+                served.async_engine.shutdown()
+            log.info("engines stopped: %s", ", ".join(state.models))
+
+    return lifespan

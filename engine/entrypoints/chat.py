@@ -1,0 +1,95 @@
+"""``POST /v1/chat/completions`` (OpenAI's chat API).
+
+The conversation is rendered to one prompt with the server's chat template
+(:func:`inferctl.engine.chat_template.render_chat_prompt`). ``stream: true`` answers
+``chat.completion.chunk`` events: a first one with ``delta.role``, then the text, then one
+with the ``finish_reason``, ending ``data: [DONE]``. The default ``max_tokens`` is "the rest
+of the context" (vLLM's), capped at the room left in the KV pool; ``max_completion_tokens``
+wins over ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+
+from inferctl.contract.openai import ChatCompletionRequest
+from inferctl.engine.chat_template import render_chat_prompt
+from inferctl.engine.entrypoints.errors import raise_on_failure
+from inferctl.engine.entrypoints.generation import (PromptJob, Started, gather_collect, merged,
+                                                    output_logprobs, start_all, token_counts)
+from inferctl.engine.entrypoints.logprobs import chat_logprobs
+from inferctl.engine.entrypoints.serving import guarded, new_id, parse_request, prepare_jobs, respond
+from inferctl.engine.entrypoints.sse import json_response, sse, stream_guard, usage, usage_chunk
+from inferctl.engine.entrypoints.state import ServedModel, ServerState, server_state
+from inferctl.engine.sampling_params import SamplingParams
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request, state: Annotated[ServerState, Depends(server_state)]) -> Response:
+    """Validate, render, prepare and answer one chat request (errors as the OpenAI object)."""
+    return await guarded(request, state, _chat)
+
+
+async def _chat(request: Request, state: ServerState) -> Response:
+    req, _requested, served = await parse_request(request, state, ChatCompletionRequest)
+    rid = new_id("chatcmpl")
+    prompt = render_chat_prompt(req.messages, state.chat_template)
+    jobs = await prepare_jobs(served, [prompt], rid, req.effective_max_tokens(), None, req.max_tokens_param())
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    return await respond(request, state, served, req, jobs, rid, logprobs, chat_stream, chat_body)
+
+
+async def chat_body(served: ServedModel, req: ChatCompletionRequest, jobs: list[PromptJob],
+                    params: list[SamplingParams], rid: str, created: int, retry_after: int) -> Response:
+    """Run the conversation's prompt to the end and answer one ``chat.completion`` document."""
+    started = await start_all(served, jobs, params, retry_after)
+    (acc,) = await gather_collect(served, started, retry_after)
+    lp = None
+    if req.logprobs:
+        lp = chat_logprobs(served.tokenizer, acc.token_ids, acc.logprobs,
+                           acc.top_logprobs if req.top_logprobs else [None] * len(acc.token_ids))
+    return json_response({"id": rid, "object": "chat.completion", "created": created, "model": served.name,
+                          "choices": [{"index": 0, "message": {"role": "assistant", "content": acc.text},
+                                       "logprobs": lp, "finish_reason": acc.finish_reason}],
+                          "usage": usage(acc.prompt_tokens or len(jobs[0].token_ids), acc.completion_tokens)})
+
+
+def chat_stream(served: ServedModel, req: ChatCompletionRequest, jobs: list[PromptJob],
+                started: list[Started], rid: str, created: int,
+                include_usage: bool, retry_after: int) -> AsyncIterator[bytes]:
+    """The SSE chunks of a streamed chat completion."""
+    def chunk(delta: dict, finish: str | None = None, lp: Any = None) -> bytes:
+        doc = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": served.name,
+               "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
+        if include_usage:
+            doc["usage"] = None
+        return sse(doc)
+
+    async def body() -> AsyncIterator[bytes]:
+        prompt_tokens = len(jobs[0].token_ids)
+        completion_tokens = 0
+        yield chunk({"role": "assistant", "content": ""})
+        async for _i, out in merged(served, started, retry_after):
+            raise_on_failure(out, retry_after)
+            text = getattr(out, "new_text", "") or ""
+            ids = list(getattr(out, "new_token_ids", []) or [])
+            finished = bool(getattr(out, "finished", False))
+            prompt_tokens, completion_tokens = token_counts(out, prompt_tokens, completion_tokens + len(ids))
+            lp = None
+            if req.logprobs and ids:
+                lps, tops = output_logprobs(out)
+                lp = chat_logprobs(served.tokenizer, ids, lps, tops if req.top_logprobs else [None] * len(ids))
+            if text or lp is not None:
+                yield chunk({"content": text}, None, lp)
+            if finished:
+                yield chunk({}, getattr(out, "finish_reason", None))
+        if include_usage:
+            yield usage_chunk(rid, "chat.completion.chunk", created, served, prompt_tokens, completion_tokens)
+
+    return stream_guard(served, started, body())

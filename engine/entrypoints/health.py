@@ -1,0 +1,121 @@
+"""Health, stats, metrics and the model list: ``GET /health``, ``/stats``, ``/metrics``, ``/v1/models``.
+
+* ``/health`` — always 200 while the process serves: ``{"status": "ok"|"degraded"|"draining",
+  "precision": <main model's mode>, "models": {...}, "routes": {...}}``. ``degraded`` while
+  any served model runs int8, a route sends one model's traffic to another, or an engine's
+  stepping thread is not running; ``draining`` wins over both.
+* ``/stats[?model=NAME]`` — the engine's ``stats()`` document (docs/architecture.md), strictly
+  valid JSON; ``engine.models`` lists the served set and ``routes`` the active routes.
+* ``/metrics`` — Prometheus text of the engine registries, merged (:class:`MergedCollector`).
+* ``/v1/models`` — the served models (never the route table); each card has ``max_model_len``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+
+from inferctl.contract.openai import ModelCard, ModelList
+from inferctl.engine.entrypoints.sse import json_response
+from inferctl.engine.entrypoints.state import ServerState, server_state
+
+State = Annotated[ServerState, Depends(server_state)]
+router = APIRouter()
+
+
+def health_document(state: ServerState) -> dict:
+    """The ``/health`` document (see the module docstring for the status rule)."""
+    per_model = {}
+    for name, served in state.models.items():
+        per_model[name] = {"precision": served.precision(), "draining": bool(state.draining.get(name)),
+                           "engine_running": bool(served.async_engine.is_running)}
+    main = per_model[state.default_model]
+    if any(m["draining"] for m in per_model.values()):
+        status = "draining"
+    elif (any(m["precision"] == "int8" or not m["engine_running"] for m in per_model.values())
+          or state.routes):
+        status = "degraded"
+    else:
+        status = "ok"
+    return {"status": status, "precision": main["precision"], "models": per_model, "routes": dict(state.routes)}
+
+
+@router.get("/health")
+async def health(state: State) -> Response:
+    """Liveness and the serving mode (never an error while the process serves)."""
+    return json_response(health_document(state))
+
+
+@router.get("/stats")
+async def stats(request: Request, state: State) -> Response:
+    """The named (default: main) model's ``/stats`` document; 404 for an unknown model."""
+    served = state.lookup(request.query_params.get("model"))
+    doc = await served.stats()
+    doc = dict(doc) if isinstance(doc, dict) else {"engine": {}}
+    engine_part = dict(doc.get("engine") or {})
+    engine_part["model"] = served.name
+    engine_part["models"] = sorted(state.models)
+    engine_part["draining"] = bool(state.draining.get(served.name, engine_part.get("draining", False)))
+    doc["engine"] = engine_part
+    doc["routes"] = dict(state.routes)
+    return json_response(doc)
+
+
+@router.get("/metrics")
+async def metrics(state: State) -> Response:
+    """Prometheus text exposition of every served engine's registry, merged."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(MergedCollector(state))
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/models")
+async def models(state: State) -> Response:
+    """The OpenAI model list: one card per served model."""
+    created = int(state.started)
+    cards = [ModelCard(id=name, created=created, max_model_len=m.max_model_len).model_dump()
+             for name, m in state.models.items()]
+    return json_response(ModelList(data=cards).model_dump())
+
+
+class MergedCollector:
+    """Collects every served engine's registry into one exposition.
+
+    Families are merged by name. Samples carrying a ``model`` label come from every engine
+    (their label values are the served names, so they never collide); samples without one
+    (process-level gauges and counters: KV blocks, memory, queue) come from the default
+    model's engine only, so the output never has duplicate series. The light model's are in
+    ``/stats?model=<light>``.
+    """
+
+    def __init__(self, state: ServerState) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        """The merged metric families (prometheus-client's collector protocol)."""
+        order = [self._state.default_model] + [n for n in self._state.models if n != self._state.default_model]
+        families: dict[str, Metric] = {}
+        seen: set = set()
+        for rank, name in enumerate(order):
+            registry = self._state.models[name].registry
+            if registry is None:
+                continue
+            for fam in registry.collect():
+                merged = families.get(fam.name)
+                if merged is None:
+                    merged = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+                    families[fam.name] = merged
+                for sample in fam.samples:
+                    if rank > 0 and "model" not in sample.labels:
+                        continue
+                    key = (sample.name, tuple(sorted(sample.labels.items())))
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    merged.samples.append(sample)
+        yield from families.values()

@@ -1,0 +1,211 @@
+"""Request handling shared by the generation routes: body → validated request → prompt jobs →
+sampling parameters → a JSON or streamed answer.
+
+Errors are checked before a stream starts (validation, routing, drain, the engine's
+admission), so a streaming request that fails gets the same 4xx/503 JSON as a non-streaming
+one. A missing ``model`` means the default model; an unknown one is a 404 before any metric
+is touched, so label values only come from the served set. Request ids (``x-request-id``,
+echoed back) and ``user`` are never labels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from inferctl.contract.errors import APIError
+from inferctl.contract.http import RequestRejected, read_json_body
+from inferctl.contract.openai import ChatCompletionRequest, CompletionRequest, ProtocolLimits, validate_model
+from inferctl.engine.entrypoints.checks import check_max_tokens, check_prompt_length
+from inferctl.engine.entrypoints.errors import engine_error_to_api, error_response, rejection_to_api_error
+from inferctl.engine.entrypoints.generation import PromptJob, Started, run_unless_disconnected, start_all
+from inferctl.engine.entrypoints.sse import event_stream
+from inferctl.engine.entrypoints.state import ServedModel, ServerState
+from inferctl.engine.sampling_params import SamplingLimits, SamplingParams, SamplingParamsError
+
+GenerationRequest = CompletionRequest | ChatCompletionRequest
+R = TypeVar("R")
+
+#: ``stream_fn(served, req, jobs, started, rid, created, include_usage, retry_after)`` → SSE bytes.
+StreamFn = Callable[..., AsyncIterator[bytes]]
+#: ``body_fn(served, req, jobs, params, rid, created, retry_after)`` → the JSON response.
+BodyFn = Callable[..., Awaitable[Response]]
+
+#: Texts longer than this (characters) are tokenized on a worker thread.
+ENCODE_IN_THREAD_CHARS = 4096
+
+
+def new_id(prefix: str) -> str:
+    """A response id: ``<prefix>-<32 hex digits>`` (e.g. ``cmpl-…``, ``chatcmpl-…``)."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now_s() -> int:
+    """Unix time in whole seconds (the ``created`` field)."""
+    return int(time.time())
+
+
+async def read_json(request: Request, state: ServerState) -> Any:
+    """The request body as parsed JSON (:func:`inferctl.contract.http.read_json_body`): 413
+    above ``state.max_body_bytes``; 400 for an empty body, malformed JSON or UTF-8, an integer
+    literal above Python's digit limit, or a string with an unpaired surrogate. NaN/Infinity
+    parse, and the typed models refuse them naming the field; a non-object is refused by
+    :func:`~inferctl.contract.openai.validate_model` (so it counts as an invalid request)."""
+    try:
+        return await read_json_body(request, state.max_body_bytes, allow_nan=True, require_object=False)
+    except RequestRejected as exc:
+        raise rejection_to_api_error(exc) from None
+
+
+async def guarded(request: Request, state: ServerState,
+                  handler: Callable[[Request, ServerState], Awaitable[Response]]) -> Response:
+    """Run a /v1 or tokenizer handler: APIError → OpenAI error object; x-request-id echoed back
+    (at most 200 characters)."""
+    try:
+        response = await handler(request, state)
+    except APIError as err:
+        response = error_response(err)
+    xrid = request.headers.get("x-request-id")
+    if xrid and len(xrid) <= 200:
+        response.headers["x-request-id"] = xrid
+    return response
+
+
+async def parse_request(request: Request, state: ServerState,
+                        cls: type[R]) -> tuple[R, ServedModel, ServedModel]:
+    """Body → validated request + (requested, serving) models; 503 while the serving model
+    drains. A validation error is counted on the named (or default) model when it is served."""
+    obj = await read_json(request, state)
+    model_name = obj.get("model") if isinstance(obj, dict) else None
+    known = state.models.get(model_name if isinstance(model_name, str) else state.default_model) \
+        if (model_name is None or isinstance(model_name, str)) else None
+    try:
+        req = validate_model(cls, obj, state.limits)
+    except APIError:
+        if known is not None:
+            known.count_error("invalid_request")
+        raise
+    requested, serving = state.resolve(req.model)
+    state.check_admitting(serving)
+    return req, requested, serving
+
+
+def encode(served: ServedModel, text: str, bos: bool = True) -> list[int]:
+    """Prompt text → token ids, BOS first when ``bos`` (the body-size limit bounds the work)."""
+    return list(served.tokenizer.encode(text, bos=bos))
+
+
+async def encode_async(served: ServedModel, text: str, bos: bool = True) -> list[int]:
+    """:func:`encode`, on a worker thread for long texts (so the event loop keeps serving)."""
+    if len(text) > ENCODE_IN_THREAD_CHARS:
+        return await asyncio.to_thread(encode, served, text, bos)
+    return encode(served, text, bos)
+
+
+def _default_max_tokens(served: ServedModel, prompt_len: int, default_max: int | None) -> int:
+    """As many tokens as fit in the context and the KV pool (the cache holds prompt +
+    max_tokens - 1 tokens), at least 1, capped by ``default_max``; the engine rejects a prompt
+    that alone does not fit the pool."""
+    room = served.max_model_len - prompt_len
+    if served.kv_capacity_tokens is not None:
+        room = min(room, served.kv_capacity_tokens - prompt_len + 1)
+    room = max(1, room)
+    return room if default_max is None else min(default_max, room)
+
+
+async def prepare_jobs(served: ServedModel, prompts: list, req_id: str, requested_max: int | None,
+                       default_max: int | None, max_param: str) -> list[PromptJob]:
+    """Tokenize prompts and check lengths: 400 for an out-of-vocabulary id, a too-long prompt,
+    or ``max_tokens`` above the room left (``max_model_len - prompt tokens``); each such 400 is
+    counted as an ``invalid_request`` error of ``served``."""
+    try:
+        jobs = []
+        for i, prompt in enumerate(prompts):
+            param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+            if isinstance(prompt, str):
+                ids = await encode_async(served, prompt)
+                echo = prompt
+            else:
+                bad = [t for t in prompt if t >= served.vocab_size]
+                if bad:
+                    raise APIError(400, f"{param}: token id {bad[0]} is out of range; the vocabulary has "
+                                        f"{served.vocab_size} tokens (ids 0..{served.vocab_size - 1})",
+                                   param="prompt", code="invalid_token_id")
+                ids = list(prompt)
+                echo = served.tokenizer.decode(ids)
+            check_prompt_length(len(ids), served.max_model_len, param="prompt")
+            if requested_max is not None:
+                check_max_tokens(requested_max, len(ids), served.max_model_len, param=max_param)
+                max_tokens = requested_max
+            else:
+                max_tokens = _default_max_tokens(served, len(ids), default_max)
+            rid = req_id if len(prompts) == 1 else f"{req_id}-{i}"
+            jobs.append(PromptJob(index=i, request_id=rid, token_ids=ids, echo_text=echo, max_tokens=max_tokens))
+        return jobs
+    except APIError:
+        served.count_error("invalid_request")
+        raise
+
+
+def sampling_params(req: GenerationRequest, max_tokens: int, logprobs: int | None,
+                    limits: ProtocolLimits) -> SamplingParams:
+    """The engine's SamplingParams for one prompt of ``req`` (SamplingParamsError naming the field).
+
+    The protocol layer already enforced the request bounds; SamplingParams re-checks against
+    the same numbers so an operator who raises a protocol limit is not refused one layer
+    further down.
+    """
+    sampling_limits = SamplingLimits(max_stop_strings=limits.max_stop_sequences,
+                                     max_stop_string_chars=limits.max_stop_chars,
+                                     max_logprobs=max(limits.max_logprobs, limits.max_top_logprobs))
+    kwargs: dict[str, Any] = {"max_tokens": max_tokens, "stop": req.stop_list(), "logprobs": logprobs,
+                              "limits": sampling_limits,
+                              "ignore_eos": bool(req.ignore_eos), "repetition_stop": bool(req.repetition_stop)}
+    for name in ("temperature", "top_k", "top_p", "seed", "repetition_penalty", "presence_penalty",
+                 "frequency_penalty"):
+        value = getattr(req, name)
+        if value is not None:
+            kwargs[name] = value
+    if req.stop_token_ids:
+        kwargs["stop_token_ids"] = list(req.stop_token_ids)
+    prompt_logprobs = getattr(req, "prompt_logprobs", None)
+    if prompt_logprobs is not None:
+        kwargs["prompt_logprobs"] = prompt_logprobs
+    return SamplingParams(**kwargs)
+
+
+def params_for(req: GenerationRequest, jobs: list[PromptJob], served: ServedModel, logprobs: int | None,
+               limits: ProtocolLimits) -> list[SamplingParams]:
+    """:func:`sampling_params` for every job; a SamplingParamsError is a 400 naming its field."""
+    try:
+        return [sampling_params(req, job.max_tokens, logprobs, limits) for job in jobs]
+    except SamplingParamsError as exc:
+        raise engine_error_to_api(exc, served, 0) from None
+
+
+async def respond(request: Request, state: ServerState, served: ServedModel, req: GenerationRequest,
+                  jobs: list[PromptJob], rid: str, logprobs: int | None, stream_fn: StreamFn,
+                  body_fn: BodyFn) -> Response:
+    """Answer a generation request whose prompts are prepared (shared by completions and chat).
+
+    Builds each prompt's SamplingParams (400 naming the field), then either starts every
+    generation (so admission errors are still JSON answers) and streams ``stream_fn(served, req,
+    jobs, started, rid, created, include_usage, retry_after)``, or runs ``body_fn(served, req,
+    jobs, params, rid, created, retry_after)`` to one JSON response, cancelled (499) when the
+    client disconnects first.
+    """
+    params = params_for(req, jobs, served, logprobs, state.limits)
+    created = now_s()
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        started: list[Started] = await start_all(served, jobs, params, state.retry_after_seconds)
+        return event_stream(stream_fn(served, req, jobs, started, rid, created, include_usage,
+                                      state.retry_after_seconds))
+    return await run_unless_disconnected(
+        request, body_fn(served, req, jobs, params, rid, created, state.retry_after_seconds))

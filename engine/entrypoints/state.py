@@ -1,0 +1,195 @@
+"""What the routes share: the typed engine handle, the served models and the server state.
+
+:class:`AsyncEngineHandle` is the part of :class:`~inferctl.engine.async_engine.AsyncLLMEngine`
+the HTTP layer uses (a Protocol, so tests and future engines can stand in for it);
+:class:`ServedModel` is one served model with what the routes read from it, fixed at start;
+:class:`ServerState` holds every served model and the server's mutable routing/drain state,
+on ``app.state.server`` (no module globals). Routes get it with :func:`server_state`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from fastapi import Request
+from prometheus_client import CollectorRegistry, Counter
+
+from inferctl.contract.errors import APIError
+from inferctl.contract.openai import ProtocolLimits
+
+if TYPE_CHECKING:
+    from inferctl.engine.engine import LLMEngine, RequestOutput
+    from inferctl.engine.sampling_params import SamplingParams
+
+#: Default request-body limit: 4 MiB holds a 100k-token prompt as text or as token ids.
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+#: Default Retry-After (seconds) on 503 (drain, retryable OOM).
+DEFAULT_RETRY_AFTER_SECONDS = 5
+
+
+class Tokenizer(Protocol):
+    """The tokenizer calls the routes make (:class:`inferctl.engine.tokenizer.Tokenizer`)."""
+
+    vocab_size: int
+
+    def encode(self, text: str, bos: bool = True) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def token_bytes(self, i: int) -> bytes: ...
+
+
+class AsyncEngineHandle(Protocol):
+    """The async engine as the HTTP layer drives it (implemented by ``AsyncLLMEngine``).
+
+    ``generate`` streams ``RequestOutput``s (the last has ``finished=True``) and raises the
+    engine's ``AdmissionError`` before the first one when it refuses the request;
+    ``request_precision``, ``inject_fault`` and ``set_draining`` may be called from any
+    thread (applied by the stepping thread); ``get_stats`` is the ``/stats`` document.
+    ``engine`` is the wrapped ``LLMEngine``, read once at start for the model's bundle,
+    config and metric registry.
+    """
+
+    engine: LLMEngine
+
+    @property
+    def is_running(self) -> bool: ...
+
+    @property
+    def precision(self) -> str: ...
+
+    def start(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+    def generate(self, request_id: str, prompt_token_ids: list[int],
+                 params: SamplingParams) -> AsyncIterator[RequestOutput]: ...
+
+    def request_precision(self, mode: str) -> None: ...
+
+    def inject_fault(self, kind: str, count: int) -> None: ...
+
+    def set_draining(self, draining: bool) -> None: ...
+
+    async def get_stats(self) -> dict: ...
+
+
+@dataclass
+class ServedModel:
+    """One served model: its name, async engine, and what the server reads from it.
+
+    ``max_model_len`` and ``vocab_size`` in tokens; ``kv_capacity_tokens`` = KV blocks ×
+    block size (None when the engine has no fixed pool); ``registry`` the engine's
+    Prometheus registry; ``error_counter`` its ``inferctl_engine_request_errors_total``.
+    """
+
+    name: str
+    async_engine: AsyncEngineHandle
+    tokenizer: Tokenizer
+    max_model_len: int
+    vocab_size: int
+    kv_capacity_tokens: int | None
+    registry: CollectorRegistry | None
+    error_counter: Counter | None = None
+
+    @classmethod
+    def from_async_engine(cls, name: str, async_engine: AsyncEngineHandle) -> ServedModel:
+        """Read the model's numbers from ``async_engine.engine`` (its bundle and config)."""
+        llm = async_engine.engine
+        bundle = llm.bundle
+        tokenizer = bundle.tokenizer
+        config = llm.config
+        vocab = int(getattr(tokenizer, "vocab_size", 0) or bundle.args.vocab_size)
+        blocks = getattr(llm, "num_kv_blocks", None)
+        metrics = getattr(llm, "metrics", None) or {}
+        return cls(name=name, async_engine=async_engine, tokenizer=tokenizer,
+                   max_model_len=int(config.max_model_len), vocab_size=min(vocab, int(bundle.args.vocab_size)),
+                   kv_capacity_tokens=int(blocks) * int(config.block_size) if blocks else None,
+                   registry=getattr(llm, "registry", None),
+                   error_counter=metrics.get("inferctl_engine_request_errors_total"))
+
+    def precision(self) -> str | None:
+        """The engine's current precision mode (``full``/``int8``), None if unknown."""
+        value = getattr(self.async_engine, "precision", None)
+        return value if isinstance(value, str) else None
+
+    def request_precision(self, mode: str) -> None:
+        """Ask for a precision switch (applied by the stepping thread before its next step)."""
+        self.async_engine.request_precision(mode)
+
+    def inject_fault(self, kind: str, count: int) -> None:
+        """Make the next ``count`` steps run out of memory (ValueError for a bad kind)."""
+        self.async_engine.inject_fault(kind, count)
+
+    def set_draining(self, draining: bool) -> None:
+        """Stop or resume admitting requests; in-flight ones continue."""
+        self.async_engine.set_draining(draining)
+
+    async def stats(self) -> dict:
+        """The engine's ``/stats`` document, taken between steps without blocking the loop."""
+        return await self.async_engine.get_stats()
+
+    def count_error(self, reason: str) -> None:
+        """``inferctl_engine_request_errors_total{model, reason}`` += 1 (served names only)."""
+        if self.error_counter is not None:
+            self.error_counter.labels(model=self.name, reason=reason).inc()
+
+
+@dataclass
+class ServerState:
+    """Everything the routes share (held on ``app.state.server``; no module globals).
+
+    ``routes`` maps a served name to the served name that answers for it (one hop);
+    ``draining`` the models that admit no new requests.
+    """
+
+    models: dict[str, ServedModel]
+    default_model: str
+    admin_token: str | None
+    limits: ProtocolLimits
+    chat_template: str
+    max_body_bytes: int
+    retry_after_seconds: int
+    routes: dict[str, str] = field(default_factory=dict)
+    draining: dict[str, bool] = field(default_factory=dict)
+    started: float = field(default_factory=time.time)
+
+    def lookup(self, name: str | None, param: str = "model") -> ServedModel:
+        """The served model called ``name`` (None → default), without routing; 404 naming
+        ``param`` (the request field that held the name) if unknown."""
+        key = self.default_model if name is None else name
+        served = self.models.get(key)
+        if served is None:
+            raise APIError(404, f"{param}: model {name!r} does not exist; served models: "
+                                f"{', '.join(sorted(self.models))}", param=param, code="model_not_found")
+        return served
+
+    def resolve(self, name: str | None) -> tuple[ServedModel, ServedModel]:
+        """``(requested, serving)``: the requested model and the one that serves it (one route hop)."""
+        requested = self.lookup(name)
+        target = self.routes.get(requested.name)
+        serving = self.models.get(target, requested) if target else requested
+        return requested, serving
+
+    def check_admitting(self, served: ServedModel) -> None:
+        """503 with Retry-After while ``served`` drains."""
+        if self.draining.get(served.name):
+            served.count_error("overloaded")
+            raise APIError(503, f"model {served.name!r} is draining and admits no new requests; retry later",
+                           code="engine_draining", err_type="service_unavailable_error",
+                           headers={"Retry-After": str(self.retry_after_seconds)})
+
+    def admin_targets(self, name: str | None) -> list[ServedModel]:
+        """The named model, or every served model (the default first) when ``name`` is None."""
+        if name is not None:
+            return [self.lookup(name)]
+        first = self.models[self.default_model]
+        return [first] + [m for n, m in self.models.items() if n != self.default_model]
+
+
+async def server_state(request: Request) -> ServerState:
+    """FastAPI dependency: the app's :class:`ServerState` (async: no thread-pool hop)."""
+    return request.app.state.server
