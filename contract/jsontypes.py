@@ -3,7 +3,7 @@
 JSON does not tell integers from integral floats, and the OpenAI clients send both, so an
 integer field takes ``20`` and ``20.0`` (and ``1e12``) but never ``"20"``, ``true`` or
 ``20.5``; a number field takes any finite JSON number, never a string or a boolean. Strings
-are never coerced (docs/field-cases.md, "strict request validation").
+are never coerced (docs/field-cases.md, "OpenAI-compatible API").
 """
 
 from __future__ import annotations

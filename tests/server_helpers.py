@@ -23,7 +23,7 @@ from inferctl.engine.async_engine import AsyncLLMEngine
 from inferctl.engine.config import EngineConfig
 from inferctl.engine.engine import LLMEngine
 from inferctl.engine.loader import build_demo_model, load_model
-from inferctl.engine.server import create_app
+from inferctl.engine.entrypoints.app import create_app
 
 STORIES = "stories260K"
 ADMIN_TOKEN = "test-admin-token"

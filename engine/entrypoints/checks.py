@@ -1,7 +1,7 @@
 """Request checks only the engine can make: they need the tokenized prompt or the vocabulary.
 
 Each raises :class:`~inferctl.contract.errors.APIError` 400 naming the field and the numbers
-(no clamping: docs/field-cases.md, "max_tokens above the context").
+(no clamping: docs/field-cases.md, "longer than the context or the cache").
 """
 
 from __future__ import annotations
