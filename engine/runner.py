@@ -6,7 +6,7 @@ Per step: the scheduled ``(sequence, new_tokens)`` pairs become one packed batch
 are reserved through the :class:`~engine.memory.MemoryAccountant` before the forward and
 released after (so a step that does not fit raises ``torch.OutOfMemoryError`` before any
 state changes). Only sequences whose prefill is complete after this step (the chunk reaches
-the last token) are sampled. Tiny models are bound by per-step Python work (PERFORMANCE.md),
+the last token) are sampled. Tiny models are bound by per-step Python work (docs/performance.md),
 so the loop builds plain lists and converts each to a tensor once.
 
 Prompt logprobs (vLLM semantics). A prefill chunk of a sequence that asked for them and has
