@@ -42,6 +42,7 @@ import httpx
 from inferctl.contract.precision import MODE_FOR_ACTION
 from inferctl.controller.events import EventLog, json_safe
 from inferctl.controller.reset import GpuResetter
+from inferctl.controller.state import ControllerState
 from inferctl.controller.types import Decision
 
 PRECISION_FOR = MODE_FOR_ACTION
@@ -225,10 +226,13 @@ class Actions:
         resetter: the GPU reset rails (None: resets are refused).
         event_log: where outcomes go.
         metrics: controller metrics (switches, drains, restarts are counted).
-        gpu_index_of: maps a GPU uuid (a decision's target) to its index, from the last reading.
+        gpu_index_of: maps a GPU uuid (a decision's target) to its index (default: the
+            ``state``'s last reading, else unknown).
         engine_gpus: configured GPU index per engine name (which engines a reset touches).
         drain_timeout_seconds: wait for in-flight work before a restart.
         confirm_timeout_seconds: wait for a precision switch to show in the engine's polls.
+        state: the controller's last readings (:class:`~inferctl.controller.state.ControllerState`,
+            the same object the :class:`~inferctl.controller.loop.Controller` is given).
     """
 
     def __init__(self, engines: dict[str, Any], supervisors: dict[str, EngineSupervisor] | None = None,
@@ -236,13 +240,15 @@ class Actions:
                  metrics: dict | None = None, gpu_index_of: Callable[[str], int | None] | None = None,
                  engine_gpus: dict[str, int | None] | None = None, drain_timeout_seconds: float = 60.0,
                  confirm_timeout_seconds: float = 5.0, poll_interval_seconds: float = 0.1,
-                 light_models: dict[str, str | None] | None = None) -> None:
+                 light_models: dict[str, str | None] | None = None,
+                 state: ControllerState | None = None) -> None:
         self.engines = engines
         self.supervisors = supervisors or {}
         self.resetter = resetter
         self.event_log = event_log
         self.metrics = metrics or {}
-        self.gpu_index_of = gpu_index_of or (lambda uuid: None)
+        self.state = state
+        self.gpu_index_of = gpu_index_of or (state.gpu_index_of if state is not None else (lambda uuid: None))
         self.engine_gpus = engine_gpus or {}
         self.drain_timeout_seconds = drain_timeout_seconds
         self.confirm_timeout_seconds = confirm_timeout_seconds

@@ -36,7 +36,8 @@ class _Model(BaseModel):
 class LaunchConfig(_Model):
     """How the controller starts (and supervises) a bundled engine it launches itself."""
 
-    model: str | None = Field(None, description="model path (llama2.c .bin or HF directory); none = built-in demo model")
+    model: str | None = Field(None, description="model path (llama2.c .bin or HF directory); "
+                                                "none = built-in demo model")
     port: int = Field(DEFAULT_ENGINE_PORT, ge=1, le=65535)
     host: str = "127.0.0.1"
     memory_budget: str | None = Field(None, description="--memory-budget passed to the engine, e.g. 8MB")

@@ -77,7 +77,8 @@ class GpuSnapshot:
     ecc_uncorrected: int | None = None
     remapped_rows_pending: bool | None = None
     remapped_rows_failure: bool | None = None
-    recovery_action: int | None = None        # NVML field 230: 0 none, 1 reset, 2 reboot, 3 drain P2P, 4 drain and reset
+    # NVML field 230: 0 none, 1 reset, 2 reboot, 3 drain P2P, 4 drain and reset
+    recovery_action: int | None = None
     persistence_mode: bool | None = None
     processes: list[GpuProcess] = field(default_factory=list)
     xid_events: list[XidEvent] = field(default_factory=list)
@@ -131,7 +132,8 @@ class EngineSnapshot:
     oom_total: float | None = None
     faults: list[dict] = field(default_factory=list)      # the engine's recent OOM faults, newest last
     recent_requests: list[dict] = field(default_factory=list)
-    ttft_histogram: dict[str, Any] | None = None          # {"buckets": [(le, cumulative count)...], "sum": s, "count": c}
+    # {"buckets": [(le, cumulative count)...], "sum": s, "count": c}
+    ttft_histogram: dict[str, Any] | None = None
     e2e_histogram: dict[str, Any] | None = None
     finished_total: float | None = None
     by_finish_reason: dict[str, float] | None = None
@@ -157,9 +159,25 @@ class Decision:
 
     policy: str
     target: str                 # engine name or GPU uuid
-    action: str | None          # degrade, rollback, drain_restart, reset_gpu, isolate_gpu, reboot_node, open_breaker, ...
+    # degrade, rollback, drain_restart, reset_gpu, isolate_gpu, reboot_node, route_light, ...
+    action: str | None
     from_state: str | None
     to_state: str | None
     reason: str
     inputs: dict[str, Any] = field(default_factory=dict)
     severity: str = "info"      # info, warning, critical
+
+    @property
+    def kind(self) -> str:
+        """How the loop records and routes it: ``transition`` (the state changed),
+        ``decision`` (an action in the same state) or ``observation`` (neither)."""
+        if self.from_state != self.to_state:
+            return "transition"
+        return "decision" if self.action else "observation"
+
+    @property
+    def handoff(self) -> str | None:
+        """The GPU policy this decision is handed to (``inputs["handoff"]``, e.g. ``"hardware"``
+        for an engine fault that points at the GPU), None when it stays with its policy."""
+        target = (self.inputs or {}).get("handoff")
+        return target if isinstance(target, str) and target else None

@@ -27,6 +27,7 @@ from inferctl.controller.api import create_app
 from inferctl.controller.config import ConfigError, ControllerConfig, check_files
 from inferctl.controller.events import EventLog, EventLogError
 from inferctl.controller.loop import Controller
+from inferctl.controller.state import ControllerState
 from inferctl.controller.metrics import build_registry
 from inferctl.controller.reset import GpuResetter
 
@@ -203,13 +204,14 @@ def build_runtime(config: ControllerConfig, admin_token: str, *, engine_log_dir:
                                allowed_pids=lambda: [s.pid for s in supervisors.values() if s.pid is not None],
                                command_timeout_seconds=rails.command_timeout_seconds, metrics=metrics)
         light = {e.name: config.policies.breaker.options().get("light_model") for e in config.engines}
+        state = ControllerState.for_config(config)
         actions = Actions(clients, supervisors, resetter, event_log, metrics,
                           engine_gpus={e.name: e.gpu for e in config.engines},
-                          drain_timeout_seconds=rails.drain_timeout_seconds, light_models=light)
+                          drain_timeout_seconds=rails.drain_timeout_seconds, light_models=light,
+                          state=state)
         controller = Controller(config, clients, gpu_source, policies, actions, event_log, metrics,
                                 registry=registry, gpu_policies=gpu_policies, supervisors=supervisors,
-                                resetter=resetter, counter=counter)
-        actions.gpu_index_of = controller.gpu_index_of
+                                resetter=resetter, counter=counter, state=state)
         app = create_app(controller, admin_token)
     except BaseException:
         for sup in supervisors.values():

@@ -259,6 +259,7 @@ def make_controller(tmp_path: Path, clients: dict, gpu_source=None, intervals: d
     from inferctl.controller.policies.precision import PrecisionPolicy
     from inferctl.controller.reset import GpuResetter
     from inferctl.controller.signals import InvalidSampleCounter
+    from inferctl.controller.state import ControllerState
 
     cfg, registry, metrics, log = loop_parts(
         tmp_path, [{"name": n, "url": f"http://127.0.0.1:{9000 + i}", "gpu": 0}
@@ -267,15 +268,15 @@ def make_controller(tmp_path: Path, clients: dict, gpu_source=None, intervals: d
     resetter = GpuResetter(gpu_source=gpu_source, event_log=log, metrics=metrics, clock=clock,
                            verify_interval_seconds=0.0, **(resetter_opts or {}))
     counter = InvalidSampleCounter()
+    state = ControllerState.for_config(cfg)
     acts = Actions(clients, event_log=log, metrics=metrics, resetter=resetter,
-                   confirm_timeout_seconds=0.5, poll_interval_seconds=0.01)
+                   confirm_timeout_seconds=0.5, poll_interval_seconds=0.01, state=state)
     if policies is None:
         policies = {n: {"precision": PrecisionPolicy({"hold_seconds": hold_seconds,
                                                       "confirm_timeout_seconds": 5},
                                                      engine=n, counter=counter)} for n in clients}
     ctl = Controller(cfg, clients, gpu_source, policies, acts, log, metrics, registry=registry,
-                     counter=counter, resetter=resetter, clock=clock)
-    acts.gpu_index_of = ctl.gpu_index_of
+                     counter=counter, resetter=resetter, clock=clock, state=state)
     return ctl, registry, log
 
 

@@ -1,0 +1,238 @@
+"""The controller's Prometheus exporter: gauges and counters from the last readings and the
+policies (the catalog is ``controller/metrics.py``; docs/observability.md).
+
+A value of None (no data) removes a gauge's series rather than setting it to 0. Labelled
+counters whose series are known in advance are created at 0 when the controller starts, so
+that PromQL ``increase()``/``rate()`` see their first event.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterable, Mapping
+
+from inferctl.contract.precision import INT8, PRECISION_MODES
+from inferctl.controller import signals as sig
+from inferctl.controller.actions import RESTART_REASONS
+from inferctl.controller.events import EVENT_KINDS
+from inferctl.controller.metrics import CONTROLLER_METRICS
+from inferctl.controller.reset import OUTCOMES as RESET_OUTCOMES
+from inferctl.controller.types import Decision, EngineSnapshot, GpuReading
+
+#: ``kind`` label values of ``inferctl_engine_oom_events_total`` (the engine's fault kinds;
+#: ``unknown`` when it gives none).
+OOM_KINDS = ("fragmentation", "exhaustion", "impossible", "hardware", "unknown")
+_LABELS = {spec["name"]: tuple(spec["labels"]) for spec in CONTROLLER_METRICS}
+#: how many fault keys per engine are remembered before the ones no longer reported are dropped
+_MAX_SEEN_FAULTS = 10_000
+
+
+class Exporter:
+    """Sets the controller's metrics (``metrics``: the controller metrics by name, from
+    ``controller.metrics.build_registry()[1]``; a metric absent there is skipped).
+
+    ``counter`` is the signals' ``InvalidSampleCounter`` (exported as invalid samples);
+    ``clock`` the time source for a snapshot without a time.
+    """
+
+    def __init__(self, metrics: dict, counter: Any = None, clock: Callable[[], float] | None = None) -> None:
+        self.metrics = metrics
+        self.counter = counter
+        self.clock = clock or time.time
+        self.seen_faults: dict[str, set] = {}
+        self._int8_since: dict[str, float] = {}
+        self._invalid_exported: dict[str, int] = {}
+        self._gpus_counted: set[str] = set()
+
+    # ------------------------------------------------------------------ primitives
+    def zero(self, name: str, **labels: str) -> None:
+        """Create a counter's series at 0 (no-op when it exists or the metric is absent)."""
+        c = self.metrics.get(name)
+        if c is not None:
+            c.labels(**labels)
+
+    def inc(self, name: str, amount: float = 1.0, **labels: str) -> None:
+        """Add ``amount`` to a counter's series (no-op when the metric is absent)."""
+        c = self.metrics.get(name)
+        if c is not None:
+            c.labels(**labels).inc(amount)
+
+    def gauge(self, name: str, value: float | None, **labels: str) -> None:
+        """Set a gauge; None (no data) removes the series rather than reading as 0."""
+        g = self.metrics.get(name)
+        if g is None:
+            return
+        if value is None:
+            try:
+                g.remove(*[labels[k] for k in _LABELS[name]])
+            except KeyError:
+                pass
+            return
+        g.labels(**labels).set(float(value))
+
+    # ------------------------------------------------------------------ start
+    def init_counters(self, jobs: Iterable[str], engine_kinds: Mapping[str, str | None],
+                      supervised: Iterable[str], policies: Mapping[str, Mapping[str, Any]]) -> None:
+        """Create the labelled counters' known series at 0: events by kind, poll errors by job,
+        a bundled engine's precision switches, drains and OOM kinds, a supervised engine's
+        restart reasons, and each policy's ``COUNTED_ENTRIES``. GPU reset counters follow once
+        the GPUs are known (:meth:`export_gpu`)."""
+        supervised = set(supervised)
+        for kind in EVENT_KINDS:
+            self.zero("inferctl_events_total", kind=kind)
+        for job in jobs:
+            self.zero("inferctl_poll_errors_total", poller=job)
+        for name, kind in engine_kinds.items():
+            if kind == "bundled":
+                for mode in PRECISION_MODES:
+                    self.zero("inferctl_precision_switches_total", engine=name, to=mode)
+                self.zero("inferctl_engine_drains_total", engine=name)
+                for oom in OOM_KINDS:
+                    self.zero("inferctl_engine_oom_events_total", engine=name, kind=oom)
+            if name in supervised:
+                for reason in RESTART_REASONS:
+                    self.zero("inferctl_engine_restarts_total", engine=name, reason=reason)
+            for pol in policies.get(name, {}).values():
+                for metric in getattr(pol, "COUNTED_ENTRIES", {}).values():
+                    self.zero(metric, engine=name)
+
+    # ------------------------------------------------------------------ engines
+    def export_engine(self, name: str, snap: EngineSnapshot, prev: EngineSnapshot | None) -> None:
+        """An engine poll's gauges (up, precision mode, degraded seconds, KV usage/waste,
+        fragmentation, padding, effective batch, repetition, degenerate rate by prompt-length
+        bucket, perplexity) and its new OOM faults by kind. ``prev`` is the poll before (the
+        batch window)."""
+        self.gauge("inferctl_engine_up", 1.0 if snap.ok else 0.0, engine=name)
+        if snap.ok and snap.precision in PRECISION_MODES:
+            self._export_precision(name, snap)
+        if not snap.ok:
+            return
+        c = self.counter
+        self.gauge("inferctl_kv_cache_usage_ratio",
+                   sig.validate_ratio(snap.kv_usage_ratio, "kv_cache_usage_ratio", c).value, engine=name)
+        self.gauge("inferctl_kv_cache_waste_ratio",
+                   sig.validate_ratio(snap.kv_waste_ratio, "kv_cache_waste_ratio", c).value, engine=name)
+        self.gauge("inferctl_fragmentation_ratio",
+                   sig.fragmentation_ratio(snap.memory_reserved_bytes, snap.memory_allocated_bytes, c).value,
+                   engine=name)
+        window = sig.batch_window(prev, snap, c)
+        self.gauge("inferctl_padding_ratio", window["padding_ratio"].value, engine=name)
+        self.gauge("inferctl_effective_batch_size", window["effective_batch_size"].value, engine=name)
+        rep = sig.repetition_summary(snap.recent_requests, counter=c)
+        self.gauge("inferctl_repetition_ratio", rep.mean_seq_rep.value, engine=name)
+        for bucket, rate in rep.by_bucket.items():
+            self.gauge("inferctl_degenerate_ratio", rate.rate, engine=name, prompt_len_bucket=bucket)
+        self.gauge("inferctl_perplexity", sig.perplexity_summary(snap.recent_requests, counter=c).value,
+                   engine=name)
+        self._count_faults(name, snap)
+
+    def _export_precision(self, name: str, snap: EngineSnapshot) -> None:
+        for mode in PRECISION_MODES:
+            self.gauge("inferctl_precision_mode", 1.0 if mode == snap.precision else 0.0,
+                       engine=name, mode=mode)
+        now = snap.time or self.clock()
+        if snap.precision == INT8:
+            self._int8_since.setdefault(name, now)
+        else:
+            self._int8_since.pop(name, None)
+        since = self._int8_since.get(name)
+        self.gauge("inferctl_degraded_seconds", 0.0 if since is None else max(0.0, now - since),
+                   engine=name)
+
+    def _count_faults(self, name: str, snap: EngineSnapshot) -> None:
+        """Count each fault the engine reports once, keyed by (time, id)."""
+        seen = self.seen_faults.setdefault(name, set())
+        current = set()
+        for fault in snap.faults:
+            if not isinstance(fault, dict):
+                continue
+            key = _hashable((fault.get("time"), fault.get("id")))
+            current.add(key)
+            if key in seen:
+                continue
+            seen.add(key)
+            kind = fault.get("kind") if fault.get("kind") in OOM_KINDS[:-1] else "unknown"
+            self.inc("inferctl_engine_oom_events_total", engine=name, kind=kind)
+        if len(seen) > _MAX_SEEN_FAULTS:      # bounded memory; the faults still reported stay known
+            seen.intersection_update(current)
+
+    # ------------------------------------------------------------------ GPUs
+    def export_gpu(self, reading: GpuReading) -> None:
+        """A GPU poll's gauges: telemetry up, and per GPU lost, memory, utilization,
+        temperature, power and ECC counts (a lost GPU's numbers are removed)."""
+        self.gauge("inferctl_gpu_telemetry_up", 1.0 if reading.ok else 0.0, source=reading.source)
+        if not reading.ok:
+            return
+        for g in reading.gpus.values():
+            lab = {"gpu": str(g.index), "uuid": g.uuid}
+            if g.index is not None and lab["gpu"] not in self._gpus_counted:
+                self._gpus_counted.add(lab["gpu"])
+                for outcome in RESET_OUTCOMES:
+                    self.zero("inferctl_gpu_resets_total", gpu=lab["gpu"], outcome=outcome)
+            self.gauge("inferctl_gpu_lost", 1.0 if g.lost else 0.0, **lab)
+            for metric, value in (("inferctl_gpu_memory_total_bytes", g.memory_total_bytes),
+                                  ("inferctl_gpu_memory_used_bytes", g.memory_used_bytes),
+                                  ("inferctl_gpu_memory_free_bytes", g.memory_free_bytes),
+                                  ("inferctl_gpu_memory_reserved_bytes", g.memory_reserved_bytes),
+                                  ("inferctl_gpu_utilization_ratio", g.utilization_ratio),
+                                  ("inferctl_gpu_memory_bandwidth_utilization_ratio",
+                                   g.memory_bandwidth_utilization_ratio),
+                                  ("inferctl_gpu_temperature_celsius", g.temperature_celsius),
+                                  ("inferctl_gpu_power_watts", g.power_watts)):
+                self.gauge(metric, None if g.lost else value, **lab)
+            self.gauge("inferctl_gpu_ecc_errors", g.ecc_corrected, type="corrected", **lab)
+            self.gauge("inferctl_gpu_ecc_errors", g.ecc_uncorrected, type="uncorrected", **lab)
+
+    def count_xids(self, events: Iterable[Mapping[str, Any]]) -> None:
+        """``inferctl_gpu_xid_events_total{gpu, xid, action}`` += 1 per new Xid report (as a
+        GPU policy counted them after its deduplication)."""
+        for ev in events:
+            self.inc("inferctl_gpu_xid_events_total", gpu=str(ev.get("gpu_index")),
+                     xid=str(ev.get("xid")), action=str(ev.get("action")))
+
+    # ------------------------------------------------------------------ policies
+    def export_policies(self, now: float, policies: Mapping[str, Mapping[str, Any]],
+                        gpu_policies: Mapping[str, Any], reading: GpuReading | None) -> None:
+        """``inferctl_gpu_healthy`` per GPU of a good reading (a GPU policy's ``gpu_state``
+        verdict where one gives it, else "not lost"), and every engine policy's ``gauges(now)``
+        labelled with its engine."""
+        if reading is not None and reading.ok:
+            judge = next((p for p in gpu_policies.values() if hasattr(p, "gpu_state")), None)
+            for g in reading.gpus.values():
+                state = judge.gpu_state(g.uuid) if judge is not None else None
+                healthy = (state == "healthy") if state is not None else not g.lost
+                self.gauge("inferctl_gpu_healthy", 1.0 if healthy else 0.0, gpu=str(g.index), uuid=g.uuid)
+        for name, pols in policies.items():
+            for pol in pols.values():
+                gauges = getattr(pol, "gauges", None)
+                if gauges is None:
+                    continue
+                for gv in gauges(now):
+                    self.gauge(gv.name, gv.value, engine=name, **gv.labels)
+
+    def count_entry(self, d: Decision, policy: Any) -> None:
+        """A transition into a state that ``policy`` counts (``COUNTED_ENTRIES``, e.g. the
+        breaker's trips) increments that counter for the decision's target."""
+        metric = getattr(policy, "COUNTED_ENTRIES", {}).get(d.to_state or "")
+        if metric is not None and d.from_state != d.to_state:
+            self.inc(metric, engine=d.target)
+
+    def export_invalid(self) -> None:
+        """Bring ``inferctl_invalid_samples_total{signal}`` up to the counter's totals."""
+        if self.counter is None or "inferctl_invalid_samples_total" not in self.metrics:
+            return
+        for signal, count in self.counter.by_signal().items():
+            done = self._invalid_exported.get(signal, 0)
+            if count > done:
+                self.metrics["inferctl_invalid_samples_total"].labels(signal=signal).inc(count - done)
+                self._invalid_exported[signal] = count
+
+
+def _hashable(value: Any) -> Any:
+    """``value`` itself when it can be a set member or dict key, else its ``repr`` (a client
+    that passed a list or a dict through must not break deduplication)."""
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value

@@ -1,0 +1,99 @@
+"""The ``/status`` document: the controller, every engine (last poll, memory, supervision, poll
+job, policies), the GPUs (last reading, policies), the reset rails and the invalid samples.
+
+Strict JSON data (``json_safe``: no NaN or infinity). ``None`` is "no data yet".
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Mapping
+
+from inferctl.controller.events import EventLog, json_safe
+from inferctl.controller.policies.base import policy_state
+from inferctl.controller.sources import Sources
+from inferctl.controller.state import ControllerState
+from inferctl.controller.types import EngineSnapshot
+
+
+class StatusBuilder:
+    """Builds the ``/status`` document from the controller's parts (all shared, read at call
+    time: a policy or supervisor added to the mappings shows up)."""
+
+    def __init__(self, *, state: ControllerState, sources: Sources, engines: Mapping[str, Any],
+                 policies: Mapping[str, Mapping[str, Any]], gpu_policies: Mapping[str, Any],
+                 supervisors: Mapping[str, Any], event_log: EventLog, resetter: Any, counter: Any,
+                 clock: Callable[[], float], started_at: float) -> None:
+        self.state = state
+        self.sources = sources
+        self.engines = engines
+        self.policies = policies
+        self.gpu_policies = gpu_policies
+        self.supervisors = supervisors
+        self.event_log = event_log
+        self.resetter = resetter
+        self.counter = counter
+        self.clock = clock
+        self.started_at = started_at
+
+    def build(self, *, ticks: int, running: bool, in_flight: Iterable[tuple[str, str]]) -> dict:
+        """The document: ``{"controller", "engines", "gpus", "rails", "invalid_samples"}``."""
+        now = self.clock()
+        with self.state.lock:
+            doc = {
+                "controller": {"time": now, "started": self.started_at, "uptime_seconds": now - self.started_at,
+                               "ticks": ticks, "last_event_id": self.event_log.last_id(),
+                               "actions_in_flight": sorted(f"{a}:{t}" for a, t in in_flight),
+                               "running": running},
+                "engines": {name: self._engine(name, client, now) for name, client in self.engines.items()},
+                "gpus": self._gpus(now),
+                "rails": None if self.resetter is None else self.resetter.state(),
+                "invalid_samples": None if self.counter is None else self.counter.snapshot(),
+            }
+        return json_safe(doc)
+
+    def _engine(self, name: str, client: Any, now: float) -> dict:
+        snap: EngineSnapshot | None = self.state.latest.get(name)
+        sup = self.supervisors.get(name)
+        none = snap is None
+        return {
+            "url": getattr(client, "base_url", None), "kind": getattr(client, "kind", None),
+            "up": None if none else bool(snap.ok),
+            "error": None if none else snap.error,
+            "last_poll": None if none else snap.time,
+            "model": None if none else snap.model,
+            "precision": None if none else snap.precision,
+            "draining": None if none else snap.draining,
+            "running": None if none else snap.running,
+            "waiting": None if none else snap.waiting,
+            "kv_usage_ratio": None if none else snap.kv_usage_ratio,
+            "memory": None if none else {
+                "budget_bytes": snap.memory_budget_bytes,
+                "allocated_bytes": snap.memory_allocated_bytes,
+                "reserved_bytes": snap.memory_reserved_bytes,
+                "free_bytes": snap.memory_free_bytes},
+            "oom_total": None if none else snap.oom_total,
+            "gpu": self.state.engine_gpu.get(name),
+            "supervised": sup is not None,
+            "pid": None if sup is None else sup.pid,
+            "restarts": None if sup is None else sup.restarts,
+            "poll": self.sources.jobs[f"engine:{name}"].state(),
+            "policies": {k: policy_state(p, now) for k, p in self.policies.get(name, {}).items()},
+        }
+
+    def _gpus(self, now: float) -> dict:
+        reading = self.state.reading
+        source = self.sources.gpu_source
+        return {
+            "source": getattr(source, "name", None),
+            "simulated": bool(getattr(source, "simulated", False)),
+            "ok": None if reading is None else reading.ok,
+            "error": None if reading is None else reading.error,
+            "poll": self.sources.jobs["gpu"].state(),
+            "devices": [] if reading is None else [
+                {"index": g.index, "uuid": g.uuid, "name": g.name, "lost": g.lost,
+                 "memory_total_bytes": g.memory_total_bytes, "memory_used_bytes": g.memory_used_bytes,
+                 "memory_free_bytes": g.memory_free_bytes, "utilization_ratio": g.utilization_ratio,
+                 "temperature_celsius": g.temperature_celsius, "health": g.health}
+                for g in sorted(reading.gpus.values(), key=lambda s: (s.index is None, s.index or 0))],
+            "policies": {k: policy_state(p, now) for k, p in self.gpu_policies.items()},
+        }
