@@ -27,6 +27,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from inferctl.contract.thresholds import THRESHOLDS
 from inferctl.controller.policies.base import Gauge
 from inferctl.controller.policies.common import PerEnginePolicy, check_number, config_from_mapping
 from inferctl.controller.signals import (InvalidHistogram, InvalidSampleCounter, LatencySummary,
@@ -55,8 +56,9 @@ TRANSITIONS: Mapping[tuple[BreakerState, str], BreakerState] = {
 @dataclass
 class BreakerConfig:
     """``light_model`` (required: the lightweight model the engine serves);
-    ``main_model`` (default: the engine's reported model); ``ttft_threshold_seconds`` (0.5);
-    ``close_threshold_seconds`` (default = the threshold); ``quantile`` (0.99);
+    ``main_model`` (default: the engine's reported model); ``ttft_threshold_seconds`` (0.5,
+    ``contract.thresholds.THRESHOLDS.ttft_seconds``); ``close_threshold_seconds`` (default =
+    the threshold); ``quantile`` (0.99, ``THRESHOLDS.latency_quantile``);
     ``window_seconds`` (30); ``min_requests`` (20) observations in the window to judge;
     ``open_seconds`` (30) before a probe; ``probe_fraction`` (0.1) of new requests and at most
     ``probe_max_requests`` (20) sent to the main model while half-open;
@@ -64,9 +66,9 @@ class BreakerConfig:
 
     light_model: str = ""
     main_model: str | None = None
-    ttft_threshold_seconds: float = 0.5
+    ttft_threshold_seconds: float = THRESHOLDS.ttft_seconds
     close_threshold_seconds: float | None = None
-    quantile: float = 0.99
+    quantile: float = THRESHOLDS.latency_quantile
     window_seconds: float = 30.0
     min_requests: int = 20
     open_seconds: float = 30.0

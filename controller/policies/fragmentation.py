@@ -34,6 +34,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from inferctl.contract.thresholds import THRESHOLDS
 from inferctl.controller.policies.common import (HoldClock, PerEnginePolicy, check_number,
                                         config_from_mapping)
 from inferctl.controller.signals import InvalidSampleCounter, format_bytes, fragmentation_ratio
@@ -58,7 +59,8 @@ TRANSITIONS: Mapping[tuple[FragmentationState, str], FragmentationState] = {
 
 @dataclass
 class FragmentationConfig:
-    """``threshold_ratio`` (0.30, the design notes' 30 %); ``hold_seconds`` (60) the
+    """``threshold_ratio`` (0.30, the design's 30 %: ``contract.thresholds.THRESHOLDS.
+    fragmentation_ratio``); ``hold_seconds`` (60) the
     fragmentation must stay above it; ``min_interval_seconds`` (600) between two restarts of
     the engine; ``restart_timeout_seconds`` (300) to wait for the restarted engine;
     ``min_unallocated_bytes`` (0 = off): ignore fragmentation of less than this many bytes
@@ -66,7 +68,7 @@ class FragmentationConfig:
     once the high ratio has been seen at an idle moment (running 0, waiting 0) during the hold,
     so a busy engine's cached activation working set never restarts it (False: any samples)."""
 
-    threshold_ratio: float = 0.30
+    threshold_ratio: float = THRESHOLDS.fragmentation_ratio
     hold_seconds: float = 60.0
     min_interval_seconds: float = 600.0
     restart_timeout_seconds: float = 300.0
