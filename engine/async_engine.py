@@ -3,10 +3,11 @@
 The stepping thread owns the :class:`~inferctl.engine.engine.LLMEngine` (attached as its
 stepping thread): it enqueues new requests and applies the engine's command mailbox (aborts,
 precision switches, drains, injected faults; :mod:`inferctl.engine.commands`) between steps,
-calls ``step()`` while there is work and sleeps on a condition variable otherwise. Requests come in through :meth:`AsyncLLMEngine.generate`, an async generator:
-validation (``LLMEngine.make_sequence``) runs in the caller, so an
-:class:`~engine.scheduler.AdmissionError` is raised before the first item is yielded. Outputs
-are handed to the caller's event loop with one ``call_soon_threadsafe`` per loop per step.
+calls ``step()`` while there is work and sleeps on a condition variable otherwise. Requests
+come in through :meth:`AsyncLLMEngine.generate`, an async generator: validation
+(``LLMEngine.make_sequence``) runs in the caller, so an
+:class:`~inferctl.engine.scheduler.AdmissionError` is raised before the first item is yielded.
+Outputs are handed to the caller's event loop with one ``call_soon_threadsafe`` per loop per step.
 Closing or cancelling the generator (client disconnect) aborts the request at the next step
 boundary, which frees its KV blocks.
 """

@@ -69,7 +69,8 @@ ENGINE_METRICS: list[MetricSpec] = [
     {"name": "inferctl_engine_kv_cache_usage_ratio", "type": "gauge", "unit": "ratio",
      "help": "Fraction of KV cache blocks in use (0..1).", "labels": ()},
     {"name": "inferctl_engine_kv_cache_waste_ratio", "type": "gauge", "unit": "ratio",
-     "help": "Internal waste of used KV blocks: 1 - tokens stored / (blocks used * block size). NaN (no data) when no block is used.",
+     "help": ("Internal waste of used KV blocks: 1 - tokens stored / (blocks used * block size). "
+              "NaN (no data) when no block is used."),
      "labels": ()},
     # memory
     {"name": "inferctl_engine_memory_budget_bytes", "type": "gauge", "unit": "bytes",
@@ -95,7 +96,8 @@ ENGINE_METRICS: list[MetricSpec] = [
      "help": "seq-rep-n of each finished output: 1 - distinct n-grams / n-grams (Welleck et al. 2019).",
      "labels": ("model", "n"), "buckets": RATIO_BUCKETS},
     {"name": "inferctl_engine_degenerate_outputs_total", "type": "counter", "unit": "requests",
-     "help": "Finished outputs flagged degenerate (seq-rep-4 above the threshold, or stopped for repetition), by prompt-length bucket.",
+     "help": ("Finished outputs flagged degenerate (seq-rep-4 above the threshold, or stopped for "
+              "repetition), by prompt-length bucket."),
      "labels": ("model", "prompt_len_bucket")},
     {"name": "inferctl_engine_outputs_total", "type": "counter", "unit": "requests",
      "help": "Finished outputs scored for quality, by prompt-length bucket.",

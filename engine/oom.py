@@ -22,7 +22,8 @@ def format_oom_message(requested: int, total: int | None, free: int | None, allo
     """PyTorch's current (>= 2.1) CUDA OOM message, as raised by the caching allocator.
 
     ``total=None`` / ``free=None`` leave out that clause (some wrappers print the message
-    without it; F13 (b), (c)). ``process_in_use`` defaults to ``allocated + reserved_unallocated``.
+    without it; docs/field-cases.md, the OOM kinds). ``process_in_use`` defaults to
+    ``allocated + reserved_unallocated``.
     """
     in_use = allocated + reserved_unallocated if process_in_use is None else process_in_use
     head = f"{device_kind} out of memory. Tried to allocate {format_size(requested)}. "

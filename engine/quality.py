@@ -126,7 +126,7 @@ def json_safe(x):
     """Copy of ``x`` with every NaN / +-inf float replaced by None (recursively).
 
     So that responses are strictly valid JSON (RFC 8259 has no NaN or Infinity;
-    ``json.dumps(..., allow_nan=False)`` succeeds on the result). Field case F18.
+    ``json.dumps(..., allow_nan=False)`` succeeds on the result; docs/field-cases.md, NaN logprobs).
     dicts keep their keys; lists and tuples become lists; ints, bools, strings and None pass
     through; other real numbers (numpy scalars) become float or None. Objects of other types
     are returned unchanged.

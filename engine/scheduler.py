@@ -15,7 +15,7 @@ Order per step:
 
 Admission (:meth:`Scheduler.check_admission`) rejects — never clamps — a request that cannot
 complete: prompt + max_tokens above ``max_model_len``, or more KV blocks than the whole pool
-(field case F14). Rejecting keeps ``max_tokens`` meaning what the client asked for; a clamped
+(docs/field-cases.md, admission). Rejecting keeps ``max_tokens`` meaning what the client asked for; a clamped
 request would silently return less than asked.
 """
 
