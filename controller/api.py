@@ -29,18 +29,17 @@ response is strict JSON (RFC 8259).
 
 from __future__ import annotations
 
-import hmac
 import json
 import re
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import ClientDisconnect
 
+from inferctl.contract.http import BodyRejected, Unauthorized, check_bearer, read_json_body
 from inferctl.controller.actions import ActionResult
 from inferctl.controller.events import EVENT_KINDS, json_safe
 from inferctl.controller.loop import ReleaseRefused
@@ -92,10 +91,6 @@ def _error(err: ApiError) -> Response:
                  err.status, err.headers)
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
 def _echo(text: str) -> str:
     """``text`` quoted for an error message, cut to :data:`MAX_ECHO_CHARS`."""
     if len(text) <= MAX_ECHO_CHARS:
@@ -103,57 +98,32 @@ def _echo(text: str) -> str:
     return f"{text[:MAX_ECHO_CHARS]!r}... ({len(text)} characters)"
 
 
-def _depth(raw: bytes) -> int:
-    """The deepest nesting of ``[``/``{`` in a JSON text (brackets inside strings skipped)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for byte in raw:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:          # backslash
-                escaped = True
-            elif byte == 0x22:          # closing quote
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in (0x5B, 0x7B):      # [ {
-            depth += 1
-            deepest = max(deepest, depth)
-        elif byte in (0x5D, 0x7D):      # ] }
-            depth -= 1
-    return deepest
-
-
-async def _read_body(request: Request) -> bytes:
-    """The request body, refused with 413 past :data:`MAX_BODY_BYTES` — from ``Content-Length``
-    before reading anything, else while streaming (a chunked body is not read to the end)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.strip().isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise ApiError(413, "body_too_large", f"body: {int(declared)} bytes > {MAX_BODY_BYTES}", "body")
-    chunks, size = [], 0
-    try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                raise ApiError(413, "body_too_large", f"body: more than {MAX_BODY_BYTES} bytes", "body")
-            chunks.append(chunk)
-    except ClientDisconnect:
-        raise ApiError(400, "client_disconnected", "body: the client disconnected before sending it",
-                       "body") from None
-    return b"".join(chunks)
+def _body_error(e: BodyRejected) -> ApiError:
+    """The controller's answer to a body that ``contract.http`` refused (always ``field="body"``)."""
+    if e.reason == "too_large":
+        return ApiError(413, "body_too_large", f"body: {e.size} bytes > {e.limit}" if e.size is not None
+                        else f"body: more than {e.limit} bytes", "body")
+    if e.reason == "disconnected":
+        return ApiError(400, "client_disconnected", "body: the client disconnected before sending it", "body")
+    if e.reason == "too_deep":
+        return ApiError(400, "invalid_json", f"body: nested more than {e.limit} levels deep", "body")
+    if e.reason in ("not_utf8", "invalid_json"):
+        return ApiError(400, "invalid_json", f"body: not valid JSON ({(e.detail or '')[:200]})", "body")
+    if e.reason == "bad_length":
+        return ApiError(400, "invalid_header", f"body: {e.message}", "body")
+    return ApiError(400, "invalid_body", "body: must be a JSON object", "body")   # empty, not_object
 
 
 async def _body(request: Request, model: type[BaseModel]) -> Any:
-    raw = await _read_body(request)
-    if _depth(raw) > MAX_JSON_DEPTH:
-        raise ApiError(400, "invalid_json", f"body: nested more than {MAX_JSON_DEPTH} levels deep", "body")
+    """The body as ``model``: strict JSON (``contract.http.read_json_body``: at most
+    :data:`MAX_BODY_BYTES`, :data:`MAX_JSON_DEPTH` deep, no NaN/Infinity, an object), then
+    validated (unknown keys and type coercion refused). Raises :class:`ApiError` naming the
+    field."""
     try:
-        data = json.loads(raw or b"null", parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as exc:
-        raise ApiError(400, "invalid_json", f"body: not valid JSON ({str(exc)[:200]})", "body") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "invalid_body", "body: must be a JSON object", "body")
+        data = await read_json_body(request, MAX_BODY_BYTES, allow_nan=False, max_depth=MAX_JSON_DEPTH,
+                                    check_unicode=False, require_object=True)
+    except BodyRejected as exc:
+        raise _body_error(exc) from None
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -191,7 +161,6 @@ def create_app(controller: Any, admin_token: str) -> FastAPI:
     """
     if not admin_token:
         raise ValueError("admin_token: required (generate one; the actions must not be open)")
-    token = admin_token.encode()
     app = FastAPI(title="inferctl controller", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(ApiError)
@@ -207,13 +176,10 @@ def create_app(controller: Any, admin_token: str) -> FastAPI:
         return _error(ApiError(405, "method_not_allowed", f"{request.method} not allowed on {request.url.path}"))
 
     def auth(request: Request) -> str:
-        header = request.headers.get("authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not given:
-            raise ApiError(401, "unauthorized", "missing bearer token (Authorization: Bearer <token>)",
-                           headers={"WWW-Authenticate": "Bearer"})
-        if not hmac.compare_digest(given.strip().encode(), token):
-            raise ApiError(401, "unauthorized", "wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+        try:
+            check_bearer(request.headers.get("authorization"), admin_token)
+        except Unauthorized as exc:
+            raise ApiError(401, "unauthorized", exc.message, headers=exc.headers) from None
         name = request.headers.get("x-inferctl-actor")
         if name is None or name == "":
             return "operator"
@@ -267,7 +233,7 @@ def create_app(controller: Any, admin_token: str) -> FastAPI:
         actor = auth(request)
         body = await _body(request, EngineActionBody)
         name = _engine(body)
-        if "precision" not in controller.policies.get(name, {}):
+        if not any(callable(getattr(p, "unpin", None)) for p in controller.policies.get(name, {}).values()):
             raise ApiError(409, "no_precision_policy", f"engine {name} has no precision policy", "engine")
         try:
             decisions = await run_in_threadpool(controller.unpin, name, actor)   # takes the controller lock
