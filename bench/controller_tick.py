@@ -95,6 +95,7 @@ def build_controller(n_engines: int, n_gpus: int, workdir: Path):
     from inferctl.controller.loop import Controller
     from inferctl.controller.metrics import build_registry
     from inferctl.controller.signals import InvalidSampleCounter
+    from inferctl.controller.state import ControllerState
     from inferctl.controller.up import _policies
 
     stats = bundled_stats_doc()
@@ -117,10 +118,11 @@ def build_controller(n_engines: int, n_gpus: int, workdir: Path):
     gpu_source = ReplayGpuSource(captures=[gpu_reading(n_gpus)], mode="step")
     counter = InvalidSampleCounter()
     policies, gpu_policies = _policies(cfg, counter)
-    actions = Actions(clients, {}, None, log, metrics, engine_gpus={e.name: e.gpu for e in cfg.engines})
+    state = ControllerState.for_config(cfg)   # the last readings, shared by the loop and the actions
+    actions = Actions(clients, {}, None, log, metrics, engine_gpus={e.name: e.gpu for e in cfg.engines},
+                      state=state)
     ctl = Controller(cfg, clients, gpu_source, policies, actions, log, metrics, registry=registry,
-                     gpu_policies=gpu_policies, counter=counter)
-    actions.gpu_index_of = ctl.gpu_index_of
+                     gpu_policies=gpu_policies, counter=counter, state=state)
     return ctl, registry, log
 
 
