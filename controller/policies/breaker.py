@@ -1,6 +1,6 @@
 """Latency breaker: route new requests to a lightweight model while TTFT is too high.
 
-The design notes: "a request over 500 ms degrades to a lightweight model". A classic circuit
+The design (docs/design.md): "a request over 500 ms degrades to a lightweight model". A classic circuit
 breaker on TTFT p99 over a sliding window (Prometheus ``histogram_quantile`` over the window's
 bucket deltas). Decides only; the loop applies the routing (``route_light``/``route_main``/
 ``probe``) and records events.
@@ -12,8 +12,9 @@ States (one instance per engine)::
     HALF_OPEN ──probes' p99 ≤ close threshold, ≥ probe_min_requests──▶ CLOSED (route_main)
     HALF_OPEN ──probes' p99 > close threshold──▶ OPEN                  (route_light)
 
-No data (no histogram, no observation in the window — F04 — or a histogram flagged
-implausible or inconsistent — F03) changes nothing: the breaker neither opens nor closes.
+No data (no histogram, no observation in the window, or a histogram flagged implausible or
+inconsistent; docs/field-cases.md: "no traffic turns into NaN", "an impossible TTFT
+histogram") changes nothing: the breaker neither opens nor closes.
 A "≥ bound" p99 (the quantile fell in the +Inf bucket) counts as over the threshold.
 The main model's own TTFT histogram is used when the engine labels them by model
 (``EngineSnapshot.ttft_histogram_by_model``); otherwise the engine-wide one, noted in the
@@ -149,7 +150,7 @@ class LatencyBreaker(PerEnginePolicy):
                 self.counter.record("ttft_seconds", "invalid")
             self._last = {"reason": str(exc)}
             return []
-        # the cumulative histogram's plausibility (F03): inconsistent data stays out
+        # the cumulative histogram's plausibility (docs/field-cases.md): inconsistent data stays out
         cumulative = latency_summary(
             hist, (self.config.quantile,), name="ttft_seconds",
             finished_total=engine.finished_total if scope == "engine" else None,

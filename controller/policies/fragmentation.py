@@ -1,6 +1,6 @@
 """Fragmentation policy: drain and restart an engine whose allocator stays fragmented.
 
-The design notes: "restart the service when fragmentation passes 30 %". Fragmentation here is
+The design (docs/design.md): "restart the service when fragmentation passes 30 %". Fragmentation here is
 the allocator's reserved-but-unallocated share (:func:`controller.signals.fragmentation_ratio`),
 not free memory. Decides only; the loop drains the engine, restarts it and records events.
 

@@ -13,7 +13,7 @@ row remap) drains, resets and verifies it; a lost GPU (NVML GpuIsLost, Xid 79, "
 bus"), a reboot-class Xid, recovery action 2, a failed or timed-out reset, a fault while
 verifying or a second reset within ``reset_min_interval_seconds`` isolates it (isolate_gpu +
 drain + reboot_node). A lost GPU is isolated and never reset (NVIDIA: a GPU that fell off the bus needs a node
-reboot). Telemetry down (``GpuReading.ok`` False, F08) decides nothing at all: the GPUs show
+reboot). Telemetry down (``GpuReading.ok`` False; docs/field-cases.md) decides nothing at all: the GPUs show
 ``telemetry_down`` and every timer waits. Decides only; the loop acts and records events.
 """
 
@@ -38,7 +38,7 @@ REBOOT_NODE = "reboot_node"
 IGNORE = "ignore"
 UNKNOWN = "unknown"
 
-#: Built-in Xid → action for the well-known codes (NVIDIA Xid docs, shared/fixtures/README.md);
+#: Built-in Xid → action for the well-known codes (NVIDIA Xid docs; docs/field-cases.md);
 #: read-only.
 DEFAULT_XID_ACTIONS: Mapping[int, str] = MappingProxyType({
     79: REBOOT_NODE,
@@ -96,8 +96,9 @@ class HardwareConfig:
     ``reset_min_interval_seconds`` (3600): another reset-worthy fault this soon after a reset
     isolates the GPU instead; ``xid_dedupe_seconds`` (300): reports that a GPU is lost (Xid 79
     line, newer driver's line, NVML GpuIsLost) for one PCI address within this time are one
-    event (F09); ``xid_duplicate_seconds`` (10): the same other Xid for one PCI address within
-    this time (kernel log and NVML/DCGM reporting one fault) is one event."""
+    event (docs/field-cases.md, "a GPU fell off the bus"); ``xid_duplicate_seconds`` (10):
+    the same other Xid for one PCI address within this time (kernel log and NVML/DCGM
+    reporting one fault) is one event."""
 
     drain_timeout_seconds: float = 120.0
     reset_timeout_seconds: float = 300.0
@@ -191,9 +192,9 @@ class HardwarePolicy(GpuPolicy):
     def take_xid_events(self) -> list[dict[str, Any]]:
         """The Xid reports from GPU readings that this policy counted as new since the last
         call — after its deduplication (the same report polled again, one fault reported by
-        two sources within ``xid_duplicate_seconds``, F09's two "fallen off the bus" lines within
-        ``xid_dedupe_seconds``) — each ``{"gpu_index", "uuid", "xid", "action"}`` with ``xid``
-        79 for a lost GPU whose report has no code and ``action`` the catalogue's
+        two sources within ``xid_duplicate_seconds``, the two kernel "fallen off the bus" lines
+        of docs/field-cases.md within ``xid_dedupe_seconds``) — each ``{"gpu_index", "uuid",
+        "xid", "action"}`` with ``xid`` 79 for a lost GPU whose report has no code and ``action`` the catalogue's
         (``reboot_node`` for a lost GPU). The list is emptied (for
         ``inferctl_gpu_xid_events_total``)."""
         out, self._new_xids = self._new_xids, []

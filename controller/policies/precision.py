@@ -1,6 +1,6 @@
 """Precision policy: FULL → INT8 on an exhaustion OOM, back to FULL once memory has recovered.
 
-The original design notes' "Error 800" flow: switch to int8, record the event and alert,
+The design's "Error 800" flow (docs/design.md): switch to int8, record the event and alert,
 switch back when resources recover. This module only DECIDES: :meth:`PrecisionPolicy.observe`
 returns :class:`~controller.types.Decision` objects; the loop executes them (``degrade`` →
 ``POST /admin/precision {"mode": "int8"}``, ``rollback`` → ``{"mode": "full"}``, ``compact``
@@ -185,8 +185,8 @@ class PrecisionPolicy(PerEnginePolicy):
         """Look at one poll of the engine (and its GPU) and return what to do.
 
         ``gpu`` is the engine's GPU (None for the sim/bundled engine on CPU);
-        ``telemetry_ok`` False means the GPU source is down (F08): no memory sample, so the
-        hold clock resets. Raises ``ValueError`` if the snapshot is of another engine.
+        ``telemetry_ok`` False means the GPU source is down (docs/field-cases.md, NVML "Unknown
+        Error"): no memory sample, so the hold clock resets. Raises ``ValueError`` if the snapshot is of another engine.
         """
         self._start_poll(now, engine.name)
         out: list[Decision] = []
