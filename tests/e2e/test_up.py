@@ -14,7 +14,7 @@ import pytest
 
 from tests.controller_helpers import free_port, port_is_free, wait_for_line
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def alive(pid: int) -> bool:

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from inferctl.tools import drill as dr
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_config_validation():
@@ -144,7 +144,7 @@ def test_cli_errors_are_one_line(tmp_path, gutenberg_dir):
 def test_drill_oom_end_to_end(tmp_path, stories_dir, gutenberg_dir):
     """The issue's "done": the drill on stories260K exits 0 with 0 failed requests, a measured
     switch latency and a rollback (xfail only on the known allocator-cache issue, see
-    tests/test_up_e2e.py)."""
+    tests/e2e/test_up_e2e.py)."""
     code = (f"import typer, sys; from inferctl.tools import drill; app = typer.Typer(); drill.register(app); "
             f"app(['drill', 'oom', '--model', {str(stories_dir / 'stories260K.bin')!r}, '--data', "
             f"{str(gutenberg_dir)!r}, '--json', '--no-live', '--out', {str(tmp_path)!r}, '--baseline-seconds', '1', "

@@ -22,7 +22,7 @@ from inferctl.engine.sequence import Logprob
 from tests.model_helpers import Harness
 from tests.server_helpers import STORIES, client, engines_running, http_post, make_app, run, stories_engine
 
-EVAL = Path(__file__).parent / "data" / "eval_stories.txt"
+EVAL = Path(__file__).resolve().parents[1] / "data" / "eval_stories.txt"
 TOL = 1e-4
 
 

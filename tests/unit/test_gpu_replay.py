@@ -15,7 +15,7 @@ from inferctl.controller.gpu.xid import XidDeduper
 from tests.gpu_helpers import TextServer
 
 MIB = 1024 * 1024
-TRACES = Path(__file__).parent / "data" / "traces"
+TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
 H100 = "linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01__"
 
 

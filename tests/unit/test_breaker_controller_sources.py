@@ -16,8 +16,7 @@ import pytest
 from inferctl.controller.engines.bundled import BundledEngineClient, snapshot_from_stats
 from inferctl.controller.engines.promtext import PromTextEngineClient
 from inferctl.controller.gpu.dcgm import DcgmGpuSource
-from inferctl.controller.policies.precision import PrecisionPolicy
-from inferctl.controller.types import GpuReading, GpuSnapshot
+from inferctl.controller.types import GpuSnapshot
 from tests.controller_helpers import FakeClock, FakeEngineClient, StaticGpuSource, gpu, make_controller
 
 GIB = 1024 ** 3

@@ -13,7 +13,7 @@ from inferctl.engine.quant import (K_ALIGN, int8_matmul, int8_weight_nbytes, qua
                           quantize_per_channel)
 from tests.model_helpers import Harness
 
-EVAL = Path(__file__).parent / "data" / "eval_stories.txt"
+EVAL = Path(__file__).resolve().parents[1] / "data" / "eval_stories.txt"
 
 
 @pytest.fixture()

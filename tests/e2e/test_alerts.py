@@ -17,7 +17,7 @@ from inferctl.dashboards.catalog import ENGINE_JOB, exposed_series, gauge_names
 from inferctl.dashboards.generate import dump_yaml
 from inferctl.dashboards.promql_lint import analyze, check_expression
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "alerts" / "inferctl.rules.yaml"
 PROMRULE = ROOT / "alerts" / "prometheusrule.yaml"
 AMCONFIG = ROOT / "alerts" / "alertmanager.yml"

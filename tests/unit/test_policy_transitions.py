@@ -11,7 +11,7 @@ from inferctl.controller.policies.base import TransitionError
 from inferctl.controller.policies.doc import POLICIES, documented, render, transitions_markdown
 from inferctl.controller.policies.precision import PrecisionPolicy, PrecisionState
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "policies.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "policies.md"
 
 
 def test_the_doc_prints_every_declared_table():

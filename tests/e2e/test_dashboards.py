@@ -23,7 +23,7 @@ from inferctl.dashboards.cli import make_app
 from inferctl.dashboards.generate import render_all, stale_files
 from inferctl.dashboards.promql_lint import analyze, check_expression
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 UIDS = {"inferctl-service", "inferctl-gpu", "inferctl-batching", "inferctl-model-health", "inferctl-control-plane"}
 
 

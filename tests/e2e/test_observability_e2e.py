@@ -39,7 +39,7 @@ from tests.obs_helpers import (Proc, WebhookReceiver, controller_config, free_po
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENGINE_TOKEN = "e2e-engine-token"
 CONTROLLER_TOKEN = "e2e-controller-token"
 HOLD_SECONDS = 12.0

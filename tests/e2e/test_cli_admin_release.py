@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.controller_helpers import FakeClock, FakeEngineClient, FakeNvidiaSmi, StaticGpuSource, gpu, make_controller
-from tests.test_cli_admin import TOKEN, Served, run
+from tests.e2e.test_cli_admin import TOKEN, Served, run
 
 
 @pytest.fixture

@@ -81,7 +81,7 @@ def test_hf_byte_level_tokenizer(tmp_path):
 
     from inferctl.engine.tokenizer import HFTokenizer
 
-    text = (Path(__file__).parent / "data" / "eval_stories.txt").read_text(encoding="utf-8")
+    text = (Path(__file__).resolve().parents[1] / "data" / "eval_stories.txt").read_text(encoding="utf-8")
     trainer = ByteLevelBPETokenizer()
     trainer.train_from_iterator([text], vocab_size=400, min_frequency=2, special_tokens=["<s>", "</s>"])
     trainer.save(str(tmp_path / "tokenizer.json"))

@@ -30,7 +30,7 @@ import yaml
 
 from tests.controller_helpers import free_port, wait_for_line
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BUDGET = 8_760_000
 ENGINE_ARGS = ["--max-num-batched-tokens", "128", "--num-kv-blocks", "200", "--max-num-seqs", "16",
                "--max-model-len", "512"]

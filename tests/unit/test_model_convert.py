@@ -34,7 +34,7 @@ def test_converted_tokenizer_encodes_like_llama2c(converted, stories_dir):
     src, out = converted
     hf = HFTokenizer(out / "tokenizer.json")
     assert (hf.bos_id, hf.eos_id, hf.vocab_size) == (1, 2, 512)
-    eval_lines = (Path(__file__).parent / "data" / "eval_stories.txt").read_text().splitlines()
+    eval_lines = (Path(__file__).resolve().parents[1] / "data" / "eval_stories.txt").read_text().splitlines()
     for t in TEXTS + eval_lines:
         ids = src.tokenizer.encode(t)
         assert hf.encode(t) == ids, t

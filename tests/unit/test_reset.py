@@ -11,7 +11,6 @@ import pytest
 from inferctl.controller.events import EventLog
 from inferctl.controller.metrics import build_registry
 from inferctl.controller.reset import GpuResetter
-from inferctl.controller.types import GpuProcess
 from tests.controller_helpers import FakeClock, FakeNvidiaSmi, StaticGpuSource, gpu
 
 Q_APPS = ["-i", "0", "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader,nounits"]

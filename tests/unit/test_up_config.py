@@ -10,7 +10,7 @@ import pytest
 
 from inferctl.controller.config import ConfigError, load_config, parse_config
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "inferctl.yaml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "inferctl.yaml"
 
 
 def test_example_file_loads_with_its_values():

@@ -14,7 +14,7 @@ from inferctl.dashboards.build import dashboard_specs
 from inferctl.dashboards.catalog import exposed_series, gauge_names
 from inferctl.dashboards.promql_lint import check_expression
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RUNBOOKS = ROOT / "runbooks"
 SECTIONS = ("Meaning", "Impact", "Diagnosis", "Mitigation")
 ALERTS = sorted({r.name for r in alert_rules()})

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from inferctl.cli import app
 from tests.controller_helpers import FakeClock, FakeEngineClient, FakeNvidiaSmi, free_port, make_controller
-from tests.test_cli_admin import TOKEN, Served
+from tests.e2e.test_cli_admin import TOKEN, Served
 
 ADMIN = [["degrade"], ["rollback"], ["drain"], ["undrain"], ["restart"], ["unpin"], ["reset-gpu", "0", "--yes"]]
 IDS = ["degrade", "rollback", "drain", "undrain", "restart", "unpin", "reset-gpu"]

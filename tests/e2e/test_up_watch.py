@@ -101,7 +101,7 @@ def test_controller_run_watches_and_stops_on_sigterm(tmp_path, fake_vllm, fixtur
         "engines": [{"name": "vllm-a", "kind": "vllm", "url": fake_vllm}],
         "gpu": {"kind": "replay", "options": {"path": str(capture)}}}))
     out = tmp_path / "out.txt"
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root), "INFERCTL_ADMIN_TOKEN": "tok"}
     with open(out, "w") as f:
         proc = subprocess.Popen([sys.executable, "-m", "inferctl", "controller", "run", "--config",
