@@ -244,7 +244,8 @@ class KVCache:
         """"int8", "fp32", "bf16" or "fp16" — for /stats ``kv_cache_dtype``."""
         if self.kv_int8:
             return "int8"
-        return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.k.dtype, str(self.k.dtype))
+        return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(
+            self.k.dtype, str(self.k.dtype))
 
     @staticmethod
     def bytes_per_block(n_layers: int, block_size: int, n_kv_heads: int, head_dim: int,

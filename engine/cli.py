@@ -122,17 +122,24 @@ def _build_engine(bundle, config, precision: str):  # noqa: ANN001, ANN202
 
 
 def serve(
-    model: Optional[str] = typer.Option(None, "--model", help="llama2.c .bin, Hugging Face directory, or 'demo' (default)."),
-    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer file (llama2.c tokenizer.bin) if not beside the model."),
-    light_model: Optional[str] = typer.Option(None, "--light-model", help="A lighter model served beside the main one."),
+    model: Optional[str] = typer.Option(None, "--model",
+                                        help="llama2.c .bin, Hugging Face directory, or 'demo' (default)."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer",
+                                            help="Tokenizer file (llama2.c tokenizer.bin) if not beside the model."),
+    light_model: Optional[str] = typer.Option(None, "--light-model",
+                                              help="A lighter model served beside the main one."),
     light_tokenizer: Optional[str] = typer.Option(None, "--light-tokenizer", help="Tokenizer of the light model."),
-    light_name: Optional[str] = typer.Option(None, "--light-served-model-name", help="Name of the light model (default: its file name)."),
+    light_name: Optional[str] = typer.Option(None, "--light-served-model-name",
+                                             help="Name of the light model (default: its file name)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)."),
     port: int = typer.Option(8000, "--port", min=0, max=65535),
-    memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Main engine's memory budget: bytes or 64MiB, 1GiB, ..."),
-    light_memory_budget: Optional[str] = typer.Option(None, "--light-memory-budget", help="Light engine's memory budget."),
+    memory_budget: Optional[str] = typer.Option(None, "--memory-budget",
+                                                help="Main engine's memory budget: bytes or 64MiB, 1GiB, ..."),
+    light_memory_budget: Optional[str] = typer.Option(None, "--light-memory-budget",
+                                                      help="Light engine's memory budget."),
     light_memory_fraction: float = typer.Option(0.2, "--light-memory-fraction", min=0.01, max=0.99,
-                                                help="Share of gpu_memory_utilization for the light model when no budgets are given on CUDA."),
+                                                help="Share of gpu_memory_utilization for the light model "
+                                                     "when no budgets are given on CUDA."),
     gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", min=0.01, max=1.0),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=1),
     max_num_seqs: int = typer.Option(64, "--max-num-seqs", min=1),
@@ -144,22 +151,28 @@ def serve(
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N"),
     dtype: str = typer.Option("auto", "--dtype", help="auto | float32 | bfloat16 | float16"),
     admin_token: Optional[str] = typer.Option(None, "--admin-token", envvar="INFERCTL_ADMIN_TOKEN",
-                                              help="Bearer token for /admin/* (or INFERCTL_ADMIN_TOKEN); none = admin disabled."),
-    served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Name clients send as 'model' (default: the model's name)."),
+                                              help="Bearer token for /admin/* (or INFERCTL_ADMIN_TOKEN); "
+                                                   "none = admin disabled."),
+    served_model_name: Optional[str] = typer.Option(None, "--served-model-name",
+                                                    help="Name clients send as 'model' (default: the model's name)."),
     chat_template: str = typer.Option("plain", "--chat-template", help="plain | roles"),
     max_body_bytes: str = typer.Option("4MiB", "--max-body-bytes", help="Largest request body (413 above)."),
     max_oom_retries: int = typer.Option(3, "--max-oom-retries",
-                                        help="Times the request blamed for an OOM is re-queued before it fails (503, retry later)."),
+                                        help="Times the request blamed for an OOM is re-queued before it fails "
+                                             "(503, retry later)."),
     oom_backoff_seconds: float = typer.Option(0.05, "--oom-backoff-seconds",
-                                              help="Delay before the retry after an exhaustion OOM: base * 2**(retry-1) seconds ..."),
+                                              help="Delay before the retry after an exhaustion OOM: "
+                                                   "base * 2**(retry-1) seconds ..."),
     oom_backoff_max_seconds: float = typer.Option(2.0, "--oom-backoff-max-seconds",
                                                   help="... capped at this many seconds."),
-    graceful_timeout: int = typer.Option(10, "--graceful-timeout", min=0, help="Seconds in-flight requests get on shutdown."),
+    graceful_timeout: int = typer.Option(10, "--graceful-timeout", min=0,
+                                         help="Seconds in-flight requests get on shutdown."),
     log_level: str = typer.Option("info", "--log-level"),
     access_log: bool = typer.Option(True, "--access-log/--no-access-log",
                                     help="Log every HTTP request (uvicorn's access log)."),
 ) -> None:
-    """Serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions) with /health, /stats, /metrics, /admin."""
+    ("Serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions) "
+     "with /health, /stats, /metrics, /admin.")
     import logging
 
     import uvicorn
@@ -215,7 +228,8 @@ def serve(
 
 def generate(
     prompt: str = typer.Option(..., "--prompt", help="Prompt text."),
-    model: Optional[str] = typer.Option(None, "--model", help="llama2.c .bin, Hugging Face directory; default: the demo model."),
+    model: Optional[str] = typer.Option(None, "--model",
+                                        help="llama2.c .bin, Hugging Face directory; default: the demo model."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer"),
     max_tokens: int = typer.Option(64, "--max-tokens", min=1),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, max=2.0),

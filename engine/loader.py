@@ -43,7 +43,8 @@ def _tensor(buf: bytes, offset: int, shape: tuple[int, ...], path: Path, what: s
     n = int(np.prod(shape))
     end = offset + 4 * n
     if end > len(buf):
-        raise ValueError(f"{path}: truncated while reading {what} {shape}: needs bytes {offset}..{end}, file has {len(buf)}")
+        raise ValueError(f"{path}: truncated while reading {what} {shape}: "
+                         f"needs bytes {offset}..{end}, file has {len(buf)}")
     arr = np.frombuffer(buf, dtype="<f4", count=n, offset=offset).reshape(shape)
     return torch.from_numpy(arr.copy()), end
 
@@ -85,7 +86,8 @@ def load_llama2c(path: str | Path, tokenizer_path: str | Path | None = None, dev
     if magic == LLAMA2C_MAGIC:
         (version,) = struct.unpack_from("<i", buf, 4)
         if version != 1:
-            raise ValueError(f"{p}: llama2.c export version {version} is not supported (only legacy and version 1 float32)")
+            raise ValueError(f"{p}: llama2.c export version {version} is not supported "
+                             "(only legacy and version 1 float32)")
         if len(buf) < 256:
             raise ValueError(f"{p}: truncated version-1 header")
         dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len = struct.unpack_from("<7i", buf, 8)

@@ -199,7 +199,8 @@ class LlamaModel(torch.nn.Module):
         self.norm = w["norm.weight"]
         self.output = Linear(w["output.weight"] if not args.tie_embeddings else w["tok_embeddings.weight"])
         # Untied: a separate [vocab, dim] table (rows gathered). Tied: columns of output.weight_t.
-        self.tok_embeddings: torch.Tensor | None = None if args.tie_embeddings else w["tok_embeddings.weight"].contiguous()
+        self.tok_embeddings: torch.Tensor | None = (
+            None if args.tie_embeddings else w["tok_embeddings.weight"].contiguous())
         self.tok_embeddings_q: Int8Weight | None = None
         self.precision: str = "full"
         self._host_backup: dict[str, torch.Tensor] = {}

@@ -223,7 +223,8 @@ class HFTokenizer(BaseTokenizer):
         spec = json.loads(p.read_text(encoding="utf-8"))
         bos_tok, eos_tok = self._special_names(p.parent)
         self.bos_id = bos_id if bos_id is not None else self._find_id(bos_tok, ["<s>", "<|begin_of_text|>", "<bos>"])
-        self.eos_id = eos_id if eos_id is not None else self._find_id(eos_tok, ["</s>", "<|end_of_text|>", "<eos>", "<|endoftext|>"])
+        self.eos_id = eos_id if eos_id is not None else self._find_id(
+            eos_tok, ["</s>", "<|end_of_text|>", "<eos>", "<|endoftext|>"])
         if self.bos_id is None or self.eos_id is None:
             raise ValueError(f"{p}: cannot find BOS/EOS token ids (bos={self.bos_id}, eos={self.eos_id})")
         self._skip = {self.bos_id, self.eos_id}

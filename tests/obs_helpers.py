@@ -43,7 +43,8 @@ def wait_until(pred: Callable[[], Any], timeout: float, interval: float = 0.25, 
         except (httpx.HTTPError, OSError, ValueError, KeyError) as exc:
             last_exc = exc
         time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}" + (f" (last error: {last_exc!r})" if last_exc else ""))
+    raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}"
+                       + (f" (last error: {last_exc!r})" if last_exc else ""))
 
 
 class Proc:

@@ -98,8 +98,10 @@ def test_budget_oom_on_a_long_book_prompt_then_int8_completes(bundle, book_ids):
     probe = LLMEngine(bundle, EngineConfig(max_num_batched_tokens=128, num_kv_blocks=blocks))
     assert probe.kv_bytes_per_block == 20480
     act_peak = probe.runner.estimate_activation_bytes(128, 1, 128 * 384, 384)   # 3rd chunk
-    rnd = lambda n: -(-n // 512) * 512                # the allocator's 512-byte rounding
-    full_w, int8_w = rnd(bundle.model.weight_bytes_by_mode()["full"]), rnd(bundle.model.weight_bytes_by_mode()["int8"])
+    def rnd(n):                                       # the allocator's 512-byte rounding
+        return -(-n // 512) * 512
+    full_w, int8_w = (rnd(bundle.model.weight_bytes_by_mode()["full"]),
+                      rnd(bundle.model.weight_bytes_by_mode()["int8"]))
     budget = int8_w + kv + rnd(act_peak) + 300_000    # int8 leaves room; full is ~460 KB short
     cfg = EngineConfig(max_num_batched_tokens=128, num_kv_blocks=blocks, memory_budget_bytes=budget,
                        max_oom_retries=1, oom_backoff_seconds=0.0)
@@ -401,7 +403,8 @@ def test_cuda_oom_codes_requeue_and_hardware_errors_fail_the_step(bundle):
     assert (f["source"], f["kind"], f["requeued_requests"]) == ("cuda", "exhaustion", 1)
     assert f["requested_bytes"] is None and f["free_bytes"] is None     # the message had no numbers
     # a sticky CUDA error is a hardware fault: never an OOM, the step's requests fail with 500
-    engine.runner.model = FailingModel(bundle.model, [RuntimeError("CUDA error: an illegal memory access was encountered")])
+    engine.runner.model = FailingModel(bundle.model,
+                                       [RuntimeError("CUDA error: an illegal memory access was encountered")])
     engine.add_request("h", ids, greedy(12))
     _, final = drain(engine)
     assert final["h"].finish_reason == "error" and final["h"].error_status == 500

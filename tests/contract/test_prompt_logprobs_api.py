@@ -163,5 +163,6 @@ def test_non_finite_prompt_logprobs_become_null(engine):
     text = _dumps({"prompt_logprobs": doc})
     parsed = strict(text)["prompt_logprobs"]
     assert parsed[0] is None
-    assert parsed[1]["5"] == {"logprob": None, "rank": 512, "decoded_token": tok.token_bytes(5).decode("utf-8", "replace")}
+    assert parsed[1]["5"] == {"logprob": None, "rank": 512,
+                              "decoded_token": tok.token_bytes(5).decode("utf-8", "replace")}
     assert parsed[1]["7"]["logprob"] is None and parsed[2]["9"]["logprob"] == -0.5

@@ -39,7 +39,8 @@ REQUIRED = {
 def need(tool: str) -> str:
     path = shutil.which(tool)
     if path is None:
-        pytest.fail(f"{tool} not installed (the Debian prometheus / prometheus-alertmanager packages; .ci/run installs them)")
+        pytest.fail(f"{tool} not installed "
+                    "(the Debian prometheus / prometheus-alertmanager packages; .ci/run installs them)")
     return path
 
 
@@ -91,7 +92,8 @@ def test_every_rule_expression_names_only_catalog_or_recorded_series(committed_r
     series, gauges, recorded = exposed_series(), gauge_names(), recorded_series()
     bad = []
     for r in committed_rules:
-        bad += [f"{r.get('alert') or r.get('record')}: {p}" for p in check_expression(r["expr"], series, recorded, gauges)]
+        bad += [f"{r.get('alert') or r.get('record')}: {p}"
+                for p in check_expression(r["expr"], series, recorded, gauges)]
     assert bad == []
     # and the lint is not vacuous on this file: a renamed metric is caught
     assert check_expression(committed_rules[0]["expr"].replace("_bucket", "_buckets"), series, recorded, gauges)
@@ -136,7 +138,8 @@ def test_promtool_unit_tests_pass():
 
 def test_promtool_unit_tests_fail_on_a_broken_threshold(tmp_path):
     """The unit tests bite: move the TTFT warning threshold from 0.5 s to 0.3 s and they fail."""
-    rules = RULES.read_text().replace('histogram_quantile_rate5m{quantile="0.99"} > 0.5', 'histogram_quantile_rate5m{quantile="0.99"} > 0.3')
+    rules = RULES.read_text().replace('histogram_quantile_rate5m{quantile="0.99"} > 0.5',
+                                      'histogram_quantile_rate5m{quantile="0.99"} > 0.3')
     assert rules != RULES.read_text()
     (tmp_path / "alerts" / "tests").mkdir(parents=True)
     (tmp_path / "alerts" / "inferctl.rules.yaml").write_text(rules)
@@ -195,7 +198,8 @@ def test_alertmanager_config_requires_every_receiver_url():
     with pytest.raises(ValueError, match="heartbeat"):
         alertmanager_config({"pager": "http://a", "ticket": "http://b"})
     inhibit = alertmanager_config()["inhibit_rules"][0]
-    assert inhibit["source_matchers"] == ['severity="critical"'] and inhibit["target_matchers"] == ['severity="warning"']
+    assert (inhibit["source_matchers"] == ['severity="critical"']
+            and inhibit["target_matchers"] == ['severity="warning"'])
     assert "alertname" in inhibit["equal"]
 
 
@@ -212,10 +216,12 @@ def test_promtool_check_metrics_on_every_catalog_series():
             m = metrics[spec["name"]]
             if spec["labels"]:
                 m = m.labels(**{lbl: "x" for lbl in spec["labels"]})
-            {"histogram": lambda o: o.observe(0.5), "counter": lambda o: o.inc(), "gauge": lambda o: o.set(1)}[spec["type"]](m)
+            {"histogram": lambda o: o.observe(0.5), "counter": lambda o: o.inc(),
+             "gauge": lambda o: o.set(1)}[spec["type"]](m)
         text = generate_latest(registry).decode()
         for spec in catalog:
             assert f"# TYPE {spec['name']} {spec['type']}" in text, spec["name"]
-        out = subprocess.run([need("promtool"), "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+        out = subprocess.run([need("promtool"), "check", "metrics"], input=text, capture_output=True, text=True,
+                             timeout=60)
         assert out.returncode == 0, out.stdout + out.stderr
         assert out.stdout.strip() == "" and out.stderr.strip() == ""

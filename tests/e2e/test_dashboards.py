@@ -49,7 +49,8 @@ def test_round_trip_through_the_sdk_models(committed):
     register_default_plugins()
     for uid, doc in committed.items():
         model = dm.Dashboard.from_json(doc)
-        assert json.dumps(model, cls=JSONEncoder, indent=2, sort_keys=True) + "\n" == (ROOT / "dashboards" / f"{uid}.json").read_text()
+        assert (json.dumps(model, cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
+                == (ROOT / "dashboards" / f"{uid}.json").read_text())
         assert model.schema_version == 41
         for panel in model.panels:
             if isinstance(panel, dm.RowPanel):
@@ -128,14 +129,16 @@ def test_required_panels_exist(committed, uid, needles):
 def test_latency_panels_are_p50_p90_p99_and_no_data_without_traffic(committed):
     panel = next(p for p in committed["inferctl-service"]["panels"] if p["title"].startswith("End-to-end latency"))
     exprs = [t["expr"] for t in panel["targets"]]
-    assert [e.split(",")[0] for e in exprs] == ["histogram_quantile(0.5", "histogram_quantile(0.9", "histogram_quantile(0.99"]
+    assert [e.split(",")[0] for e in exprs] == ["histogram_quantile(0.5", "histogram_quantile(0.9",
+                                                "histogram_quantile(0.99"]
     assert all("rate(inferctl_engine_e2e_request_latency_seconds_count[$__rate_interval])) > 0)" in e for e in exprs)
 
 
 def test_fragmentation_panel_is_reserved_unallocated_over_reserved_not_free_memory(committed):
     panel = next(p for p in committed["inferctl-gpu"]["panels"] if p["title"] == "Allocator fragmentation")
     engine_expr = panel["targets"][1]["expr"]
-    assert engine_expr == ("(max by (job, instance) (inferctl_engine_memory_reserved_bytes >= 0) - max by (job, instance) "
+    assert engine_expr == ("(max by (job, instance) (inferctl_engine_memory_reserved_bytes >= 0) - "
+                           "max by (job, instance) "
                            "(inferctl_engine_memory_allocated_bytes >= 0)) / (max by (job, instance) "
                            "(inferctl_engine_memory_reserved_bytes >= 0) > 0)")
     assert "inferctl_gpu_memory_used_bytes" not in json.dumps(panel)
@@ -223,7 +226,8 @@ def test_import_checker_catches_forbidden_forms(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import inferctl.engine.server\nfrom inferctl.controller import loop\n"
                    "from inferctl.controller.metrics import X\nfrom inferctl.engine import metrics\nimport os\n")
-    assert _internal_imports(bad) == ["inferctl.engine.server", "inferctl.controller.loop", "inferctl.controller.metrics", "inferctl.engine.metrics"]
+    assert _internal_imports(bad) == ["inferctl.engine.server", "inferctl.controller.loop",
+                                      "inferctl.controller.metrics", "inferctl.engine.metrics"]
 
 
 def test_recorded_series_names_follow_level_metric_operations():
@@ -263,16 +267,21 @@ def test_f05_padding_ratio_panel_divides_aggregates_and_is_blank_for_an_idle_eng
     expr = _panel_expr("inferctl-batching", "Padding ratio")
     ok = _promtool_eval(tmp_path, series, expr, [{"labels": f"{{{a}}}", "value": 0.5}])
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    wrong = _promtool_eval(tmp_path, series, expr, [{"labels": f"{{{a}}}", "value": 0.5}, {"labels": f"{{{b}}}", "value": 0}])
+    wrong = _promtool_eval(tmp_path, series, expr,
+                           [{"labels": f"{{{a}}}", "value": 0.5}, {"labels": f"{{{b}}}", "value": 0}])
     assert wrong.returncode != 0     # B is no data, not 0
 
 
 def test_error_ratio_panel_is_zero_with_traffic_and_blank_without(tmp_path):
     series = [
-        {"series": 'inferctl_engine_requests_total{job="inferctl-engine",instance="a:8000",model="busy",finish_reason="length"}', "values": "0+60x10"},
-        {"series": 'inferctl_engine_requests_total{job="inferctl-engine",instance="a:8000",model="idle",finish_reason="length"}', "values": "9x10"},
-        {"series": 'inferctl_engine_request_errors_total{job="inferctl-engine",instance="a:8000",model="flaky",reason="oom"}', "values": "0+6x10"},
-        {"series": 'inferctl_engine_requests_total{job="inferctl-engine",instance="a:8000",model="flaky",finish_reason="stop"}', "values": "0+60x10"},
+        {"series": 'inferctl_engine_requests_total{job="inferctl-engine",instance="a:8000",model="busy",'
+                   'finish_reason="length"}', "values": "0+60x10"},
+        {"series": 'inferctl_engine_requests_total{job="inferctl-engine",instance="a:8000",model="idle",'
+                   'finish_reason="length"}', "values": "9x10"},
+        {"series": 'inferctl_engine_request_errors_total{job="inferctl-engine",instance="a:8000",model="flaky",'
+                   'reason="oom"}', "values": "0+6x10"},
+        {"series": 'inferctl_engine_requests_total{job="inferctl-engine",instance="a:8000",model="flaky",'
+                   'finish_reason="stop"}', "values": "0+60x10"},
     ]
     out = _promtool_eval(tmp_path, series, _panel_expr("inferctl-service", "Error ratio"),
                          [{"labels": '{model="busy"}', "value": 0}, {"labels": '{model="flaky"}', "value": 0.1}])
@@ -286,9 +295,11 @@ def test_f04_latency_panels_show_no_data_for_flat_histograms(tmp_path):
               {"series": f'{h}_bucket{{{lbl},le="+Inf"}}', "values": "50x10"},
               {"series": f"{h}_count{{{lbl}}}", "values": "50x10"}]
     for ref in ("A", "B", "C"):
-        out = _promtool_eval(tmp_path, series, _panel_expr("inferctl-service", "End-to-end latency P50 / P90 / P99", ref), [])
+        out = _promtool_eval(tmp_path, series,
+                             _panel_expr("inferctl-service", "End-to-end latency P50 / P90 / P99", ref), [])
         assert out.returncode == 0, (ref, out.stdout + out.stderr)
     # with traffic the same panel has data (the test above is not vacuous)
     series = [dict(s, values=s["values"].replace("40x10", "0+4x10").replace("50x10", "0+5x10")) for s in series]
-    out = _promtool_eval(tmp_path, series, _panel_expr("inferctl-service", "End-to-end latency P50 / P90 / P99", "C"), [])
+    out = _promtool_eval(tmp_path, series,
+                         _panel_expr("inferctl-service", "End-to-end latency P50 / P90 / P99", "C"), [])
     assert out.returncode != 0 and "got" in out.stdout + out.stderr

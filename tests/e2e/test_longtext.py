@@ -189,7 +189,8 @@ def vllm_like(prompt_logprobs: bool = True, tokenize: bool = True):
         if path == "/v1/completions":
             p = body["prompt"]
             ch = {"text": "ab", "finish_reason": "length",
-                  "logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.2, -0.4]} if body.get("logprobs") == 0 else None}
+                  "logprobs": ({"tokens": ["a", "b"], "token_logprobs": [-0.2, -0.4]}
+                               if body.get("logprobs") == 0 else None)}
             if body.get("prompt_logprobs") is not None and prompt_logprobs:
                 ch["prompt_logprobs"] = [None] + [{str(t): {"logprob": -0.1, "rank": 1}} for t in p[1:]]
             return httpx.Response(200, json={"choices": [ch]})

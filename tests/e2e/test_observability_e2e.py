@@ -59,8 +59,10 @@ EMPTY_IN_SCENARIO: dict[tuple[str, str, str], str] = {
     ("inferctl-control-plane", "Engine restarts and drains", "A"): "no restart in the scenario",
     ("inferctl-control-plane", "Breaker state", "A"): "the breaker is off without a light model",
     ("inferctl-control-plane", "Breaker trips and TTFT P99", "A"): "the breaker is off without a light model",
-    ("inferctl-control-plane", "Breaker trips and TTFT P99", "B"): "the controller computes TTFT P99 inside the breaker policy, off here",
-    ("inferctl-control-plane", "Breaker trips and TTFT P99", "C"): "the saturation flag comes from the breaker policy, off here",
+    ("inferctl-control-plane", "Breaker trips and TTFT P99", "B"):
+        "the controller computes TTFT P99 inside the breaker policy, off here",
+    ("inferctl-control-plane", "Breaker trips and TTFT P99", "C"):
+        "the saturation flag comes from the breaker policy, off here",
     ("inferctl-control-plane", "Invalid samples", "A"): "no invalid sample in the scenario",
 }
 
@@ -68,7 +70,8 @@ EMPTY_IN_SCENARIO: dict[tuple[str, str, str], str] = {
 def need(tool: str) -> str:
     path = shutil.which(tool)
     if path is None:
-        pytest.fail(f"{tool} not installed (.ci/run installs the Debian prometheus and prometheus-alertmanager packages)")
+        pytest.fail(f"{tool} not installed "
+                    "(.ci/run installs the Debian prometheus and prometheus-alertmanager packages)")
     return path
 
 
@@ -124,11 +127,13 @@ def stack(tmp_path_factory, stories_dir):
     thread = None
     try:
         procs.append(Proc("alertmanager", [alertmanager, f"--config.file={am_cfg}", f"--storage.path={tmp / 'am'}",
-                                           f"--web.listen-address=127.0.0.1:{ports['am']}", "--cluster.listen-address="],
+                                           f"--web.listen-address=127.0.0.1:{ports['am']}",
+                                           "--cluster.listen-address="],
                           tmp / "alertmanager.log"))
         procs.append(Proc("engine", python_cli(
             "engine", "serve", "--model", str(stories_dir / "stories260K.bin"), "--port", str(ports["engine"]),
-            "--admin-token", ENGINE_TOKEN, "--memory-budget", "16MiB", "--num-kv-blocks", "64", "--log-level", "warning"),
+            "--admin-token", ENGINE_TOKEN, "--memory-budget", "16MiB", "--num-kv-blocks", "64",
+            "--log-level", "warning"),
             tmp / "engine.log", env={"OMP_NUM_THREADS": "1"}, cwd=ROOT))
         procs[0].wait_http(f"http://127.0.0.1:{ports['am']}/-/ready", 30)   # before Prometheus sends anything
         prom_cfg = prometheus_config(tmp / "prometheus.yml", rules, ports["am"], ports["engine"], ports["controller"])
@@ -145,7 +150,8 @@ def stack(tmp_path_factory, stories_dir):
                   controller=f"http://127.0.0.1:{ports['controller']}", receiver=receiver, procs=procs, traffic=counts)
         procs[3].wait_http(f"{s.controller}/status", 60)
         procs[2].wait_http(f"{s.prom}/-/ready", 30)
-        wait_until(lambda: len([r for r in prom_query(s.prom, "up == 1")]) == 2, 30, what=f"both targets up\n{s.logs()}")
+        wait_until(lambda: len([r for r in prom_query(s.prom, "up == 1")]) == 2, 30,
+                   what=f"both targets up\n{s.logs()}")
         thread = threading.Thread(target=_traffic, args=(engine, stop, counts), daemon=True)
         thread.start()
         wait_until(lambda: counts["ok"] >= 5, 30, what="first completions")
@@ -205,20 +211,24 @@ def _post_alerts(am: str, alerts: list[dict]) -> None:
 
 def test_alertmanager_routes_heartbeat_tickets_and_inhibits_the_matching_warning(stack: Stack):
     wait_until(lambda: stack.receiver.find("/heartbeat", "Watchdog", "firing"), 30, what="the Watchdog heartbeat")
-    base = {"alertname": "InferctlHighP99Latency", "job": "inferctl-engine", "model": "inhibit-check", "quantile": "0.99"}
+    base = {"alertname": "InferctlHighP99Latency", "job": "inferctl-engine", "model": "inhibit-check",
+            "quantile": "0.99"}
     _post_alerts(stack.am, [dict(base, severity="critical"), dict(base, severity="warning"),
-                            {"alertname": "InferctlGpuTelemetryDown", "severity": "warning", "job": "e2e", "source": "route-check"}])
+                            {"alertname": "InferctlGpuTelemetryDown", "severity": "warning", "job": "e2e",
+                             "source": "route-check"}])
     wait_until(lambda: stack.receiver.find("/pager", "InferctlHighP99Latency", "firing"), 20, what="critical page")
     wait_until(lambda: stack.receiver.find("/ticket", "InferctlGpuTelemetryDown", "firing"), 20, what="warning ticket")
 
     def warning_state():
-        got = httpx.get(f"{stack.am}/api/v2/alerts", params={"filter": ['alertname="InferctlHighP99Latency"', 'severity="warning"']},
+        got = httpx.get(f"{stack.am}/api/v2/alerts",
+                        params={"filter": ['alertname="InferctlHighP99Latency"', 'severity="warning"']},
                         timeout=10).json()
         return got[0]["status"] if got and got[0]["status"]["inhibitedBy"] else None
     status = wait_until(warning_state, 20, what="the warning to be inhibited")
     assert status["state"] == "suppressed"
     time.sleep(2.5)   # two group intervals: an uninhibited warning would have been sent by now
-    assert [a for a in stack.receiver.alerts("/ticket") if a["labels"].get("alertname") == "InferctlHighP99Latency"] == []
+    assert [a for a in stack.receiver.alerts("/ticket")
+            if a["labels"].get("alertname") == "InferctlHighP99Latency"] == []
 
 
 def _substitute(expr: str) -> str:
@@ -272,7 +282,8 @@ def test_every_dashboard_query_returns_data(stack: Stack, oom_scenario: dict):
     rollbacks = panels[("inferctl-control-plane", "Rollbacks", "A")]
     assert round(max(float(v) for v in _values(rollbacks))) == 1
     switches = panels[("inferctl-control-plane", "Precision switches", "A")]
-    assert {s["metric"]["to"]: round(max(float(v) for _t, v in s["values"])) for s in switches} == {"int8": 1, "full": 1}
+    assert {s["metric"]["to"]: round(max(float(v) for _t, v in s["values"]))
+            for s in switches} == {"int8": 1, "full": 1}
     # The latency panels show the stories260K traffic: P99 TTFT in (0, 5 s), P50 <= P99.
     ttft = panels[("inferctl-service", "Time to first token P50 / P90 / P99", "C")]
     assert 0.0 < max(float(v) for v in _values(ttft)) < 5.0
@@ -284,7 +295,8 @@ def test_every_rule_evaluates_without_errors(stack: Stack):
     assert len(rules) == sum(len(g.rules) for g in rule_groups())
     bad = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
     assert bad == []
-    recorded = prom_query(stack.prom, 'job_model_quantile:inferctl_engine_time_to_first_token_seconds:histogram_quantile_rate5m{quantile="0.99"}')
+    recorded = prom_query(stack.prom, 'job_model_quantile:inferctl_engine_time_to_first_token_seconds:'
+                                      'histogram_quantile_rate5m{quantile="0.99"}')
     assert recorded and 0.0 < float(recorded[0]["value"][1]) < 5.0
 
 

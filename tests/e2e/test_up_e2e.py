@@ -177,7 +177,8 @@ def test_oom_degrades_once_no_request_fails_then_rolls_back(tmp_path, stories_di
         assert max(watched["busy_frag"]) > 0.30, watched["busy_frag"]
         assert max(watched["held"]) >= FRAG_HOLD, watched["held"]     # the hold was met while busy ...
         assert metric(m, "inferctl_fragmentation_ratio", 'engine="main"') == 0.0
-        assert not [e for e in events if e["source"] == "fragmentation" and e["outcome"].get("action")]  # ... no restart
+        assert not [e for e in events
+                    if e["source"] == "fragmentation" and e["outcome"].get("action")]  # ... no restart
         assert metric(m, "inferctl_engine_restarts_total", 'engine="main",reason="fragmentation"') == 0.0
         assert http.get(f"{ctl}/status").json()["engines"]["main"]["pid"] == pid
         print(f"load {load_seconds:.1f} s; OOM faults {stats['faults']['oom_total']} "

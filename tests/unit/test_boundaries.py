@@ -176,7 +176,8 @@ def test_no_import_circle():
     # a package's __init__ re-exporting its own modules is not a circle of design
     graph = {src: {d for d in dsts if not (src.startswith(d + ".") and d == src.rpartition(".")[0])}
              for src, dsts in _graph().items()}
-    graph = {src: {d for d in dsts if not (d.startswith(src + ".") and Path(str(project_modules()[src])).name == "__init__.py")}
+    graph = {src: {d for d in dsts
+                   if not (d.startswith(src + ".") and Path(str(project_modules()[src])).name == "__init__.py")}
              for src, dsts in graph.items()}
     assert _cycles(graph) == []
 
@@ -206,5 +207,6 @@ def test_no_generic_top_level_import_forms(folder):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
                      else [])
-            bare += [f"{p.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in PARTS and n.split(".")[0] != "inferctl"]
+            bare += [f"{p.relative_to(ROOT)}: {n}" for n in names
+                     if n.split(".")[0] in PARTS and n.split(".")[0] != "inferctl"]
     assert bare == []

@@ -64,7 +64,7 @@ def test_a_concurrent_reset_is_refused_before_it_drains_or_restarts_anything(tmp
                    drain_timeout_seconds=2.0, poll_interval_seconds=0.01)
 
     # mark the window in which nvidia-smi --gpu-reset runs
-    real_cmd = resetter_cmd = None
+    real_cmd = None
     from inferctl.controller import reset as reset_mod
     real_cmd = reset_mod._Run.cmd
 
@@ -200,7 +200,8 @@ def test_xid_events_are_counted_once_by_gpu_xid_and_action(tmp_path, monkeypatch
     assert v("inferctl_gpu_xid_events_total", {"gpu": "1", "xid": "43", "action": "ignore"}) == 2.0
     # F09: a GPU that fell off the bus, reported by two kernel lines: one Xid 79 event
     src.gpus[1].xid_events = [
-        XidEvent(xid=79, pci_bus_id=src.gpus[1].pci_bus_id, message="GPU has fallen off the bus.", time=t0 + 70, lost=True),
+        XidEvent(xid=79, pci_bus_id=src.gpus[1].pci_bus_id, message="GPU has fallen off the bus.", time=t0 + 70,
+                 lost=True),
         XidEvent(xid=None, pci_bus_id=src.gpus[1].pci_bus_id, message="GPU has fallen off the bus.", time=t0 + 70.2,
                  lost=True)]
     ctl.tick(t0 + 71)
@@ -222,7 +223,8 @@ def test_a_gpu_seen_lost_once_is_never_reset_even_when_the_source_forgets(tmp_pa
         ctl.gpu_policies["hardware"] = HardwarePolicy(gpu_engines={"1": ["main"]})
     t0 = time.time()
     ctl.tick(t0)
-    src.gpus[1].xid_events = [XidEvent(xid=79, pci_bus_id=src.gpus[1].pci_bus_id, message="Xid 79 reported by NVML event",
+    src.gpus[1].xid_events = [XidEvent(xid=79, pci_bus_id=src.gpus[1].pci_bus_id,
+                                       message="Xid 79 reported by NVML event",
                                        time=t0 + 1, source="nvml", lost=True)]
     ctl.tick(t0 + 1)
     ctl.wait_for_actions(10)

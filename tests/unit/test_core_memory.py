@@ -98,7 +98,8 @@ def test_classify_error():
     assert classify_error(RuntimeError("CUDA error: operation not permitted"), frozenset({2})) == "other"
     assert classify_error(RuntimeError("CUDA error: an illegal memory access was encountered"), codes) == "hardware"
     assert classify_error(RuntimeError("CUDA error: uncorrectable ECC error encountered"), codes) == "hardware"
-    assert classify_error(RuntimeError("NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus"), codes) == "hardware"
+    assert classify_error(RuntimeError("NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus"),
+                          codes) == "hardware"
     assert classify_error(RuntimeError("Unable to determine the device handle: GPU is lost"), codes) == "hardware"
     # a hardware error is never an int8 trigger, even if someone lists its code as OOM
     assert classify_error(RuntimeError("CUDA error 700"), frozenset({700})) == "hardware"

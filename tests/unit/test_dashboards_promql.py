@@ -86,7 +86,8 @@ def test_sum_over_a_gauge_is_flagged_but_max_and_counter_sums_are_not():
 
 
 def test_unguarded_denominators_are_flagged():
-    raw = "sum(rate(inferctl_engine_step_padded_tokens_total[5m])) / sum(rate(inferctl_engine_step_real_tokens_total[5m]))"
+    raw = ("sum(rate(inferctl_engine_step_padded_tokens_total[5m])) / "
+           "sum(rate(inferctl_engine_step_real_tokens_total[5m]))")
     assert any("unguarded denominator" in p for p in problems(raw))
     clamp = ("sum(rate(inferctl_engine_step_padded_tokens_total[5m])) / "
              "clamp_min(sum(rate(inferctl_engine_step_real_tokens_total[5m])), 1)")
@@ -119,4 +120,5 @@ def test_window_increase_counts_a_series_born_inside_the_window():
 
 
 def test_gauge_builder_drops_nan_and_negative_readings():
-    assert q.gauge("inferctl_engine_kv_cache_waste_ratio", ("job",)) == "max by (job) (inferctl_engine_kv_cache_waste_ratio >= 0)"
+    assert q.gauge("inferctl_engine_kv_cache_waste_ratio", ("job",)) == (
+        "max by (job) (inferctl_engine_kv_cache_waste_ratio >= 0)")

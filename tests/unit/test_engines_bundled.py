@@ -163,7 +163,8 @@ def test_bundled_client_over_real_http() -> None:
 def test_latency_histograms_come_from_metrics_for_the_stats_model() -> None:
     metrics = "".join(
         f'inferctl_engine_time_to_first_token_seconds_bucket{{le="{le}",model="{m}"}} {n}\n'
-        for m, counts in (("stories260K", (2, 5, 5)), ("light", (0, 0, 9))) for le, n in zip(("0.01", "0.1", "+Inf"), counts))
+        for m, counts in (("stories260K", (2, 5, 5)), ("light", (0, 0, 9)))
+        for le, n in zip(("0.01", "0.1", "+Inf"), counts))
     metrics += ('inferctl_engine_time_to_first_token_seconds_count{model="stories260K"} 5\n'
                 'inferctl_engine_time_to_first_token_seconds_sum{model="stories260K"} 0.2\n'
                 'inferctl_engine_time_to_first_token_seconds_count{model="light"} 9\n')

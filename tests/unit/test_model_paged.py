@@ -64,7 +64,9 @@ def test_mixed_batch_equals_separate_sequences(stories, block_size):
     r = h.step([(0, prompts[0], False), (2, prompts[2][:half], False)])
     got[0].append(r[0])
     r = h.step([(0, [int(got[0][-1].argmax())], False), (1, prompts[1], False), (2, prompts[2][half:], False)])
-    got[0].append(r[0]); got[1].append(r[1]); got[2].append(r[2])
+    got[0].append(r[0])
+    got[1].append(r[1])
+    got[2].append(r[2])
     for _ in range(3):
         sids = [s for s in (0, 1, 2) if len(got[s]) < 4]
         r = h.step([(s, [int(got[s][-1].argmax())], False) for s in sids])

@@ -58,7 +58,8 @@ def test_bad_ids_and_files(tok, tmp_path):
     with pytest.raises(FileNotFoundError):
         Llama2cTokenizer(tmp_path / "nope.bin")
     bad = tmp_path / "bad.bin"
-    bad.write_bytes(b"\x07\x00\x00\x00" + b"\x00\x00\x00\x00" + b"\xff\x00\x00\x00" + b"ab")  # length 255 > 2 bytes left
+    # length 255 > 2 bytes left
+    bad.write_bytes(b"\x07\x00\x00\x00" + b"\x00\x00\x00\x00" + b"\xff\x00\x00\x00" + b"ab")
     with pytest.raises(ValueError, match="invalid length"):
         Llama2cTokenizer(bad)
 

@@ -107,7 +107,8 @@ def test_runbook_commands_exist_in_the_inferctl_cli():
         if hasattr(cmd, "commands"):
             missing.append(f"{runbook}: inferctl {' '.join(argv)} (no such command)")
             continue
-        known = {opt for p in cmd.params for opt in list(getattr(p, "opts", [])) + list(getattr(p, "secondary_opts", []))}
+        known = {opt for p in cmd.params
+                 for opt in list(getattr(p, "opts", [])) + list(getattr(p, "secondary_opts", []))}
         for arg in rest:
             if arg.startswith("--") and arg.split("=")[0] not in known:
                 missing.append(f"{runbook}: inferctl {' '.join(argv)} (no option {arg})")
