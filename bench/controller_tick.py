@@ -2,7 +2,7 @@
 
     python -m bench.controller_tick [--engines 256] [--gpus 64] [--ticks 20]
 
-The controller is assembled as ``inferctl up`` does (``controller.up._policies``: precision,
+The controller is assembled as ``inferctl up`` does (``controller.up.build_policies``: precision,
 fragmentation, breaker off, hardware), with engine clients that answer from recorded data
 instead of the network: half the engines parse a real bundled-engine ``/stats`` document
 (taken from an in-process stories260K engine after a few requests) through
@@ -96,7 +96,7 @@ def build_controller(n_engines: int, n_gpus: int, workdir: Path):
     from inferctl.controller.metrics import build_registry
     from inferctl.controller.signals import InvalidSampleCounter
     from inferctl.controller.state import ControllerState
-    from inferctl.controller.up import _policies
+    from inferctl.controller.up import build_policies
 
     stats = bundled_stats_doc()
     vllm_text = (FIXTURES / "vllm" / "metrics_samples.txt").read_text()
@@ -117,7 +117,7 @@ def build_controller(n_engines: int, n_gpus: int, workdir: Path):
     log = EventLog(str(workdir / "events.db"), metrics=metrics)
     gpu_source = ReplayGpuSource(captures=[gpu_reading(n_gpus)], mode="step")
     counter = InvalidSampleCounter()
-    policies, gpu_policies = _policies(cfg, counter)
+    policies, gpu_policies = build_policies(cfg, counter)
     state = ControllerState.for_config(cfg)   # the last readings, shared by the loop and the actions
     actions = Actions(clients, {}, None, log, metrics, engine_gpus={e.name: e.gpu for e in cfg.engines},
                       state=state)

@@ -42,7 +42,7 @@ from starlette.concurrency import run_in_threadpool
 from inferctl.contract.http import BodyRejected, Unauthorized, check_bearer, read_json_body
 from inferctl.controller.actions import ActionResult
 from inferctl.controller.events import EVENT_KINDS, json_safe
-from inferctl.controller.loop import ReleaseRefused
+from inferctl.controller.operator import ReleaseRefused
 
 MAX_EVENTS = 1000
 MAX_BODY_BYTES = 64 * 1024

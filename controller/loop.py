@@ -45,7 +45,7 @@ from inferctl.controller.config import ControllerConfig
 from inferctl.controller.dispatch import Dispatcher
 from inferctl.controller.events import EventLog
 from inferctl.controller.exporter import Exporter
-from inferctl.controller.operator import MANUAL_ACTIONS, OperatorActions, ReleaseRefused
+from inferctl.controller.operator import OperatorActions
 from inferctl.controller.policies.base import observe_engine, observe_gpu
 from inferctl.controller.sources import SourceJob, Sources
 from inferctl.controller.state import ControllerState
@@ -53,7 +53,7 @@ from inferctl.controller.status import StatusBuilder
 from inferctl.controller.types import Decision, EngineSnapshot, GpuReading
 
 # names that moved to their own modules, importable from here as before
-__all__ = ["Controller", "MANUAL_ACTIONS", "ReleaseRefused", "SourceJob"]
+__all__ = ["Controller"]
 
 #: crashed-engine restarts allowed per engine within the window, then escalate
 CRASH_RESTARTS = 3

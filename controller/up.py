@@ -9,7 +9,7 @@ the GPU source, the policies, the reset rails, the actions, the loop and the HTT
 controller URLs, serves until SIGINT/SIGTERM, then shuts down in order — the API stops, the
 loop stops (running actions finish), each launched engine gets SIGTERM (SIGKILL after its
 ``stop_timeout_seconds``). The controller never imports the engine: engines run as
-``python -m controller.cli engine serve ...`` subprocesses and are reached over HTTP.
+``python -m inferctl engine serve ...`` subprocesses and are reached over HTTP.
 """
 
 from __future__ import annotations
@@ -116,7 +116,12 @@ def _gpu_source(config: ControllerConfig) -> Any:
         raise ConfigError(f"{field}: {exc}") from None
 
 
-def _policies(config: ControllerConfig, counter: Any) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+def build_policies(config: ControllerConfig, counter: Any) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """The policies ``inferctl up`` runs, built from ``config.policies``: per engine name
+    ``{"precision": PrecisionPolicy, "fragmentation": …, "breaker": …}`` (those that apply to
+    the engine's kind), and per GPU index a HardwarePolicy. ``counter`` is the controller's
+    invalid-sample counter the policies report to. Raises ConfigError for an unreadable Xid
+    catalogue."""
     from inferctl.controller.gpu.xid import XidCatalog
     from inferctl.controller.policies import (FragmentationPolicy, HardwarePolicy, LatencyBreaker,
                                      PrecisionPolicy)
@@ -197,7 +202,7 @@ def build_runtime(config: ControllerConfig, admin_token: str, *, engine_log_dir:
                                               timeout_s=timeout) for e in config.engines}
         gpu_source = _gpu_source(config)
         counter = InvalidSampleCounter()
-        policies, gpu_policies = _policies(config, counter)
+        policies, gpu_policies = build_policies(config, counter)
         rails = config.rails
         resetter = GpuResetter(rails.nvidia_smi, gpu_source, event_log,
                                min_interval_seconds=rails.reset_min_interval_seconds, dry_run=rails.dry_run,

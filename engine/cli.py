@@ -1,4 +1,4 @@
-"""The engine's CLI commands, attached to ``inferctl`` by ``controller/cli.py``.
+"""The engine's CLI commands, attached to ``inferctl`` by the front door ``inferctl/cli.py``.
 
 * ``inferctl engine serve --model PATH ...`` — load the model(s) and serve the
   OpenAI-compatible API (:mod:`engine.server`) with uvicorn on 127.0.0.1:8000 by default.

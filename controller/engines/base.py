@@ -13,15 +13,10 @@ from typing import Any
 
 import httpx
 
-# ResponseTooLarge, ResponseDeadlineExceeded and MAX_RESPONSE_BYTES are re-exported for
-# callers that still import them from here (controller/cli.py); new code imports
-# inferctl.controller.scrape.http.
-from inferctl.controller.scrape.http import (MAX_RESPONSE_BYTES, ResponseDeadlineExceeded,
-                                             ResponseTooLarge, bounded_request)
+from inferctl.controller.scrape.http import bounded_request
 from inferctl.controller.types import EngineSnapshot
 
-__all__ = ["MAX_RESPONSE_BYTES", "EngineAdminError", "EngineClient", "ResponseDeadlineExceeded",
-           "ResponseTooLarge", "bounded_request", "failed_snapshot"]
+__all__ = ["EngineAdminError", "EngineClient", "failed_snapshot"]
 
 
 class EngineAdminError(RuntimeError):
@@ -68,7 +63,7 @@ class EngineClient(abc.ABC):
     def _request(self, method: str, path: str, *, timeout_s: float | None = None,
                  **kwargs: Any) -> httpx.Response:
         """A call to the engine whose whole answer (not only each read) is bounded by
-        ``timeout_s`` (default the client's) and :data:`MAX_RESPONSE_BYTES`."""
+        ``timeout_s`` (default the client's) and :data:`inferctl.controller.scrape.http.MAX_RESPONSE_BYTES`."""
         t = self.timeout_s if timeout_s is None else timeout_s
         return bounded_request(self._client, method, path, deadline_s=t, timeout=t, **kwargs)
 

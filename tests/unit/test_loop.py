@@ -7,7 +7,8 @@ import time
 import pytest
 
 from inferctl.controller.actions import Actions
-from inferctl.controller.loop import Controller, SourceJob
+from inferctl.controller.loop import Controller
+from inferctl.controller.sources import SourceJob
 from inferctl.controller.metrics import build_registry
 from inferctl.controller.policies.precision import PrecisionPolicy
 from inferctl.controller.signals import InvalidSampleCounter

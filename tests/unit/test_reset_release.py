@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferctl.controller.loop import ReleaseRefused
+from inferctl.controller.operator import ReleaseRefused
 from inferctl.controller.policies import HardwarePolicy
 from inferctl.controller.reset import GpuResetter
 from tests.controller_helpers import FakeClock, FakeEngineClient, FakeNvidiaSmi, StaticGpuSource, gpu, make_controller

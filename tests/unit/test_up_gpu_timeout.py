@@ -9,7 +9,7 @@ import time
 import pytest
 
 from inferctl.controller.config import parse_config
-from inferctl.controller.loop import SourceJob
+from inferctl.controller.sources import SourceJob
 from inferctl.controller.up import SOURCE_TIMEOUT_SHARE, _gpu_source, gpu_source_options
 from tests.gpu_helpers import FakeGpu, FakeNvml
 
