@@ -515,9 +515,10 @@ class PrecisionPolicy(PerEnginePolicy):
             self._hold.update(now, False, why)
             return []
         self._last_threshold = sample
-        ok = sample["free_bytes"] >= sample["threshold_bytes"]
+        ok = sample["headroom_bytes"] >= sample["threshold_bytes"]
         self._hold.update(now, ok, None if ok else
-                          f"free {sample['free']} < threshold {sample['threshold']}")
+                          f"free {sample['free']} + reusable allocator cache "
+                          f"{format_bytes(sample['reclaimable_bytes'])} < threshold {sample['threshold']}")
         held = self._hold.held(now)
         if not ok or held < self._hold_seconds:
             return []
@@ -526,7 +527,8 @@ class PrecisionPolicy(PerEnginePolicy):
                   "relapses": self._relapses}
         return [self._transition(
             now, PrecisionState.ROLLING_BACK, "rollback",
-            f"free memory {sample['free']} has stayed >= {sample['threshold']} (full-precision "
+            f"free memory {sample['free']} (+ {format_bytes(sample['reclaimable_bytes'])} reusable allocator "
+            f"cache) has stayed >= {sample['threshold']} (full-precision "
             f"weights' extra {format_bytes(sample['extra_weights_bytes'])} + margin "
             f"{format_bytes(sample['margin_bytes'])}) for {held:g} s >= hold "
             f"{self._hold_seconds:g} s with no new OOM: switch back to full precision", inputs,

@@ -8,6 +8,8 @@ hardware hand-off, rollback threshold).
 
 from __future__ import annotations
 
+import math
+
 from typing import Any, Mapping
 
 from inferctl.controller.gpu.base import MEMORY_ROUNDING_TOLERANCE_BYTES
@@ -134,7 +136,29 @@ def memory_sample(config: Any, engine: EngineSnapshot, gpu: GpuSnapshot | None,
     margin = (config.margin_bytes if config.margin_bytes is not None
               else config.margin_ratio * total.value)
     threshold = extra + margin
+    reclaimable = reclaimable_bytes(engine)
     return {"free_bytes": free.value, "free": format_bytes(free.value),
+            "reclaimable_bytes": reclaimable, "headroom_bytes": free.value + reclaimable,
+            "headroom": format_bytes(free.value + reclaimable),
             "total_bytes": total.value, "extra_weights_bytes": extra,
             "margin_bytes": margin, "threshold_bytes": threshold,
             "threshold": format_bytes(threshold), "memory_source": src}, ""
+
+
+def reclaimable_bytes(engine: EngineSnapshot) -> float:
+    """Bytes the engine's own caching allocator holds but does not use (reserved − allocated),
+    0 when either number is missing or inconsistent (never a guess in the rollback's favour).
+
+    They count as headroom for the engine's own rollback: PyTorch's CUDA caching allocator
+    frees its cached, unused blocks and retries before it raises an out-of-memory error
+    (PyTorch docs, "CUDA semantics: memory management"), so the full-precision weights can
+    use them. Without this, an engine under steady light load (never idle, so its cache is
+    never emptied) would never read as recovered and would stay int8 for good."""
+    reserved, allocated = engine.memory_reserved_bytes, engine.memory_allocated_bytes
+    if not isinstance(reserved, (int, float)) or not isinstance(allocated, (int, float)):
+        return 0.0
+    if isinstance(reserved, bool) or isinstance(allocated, bool):
+        return 0.0
+    if not (math.isfinite(reserved) and math.isfinite(allocated)) or allocated < 0 or reserved < allocated:
+        return 0.0
+    return float(reserved - allocated)

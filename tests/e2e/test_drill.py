@@ -143,8 +143,9 @@ def test_cli_errors_are_one_line(tmp_path, gutenberg_dir):
 @pytest.mark.e2e
 def test_drill_oom_end_to_end(tmp_path, stories_dir, gutenberg_dir):
     """The issue's "done": the drill on stories260K exits 0 with 0 failed requests, a measured
-    switch latency and a rollback (xfail only on the known allocator-cache issue, see
-    tests/e2e/test_up_e2e.py)."""
+    switch latency and a rollback. Under the drill's steady recovery load the engine is never
+    idle, so its allocator cache stays reserved: the rollback counts that reusable cache as
+    headroom (tests/unit/test_policy_precision.py), so it still comes."""
     code = (f"import typer, sys; from inferctl.tools import drill; app = typer.Typer(); drill.register(app); "
             f"app(['drill', 'oom', '--model', {str(stories_dir / 'stories260K.bin')!r}, '--data', "
             f"{str(gutenberg_dir)!r}, '--json', '--no-live', '--out', {str(tmp_path)!r}, '--baseline-seconds', '1', "
@@ -159,10 +160,6 @@ def test_drill_oom_end_to_end(tmp_path, stories_dir, gutenberg_dir):
     assert summary["oom_source"] in ("budget", "injected") and summary["switch_latency_seconds"] is not None
     assert 0 < summary["switch_latency_seconds"] < 5
     assert summary["oom_to_decision_seconds"] <= summary["oom_to_int8_reported_seconds"]
-    if not summary["rolled_back"]:
-        last = full["samples"][-1]
-        if last["reserved_bytes"] and last["allocated_bytes"] and last["reserved_bytes"] > last["allocated_bytes"]:
-            pytest.xfail(f"known issue: rollback blocked by the allocator cache (reserved {last['reserved_bytes']} "
-                         f"> allocated {last['allocated_bytes']}); drill exit {p.returncode}")
+    assert full["samples"], "the drill recorded no /stats samples"
     assert summary["rolled_back"] and summary["final_precision"] == "full"
     assert p.returncode == 0, p.stderr[-2000:]

@@ -440,3 +440,34 @@ def test_adopts_int8_started_outside_the_policy():
     ds = p.observe(0.0, engine(0.0, precision="int8", reserved=LOW))
     assert ds[0].to_state == "int8" and ds[0].action is None
     assert BUDGET > THRESHOLD
+
+
+def test_reusable_allocator_cache_counts_as_rollback_headroom():
+    """An engine under steady light load is never idle, so its caching allocator keeps the
+    peak's activation segments reserved: free = budget − reserved stays below the threshold
+    although 200,000 B of the reserved bytes are unused and reusable by the engine. Those
+    count (free + reserved − allocated); a missing ``allocated`` counts nothing."""
+    reserved = free_of(THRESHOLD - 50_000)             # free alone is 50,000 B short
+    cached = engine(0.0, precision="int8", reserved=reserved, allocated=reserved - 200_000)
+    p = policy(hold_seconds=10.0, confirm_timeout_seconds=5.0)
+    degrade_and_confirm(p)
+    got = {t: p.observe(float(t), engine(float(t), precision="int8", reserved=reserved,
+                                         allocated=cached.memory_allocated_bytes)) for t in range(2, 14)}
+    rollbacks = [t for t, ds in got.items() if "rollback" in actions(ds)]
+    assert rollbacks == [12]
+    d = got[12][0]
+    assert d.inputs["free_bytes"] == THRESHOLD - 50_000
+    assert d.inputs["reclaimable_bytes"] == 200_000
+    assert d.inputs["headroom_bytes"] == THRESHOLD + 150_000
+    # the same poll without the allocator's numbers: no headroom is assumed, no rollback
+    q = policy(hold_seconds=10.0, confirm_timeout_seconds=5.0)
+    degrade_and_confirm(q)
+    later = [q.observe(float(t), engine(float(t), precision="int8", reserved=reserved, allocated=None))
+             for t in range(2, 30)]
+    assert not any("rollback" in actions(ds) for ds in later)
+    # allocated above reserved is inconsistent: counts nothing either
+    r = policy(hold_seconds=10.0, confirm_timeout_seconds=5.0)
+    degrade_and_confirm(r)
+    bad = [r.observe(float(t), engine(float(t), precision="int8", reserved=reserved, allocated=reserved + 1))
+           for t in range(2, 30)]
+    assert not any("rollback" in actions(ds) for ds in bad)
