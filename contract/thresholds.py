@@ -140,6 +140,27 @@ class Thresholds:
     #: ``for:`` of the hardware alerts (reset failed, critical Xid, GPU lost, ECC).
     gpu_fault_for: str = "1m"
 
+    # --- decisions under real faults (issue 10: items 1, 2, 12) ---------------------------
+    #: Automatic precision switches (degrades + rollbacks together) allowed per engine within
+    #: ``precision_switch_window_seconds``: a rollback that would leave no room for the degrade
+    #: a relapse needs is deferred, so the count never exceeds the cap (operator default: two
+    #: round trips in ten minutes; docs/policies.md "No ping-pong").
+    precision_max_switches: int = 4
+    precision_switch_window_seconds: float = 600.0
+    #: Relapses of one prompt-size class (an OOM of the same class within the relapse window of
+    #: a rollback) after which int8 is pinned until an operator unpins (operator default).
+    precision_pin_after_class_relapses: int = 2
+    #: Correctable (single-bit) ECC errors per second over ``ecc_correctable_window_seconds``
+    #: that make a correctable-error storm warning (never critical, never a reset). NVIDIA:
+    #: correctable errors are corrected in hardware; a high rate is a service hint (operator
+    #: default: 60 errors in ten minutes).
+    ecc_correctable_storm_per_second: float = 0.1
+    ecc_correctable_window_seconds: float = 600.0
+    #: Automation paused (``inferctl pause``) longer than this fires AutomationPausedTooLong
+    #: (operator default: half a working day), with its ``for:``.
+    automation_paused_max_seconds: float = 14400.0
+    automation_paused_for: str = "5m"
+
     # --- meta ---------------------------------------------------------------------------
     #: ``for:`` of the always-firing ``Watchdog``.
     watchdog_for: str = "1m"
@@ -167,6 +188,9 @@ class Thresholds:
         if self.e2e_critical_seconds < self.e2e_warning_seconds:
             raise ValueError(f"e2e_critical_seconds: {self.e2e_critical_seconds:g} is below "
                              f"e2e_warning_seconds {self.e2e_warning_seconds:g}")
+        for name in ("precision_max_switches", "precision_pin_after_class_relapses",
+                     "ecc_correctable_storm_per_second"):
+            _check_number(name, getattr(self, name), 0.0, None, strict_min=True)
         for name in ("engine_job", "controller_job"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ValueError(f"{name}: must be a non-empty string")

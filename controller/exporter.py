@@ -16,6 +16,7 @@ from inferctl.controller import signals as sig
 from inferctl.controller.actions import RESTART_REASONS
 from inferctl.controller.events import EVENT_KINDS
 from inferctl.controller.metrics import CONTROLLER_METRICS
+from inferctl.controller.policies.hardware_state import STANDING_KINDS, standing_faults
 from inferctl.controller.reset import OUTCOMES as RESET_OUTCOMES
 from inferctl.controller.types import Decision, EngineSnapshot, GpuReading
 
@@ -43,6 +44,7 @@ class Exporter:
         self._int8_since: dict[str, float] = {}
         self._invalid_exported: dict[str, int] = {}
         self._gpus_counted: set[str] = set()
+        self._mig_seen: dict[str, set[tuple[str, ...]]] = {}
 
     # ------------------------------------------------------------------ primitives
     def zero(self, name: str, **labels: str) -> None:
@@ -182,6 +184,27 @@ class Exporter:
                 self.gauge(metric, None if g.lost else value, **lab)
             self.gauge("inferctl_gpu_ecc_errors", g.ecc_corrected, type="corrected", **lab)
             self.gauge("inferctl_gpu_ecc_errors", g.ecc_uncorrected, type="uncorrected", **lab)
+            standing = standing_faults(g)
+            for kind in STANDING_KINDS:
+                self.gauge("inferctl_gpu_standing_fault", None if g.lost else float(kind in standing), kind=kind, **lab)
+            self._export_mig(g, lab)
+
+    def _export_mig(self, g: Any, lab: dict[str, str]) -> None:
+        """Per-MIG-instance memory (``inferctl_gpu_mig_memory_*_bytes``), where the source has it;
+        instances gone since the last poll are removed."""
+        seen = set()
+        for m in g.mig_instances:
+            mlab = {**lab, "gpu_instance_id": str(m.gpu_instance_id), "profile": m.profile or ""}
+            seen.add(tuple(mlab.values()))
+            for metric, value in (("inferctl_gpu_mig_memory_total_bytes", m.memory_total_bytes),
+                                  ("inferctl_gpu_mig_memory_used_bytes", m.memory_used_bytes),
+                                  ("inferctl_gpu_mig_memory_free_bytes", m.memory_free_bytes)):
+                self.gauge(metric, value, **mlab)
+        for gone in self._mig_seen.get(g.uuid, set()) - seen:
+            for metric in ("inferctl_gpu_mig_memory_total_bytes", "inferctl_gpu_mig_memory_used_bytes",
+                           "inferctl_gpu_mig_memory_free_bytes"):
+                self.gauge(metric, None, **dict(zip(_LABELS[metric], gone)))
+        self._mig_seen[g.uuid] = seen
 
     def count_xids(self, events: Iterable[Mapping[str, Any]]) -> None:
         """``inferctl_gpu_xid_events_total{gpu, xid, action}`` += 1 per new Xid report (as a
@@ -202,6 +225,10 @@ class Exporter:
                 state = judge.gpu_state(g.uuid) if judge is not None else None
                 healthy = (state == "healthy") if state is not None else not g.lost
                 self.gauge("inferctl_gpu_healthy", 1.0 if healthy else 0.0, gpu=str(g.index), uuid=g.uuid)
+            gstates = (judge.state().get("gpus", {}) if judge is not None and hasattr(judge, "state") else {})
+            for g in reading.gpus.values():
+                rate = (gstates.get(g.uuid) or {}).get("ecc_corrected_per_second")
+                self.gauge("inferctl_gpu_ecc_corrected_errors_per_second", rate, gpu=str(g.index), uuid=g.uuid)
         for name, pols in policies.items():
             for pol in pols.values():
                 gauges = getattr(pol, "gauges", None)

@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from inferctl.controller.events import EventLog, json_safe
 from inferctl.controller.policies.base import policy_state
+from inferctl.controller.policies.hardware_state import standing_faults
 from inferctl.controller.sources import Sources
 from inferctl.controller.state import ControllerState
 from inferctl.controller.types import EngineSnapshot
@@ -78,7 +79,19 @@ class StatusBuilder:
             "restarts": None if sup is None else sup.restarts,
             "poll": self.sources.jobs[f"engine:{name}"].state(),
             "policies": {k: policy_state(p, now) for k, p in self.policies.get(name, {}).items()},
+            "routing": self._routing(name),
         }
+
+    def _routing(self, name: str) -> dict:
+        """Whether the router may send this engine traffic, as the GPU policies judge its GPU:
+        ``{"ready": bool, "reason": str | None, "gpu": uuid | None}`` (ready with no reason when
+        no GPU policy knows the engine's GPU). The router reads ``engines[NAME].routing.ready``."""
+        for pol in self.gpu_policies.values():
+            verdicts = getattr(pol, "engine_routing", None)
+            v = verdicts().get(name) if verdicts is not None else None
+            if v is not None and not v["routable"]:
+                return {"ready": False, "reason": v["reason"], "gpu": v["gpu"]}
+        return {"ready": True, "reason": None, "gpu": None}
 
     def _gpus(self, now: float) -> dict:
         reading = self.state.reading
@@ -93,7 +106,15 @@ class StatusBuilder:
                 {"index": g.index, "uuid": g.uuid, "name": g.name, "lost": g.lost,
                  "memory_total_bytes": g.memory_total_bytes, "memory_used_bytes": g.memory_used_bytes,
                  "memory_free_bytes": g.memory_free_bytes, "utilization_ratio": g.utilization_ratio,
-                 "temperature_celsius": g.temperature_celsius, "health": g.health}
+                 "temperature_celsius": g.temperature_celsius, "health": g.health,
+                 "ecc_uncorrected": g.ecc_uncorrected, "ecc_uncorrected_aggregate": g.ecc_uncorrected_aggregate,
+                 "retired_pages_pending": g.retired_pages_pending, "remapped_rows_pending": g.remapped_rows_pending,
+                 "remapped_rows_failure": g.remapped_rows_failure, "standing_faults": standing_faults(g),
+                 "mig_enabled": g.mig_enabled,
+                 "mig_instances": [{"gpu_instance_id": m.gpu_instance_id, "compute_instance_id": m.compute_instance_id,
+                                    "profile": m.profile, "uuid": m.uuid, "memory_total_bytes": m.memory_total_bytes,
+                                    "memory_used_bytes": m.memory_used_bytes, "memory_free_bytes": m.memory_free_bytes,
+                                    "utilization_ratio": m.utilization_ratio} for m in g.mig_instances]}
                 for g in sorted(reading.gpus.values(), key=lambda s: (s.index is None, s.index or 0))],
             "policies": {k: policy_state(p, now) for k, p in self.gpu_policies.items()},
         }

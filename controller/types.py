@@ -73,8 +73,11 @@ class GpuSnapshot:
     pstate: str | None = None
     clocks_sm_mhz: float | None = None
     clocks_mem_mhz: float | None = None
-    ecc_corrected: int | None = None
-    ecc_uncorrected: int | None = None
+    ecc_corrected: int | None = None          # volatile: since the last driver load (may reset)
+    ecc_uncorrected: int | None = None        # volatile uncorrectable (double-bit) count
+    ecc_corrected_aggregate: int | None = None    # lifetime (InfoROM) counts: never reset
+    ecc_uncorrected_aggregate: int | None = None
+    retired_pages_pending: bool | None = None  # pages waiting to be retired at the next reset/reload
     remapped_rows_pending: bool | None = None
     remapped_rows_failure: bool | None = None
     # NVML field 230: 0 none, 1 reset, 2 reboot, 3 drain P2P, 4 drain and reset

@@ -44,6 +44,18 @@ class FakeGpu:
     lost: bool = False
     memory_v2: bool = True
     overrides: dict[str, Any] = field(default_factory=dict)          # fn name -> exception to raise
+    retired_pending: int = 0                                         # NVML_FEATURE_ENABLED = 1
+    ecc_aggregate: tuple[int, int] | None = None                     # None: same as the volatile counts
+    mig: list[Any] = field(default_factory=list)                     # FakeMig devices (MIG mode on)
+    mig_slots: int = 7
+
+
+@dataclass
+class FakeMig(FakeGpu):
+    """A MIG device handle: its own UUID and memory, GPU / compute instance ids."""
+
+    gi: int = 0
+    ci: int = 0
 
 
 class FakeNvml:
@@ -152,7 +164,26 @@ class FakeNvml:
 
     def nvmlDeviceGetTotalEccErrors(self, h: FakeGpu, err: int, counter: int) -> int:
         g = self._dev(h, "nvmlDeviceGetTotalEccErrors")
-        return g.ecc[0] if err == pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED else g.ecc[1]
+        ecc = g.ecc_aggregate if counter == pynvml.NVML_AGGREGATE_ECC and g.ecc_aggregate else g.ecc
+        return ecc[0] if err == pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED else ecc[1]
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h: FakeGpu) -> int:
+        return self._dev(h, "nvmlDeviceGetRetiredPagesPendingStatus").retired_pending
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: FakeGpu) -> int:
+        return self._dev(h, "nvmlDeviceGetMaxMigDeviceCount").mig_slots
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: FakeGpu, i: int) -> Any:
+        g = self._dev(h, "nvmlDeviceGetMigDeviceHandleByIndex")
+        if i >= len(g.mig):
+            raise pynvml.NVMLError_NotFound()
+        return g.mig[i]
+
+    def nvmlDeviceGetGpuInstanceId(self, h: Any) -> int:
+        return self._dev(h, "nvmlDeviceGetGpuInstanceId").gi
+
+    def nvmlDeviceGetComputeInstanceId(self, h: Any) -> int:
+        return self._dev(h, "nvmlDeviceGetComputeInstanceId").ci
 
     def nvmlDeviceGetRemappedRows(self, h: FakeGpu) -> tuple[int, int, int, int]:
         return self._dev(h, "nvmlDeviceGetRemappedRows").remapped
@@ -161,8 +192,8 @@ class FakeNvml:
         return self._dev(h, "nvmlDeviceGetPersistenceMode").persistence
 
     def nvmlDeviceGetMigMode(self, h: FakeGpu) -> list[int]:
-        self._dev(h, "nvmlDeviceGetMigMode")
-        return [0, 0]
+        g = self._dev(h, "nvmlDeviceGetMigMode")
+        return [1, 1] if g.mig else [0, 0]
 
     def nvmlDeviceGetFieldValues(self, h: FakeGpu, ids: list[int]) -> list[Any]:
         g = self._dev(h, "nvmlDeviceGetFieldValues")

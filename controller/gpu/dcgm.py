@@ -15,6 +15,8 @@ DCGM_FI_DEV_ENFORCED_POWER_LIMIT,      power_limit_watts
 DCGM_FI_DEV_SM_CLOCK / MEM_CLOCK       clocks_sm_mhz / clocks_mem_mhz
 DCGM_FI_DEV_ECC_SBE_VOL_TOTAL          ecc_corrected
 DCGM_FI_DEV_ECC_DBE_VOL_TOTAL          ecc_uncorrected
+DCGM_FI_DEV_ECC_SBE/DBE_AGG_TOTAL      ecc_corrected_aggregate / ecc_uncorrected_aggregate
+DCGM_FI_DEV_RETIRED_PENDING            retired_pages_pending (count > 0)
 DCGM_FI_DEV_ROW_REMAP_PENDING/FAILURE  remapped_rows_pending / remapped_rows_failure
 DCGM_FI_DEV_XID_ERRORS                 the last Xid (an XidEvent when it changes to a non-zero code)
 =====================================  ==========================================
@@ -31,12 +33,25 @@ such series go to ``GpuSnapshot.mig_instances`` (one :class:`MigInstance` per ``
 series of the GPU, preferring whole-GPU series. The parent's memory stays ``None`` unless the
 exporter also sends whole-GPU FB_* series (dcgm-exporter issue #512).
 
-Blank values: DCGM marks "no data" with sentinels at or above ``DCGM_INT32_BLANK`` (0x7ffffff0),
-``DCGM_FP64_BLANK`` (2**47) and ``DCGM_INT64_BLANK`` (0x7ffffffffffffff0), plus +1..+3 for
-not-found/not-supported/not-permissioned; dcgm_structs.h defines ``IS_BLANK(v)`` as
-``v >= BLANK``. Every field mapped here is far below 2**31 when real, so any value
-``>= 2147483632`` (this covers all three families and DBL_MAX), NaN, infinity, or a negative
-value is "no data" (None), never a number.
+Blank values (DCGM's ``dcgm_structs.h``, "DCGM_BLANK_VALUES"; the same constants are
+go-dcgm's ``DCGM_FT_INT32_BLANK`` / ``DCGM_FT_INT64_BLANK`` / ``DCGM_FT_FP64_BLANK`` that
+dcgm-exporter skips): ``DCGM_INT32_BLANK`` = 0x7ffffff0, ``DCGM_INT64_BLANK`` =
+0x7ffffffffffffff0 and ``DCGM_FP64_BLANK`` = 2**47, each +1..+3 for not-found /
+not-supported / not-permissioned. Only these sentinels are "no data" (None):
+
+* integer fields (DCGM_FT_INT64: counters, temperatures, clocks, FB, Xid): the four INT32
+  sentinels exactly (go-dcgm compares an int64 value against both families), and any value
+  ``>= DCGM_INT64_BLANK`` (``DCGM_INT64_IS_BLANK``; in the float of the text format the four
+  INT64 sentinels all read 2**63, above any real int64);
+* double fields (DCGM_FT_DOUBLE: power, PROF_*): ``>= DCGM_FP64_BLANK``
+  (``DCGM_FP64_IS_BLANK``), which also covers DBL_MAX;
+* NaN, infinities and negative values are invalid (None) for every field.
+
+A real large counter (an ECC count of 2**31 or 2**40) is a value, never a blank.
+
+Standing hardware state (docs/policies.md "Hardware"): ``DCGM_FI_DEV_ECC_SBE/DBE_AGG_TOTAL``
+→ ``ecc_corrected_aggregate`` / ``ecc_uncorrected_aggregate``; ``DCGM_FI_DEV_RETIRED_PENDING``
+(pages pending retirement, a count) → ``retired_pages_pending`` (count > 0).
 """
 
 from __future__ import annotations
@@ -62,9 +77,25 @@ DCGM_INT64_BLANK = 0x7FFFFFFFFFFFFFF0
 DCGM_FP64_BLANK = 140737488355328.0
 
 
-def is_dcgm_blank(value: float) -> bool:
-    """True for DCGM's "no data" sentinels (any value >= DCGM_INT32_BLANK), NaN and infinities."""
-    return math.isnan(value) or math.isinf(value) or value >= DCGM_INT32_BLANK
+#: The INT32 family: blank, not found, not supported, not permissioned (dcgm_structs.h).
+DCGM_INT32_SENTINELS = frozenset(float(DCGM_INT32_BLANK + i) for i in range(4))
+#: DCGM fields of type DCGM_FT_DOUBLE among those mapped here (dcgm_fields.h); the rest are INT64.
+FP64_FIELDS = frozenset({"DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_ENFORCED_POWER_LIMIT",
+                         "DCGM_FI_DEV_POWER_MGMT_LIMIT", "DCGM_FI_PROF_DRAM_ACTIVE",
+                         "DCGM_FI_PROF_GR_ENGINE_ACTIVE"})
+
+
+def is_dcgm_blank(value: float, fp64: bool = False) -> bool:
+    """True for DCGM's documented "no data" sentinels (module docstring), NaN and infinities.
+
+    ``fp64``: the field is DCGM_FT_DOUBLE (blank at or above ``DCGM_FP64_BLANK``); otherwise
+    it is an integer field: blank for the four INT32 sentinels exactly or at or above
+    ``DCGM_INT64_BLANK``. Any other value, however large, is data."""
+    if math.isnan(value) or math.isinf(value):
+        return True
+    if fp64:
+        return value >= DCGM_FP64_BLANK
+    return value in DCGM_INT32_SENTINELS or value >= float(DCGM_INT64_BLANK)
 
 
 _GAUGES: dict[str, tuple[str, float]] = {
@@ -81,9 +112,12 @@ _GAUGES: dict[str, tuple[str, float]] = {
     "DCGM_FI_PROF_DRAM_ACTIVE": ("memory_bandwidth_utilization_ratio", 1.0),
 }
 _INTS = {"DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": "ecc_corrected",
-         "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "ecc_uncorrected"}
+         "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "ecc_uncorrected",
+         "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": "ecc_corrected_aggregate",
+         "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": "ecc_uncorrected_aggregate"}
 _BOOLS = {"DCGM_FI_DEV_ROW_REMAP_PENDING": "remapped_rows_pending",
-          "DCGM_FI_DEV_ROW_REMAP_FAILURE": "remapped_rows_failure"}
+          "DCGM_FI_DEV_ROW_REMAP_FAILURE": "remapped_rows_failure",
+          "DCGM_FI_DEV_RETIRED_PENDING": "retired_pages_pending"}
 _MEM = {"DCGM_FI_DEV_FB_USED": "used", "DCGM_FI_DEV_FB_FREE": "free",
         "DCGM_FI_DEV_FB_RESERVED": "reserved", "DCGM_FI_DEV_FB_TOTAL": "total"}
 _RATIO_ATTRS = {"utilization_ratio", "memory_bandwidth_utilization_ratio"}
@@ -163,7 +197,7 @@ def parse_dcgm_text(text: str, now: float = 0.0) -> tuple[dict[str, GpuSnapshot]
         if name not in _KNOWN:
             continue
         v = s.value
-        if v < 0 or is_dcgm_blank(v):
+        if v < 0 or is_dcgm_blank(v, name in FP64_FIELDS):
             out.blanks.append(f"{name}{{{key}{'/' + gi if gi else ''}}}")
             continue
         if name in _MEM:

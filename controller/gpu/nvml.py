@@ -25,8 +25,16 @@ Faults, each handled where it belongs:
   shut down and re-initialised with exponential backoff (``backoff_initial_s`` doubling up to
   ``backoff_max_s``), and readings resume when it works again.
 
-MIG instances are not enumerated through NVML here (the parent GPU's numbers are whole-GPU);
-use the dcgm or replay source for per-instance memory.
+Standing hardware state (docs/policies.md "Hardware"): aggregate (lifetime) ECC totals
+(``NVML_AGGREGATE_ECC``) and pending page retirement
+(``nvmlDeviceGetRetiredPagesPendingStatus``: ``NVML_FEATURE_ENABLED`` = pages wait for the next
+reset/reload; NotSupported on GPUs that remap rows instead, then None).
+
+MIG: when MIG mode is on, each MIG device (``nvmlDeviceGetMaxMigDeviceCount`` slots,
+``nvmlDeviceGetMigDeviceHandleByIndex``; an empty slot raises NotFound) becomes a
+:class:`MigInstance` with its GPU/compute instance ids (``nvmlDeviceGetGpuInstanceId`` /
+``nvmlDeviceGetComputeInstanceId``), MIG UUID and its own memory (``nvmlDeviceGetMemoryInfo`` on
+the MIG handle). The parent GPU's numbers stay whole-GPU.
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ from typing import Any, Callable
 
 from inferctl.controller.gpu.base import GpuSource, down_reading
 from inferctl.controller.gpu.xid import normalize_pci_bus_id
-from inferctl.controller.types import GpuProcess, GpuReading, GpuSnapshot, XidEvent
+from inferctl.controller.types import GpuProcess, GpuReading, GpuSnapshot, MigInstance, XidEvent
 
 log = logging.getLogger(__name__)
 
@@ -355,6 +363,12 @@ class NvmlGpuSource(GpuSource):
                                  nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_VOLATILE_ECC))
         s.ecc_uncorrected = _int(c(lab, "ecc_uncorrected", "nvmlDeviceGetTotalEccErrors", h,
                                    nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC))
+        s.ecc_corrected_aggregate = _int(c(lab, "ecc_corrected_aggregate", "nvmlDeviceGetTotalEccErrors", h,
+                                           nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_AGGREGATE_ECC))
+        s.ecc_uncorrected_aggregate = _int(c(lab, "ecc_uncorrected_aggregate", "nvmlDeviceGetTotalEccErrors", h,
+                                             nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_AGGREGATE_ECC))
+        pend = _num(c(lab, "retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus", h))
+        s.retired_pages_pending = None if pend is None else int(pend) == nv.NVML_FEATURE_ENABLED
         rows = c(lab, "remapped_rows", "nvmlDeviceGetRemappedRows", h)
         if rows is not _FAILED and rows is not None:
             s.remapped_rows_pending, s.remapped_rows_failure = bool(rows[2]), bool(rows[3])
@@ -363,12 +377,36 @@ class NvmlGpuSource(GpuSource):
         mig = c(lab, "mig_enabled", "nvmlDeviceGetMigMode", h)
         if mig is not _FAILED and mig is not None:
             s.mig_enabled = int(mig[0]) == 1
+            if s.mig_enabled:
+                s.mig_instances = self._mig_instances(lab, h)
         s.recovery_action = self._recovery_action(lab, h)
         procs = c(lab, "processes", "nvmlDeviceGetComputeRunningProcesses", h)
         if procs is not _FAILED and procs is not None:
             s.processes = [self._process(p) for p in procs]
         if dev.event_set is not None:
             s.xid_events = self._drain_xids(dev, now)
+
+    def _mig_instances(self, lab: str, h: Any) -> list[MigInstance]:
+        """The MIG devices of a GPU in MIG mode, each with its own memory (bytes); a slot that
+        is empty (NotFound) or unreadable is skipped; memory not readable stays None."""
+        c = self._call
+        count = _int(c(lab, "mig_instances", "nvmlDeviceGetMaxMigDeviceCount", h))
+        out: list[MigInstance] = []
+        for i in range(count or 0):
+            mh = c(lab, "mig_instances", "nvmlDeviceGetMigDeviceHandleByIndex", h, i, quiet=True)
+            if mh is _FAILED or mh is None:
+                continue
+            gi = _int(c(lab, "mig_gpu_instance_id", "nvmlDeviceGetGpuInstanceId", mh))
+            ci = _int(c(lab, "mig_compute_instance_id", "nvmlDeviceGetComputeInstanceId", mh))
+            uuid = c(lab, "mig_uuid", "nvmlDeviceGetUUID", mh)
+            mem = c(lab, "mig_memory", "nvmlDeviceGetMemoryInfo", mh)
+            m = MigInstance(gpu_instance_id=gi, compute_instance_id=ci,
+                            uuid=None if uuid is _FAILED or uuid is None else _text(uuid))
+            if mem is not _FAILED and mem is not None:
+                m.memory_total_bytes, m.memory_free_bytes = int(mem.total), int(mem.free)
+                m.memory_used_bytes = int(mem.used)
+            out.append(m)
+        return out
 
     def _recovery_action(self, lab: str, h: Any) -> int | None:
         vals = self._call(lab, "recovery_action", "nvmlDeviceGetFieldValues", h,

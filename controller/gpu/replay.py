@@ -56,11 +56,14 @@ _NUMBER_FIELDS = frozenset({
     "memory_reserved_bytes", "utilization_ratio", "memory_bandwidth_utilization_ratio",
     "temperature_celsius", "memory_temperature_celsius", "power_watts", "power_limit_watts",
     "fan_ratio", "clocks_sm_mhz", "clocks_mem_mhz", "ecc_corrected", "ecc_uncorrected",
-    "recovery_action", "pid", "used_memory_bytes", "gpu_instance_id", "compute_instance_id",
+    "ecc_corrected_aggregate", "ecc_uncorrected_aggregate", "recovery_action", "pid", "used_memory_bytes",
+    "gpu_instance_id", "compute_instance_id",
     "xid"})
-_INTEGER_FIELDS = frozenset({"index", "ecc_corrected", "ecc_uncorrected", "recovery_action", "pid",
+_INTEGER_FIELDS = frozenset({"index", "ecc_corrected", "ecc_uncorrected", "ecc_corrected_aggregate",
+                             "ecc_uncorrected_aggregate", "recovery_action", "pid",
                              "gpu_instance_id", "compute_instance_id", "xid"})
-_BOOL_FIELDS = frozenset({"remapped_rows_pending", "remapped_rows_failure", "persistence_mode",
+_BOOL_FIELDS = frozenset({"remapped_rows_pending", "remapped_rows_failure", "retired_pages_pending",
+                          "persistence_mode",
                           "lost", "mig_enabled"})
 _STR_FIELDS = frozenset({"uuid", "name", "pci_bus_id", "pstate", "health", "message", "source",
                          "gpu_uuid", "profile"})

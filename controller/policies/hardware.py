@@ -1,20 +1,18 @@
 """Hardware health policy: Xid / ECC / lost GPU → restart, drain + reset, or isolate + reboot.
 
-Hardware faults are never an int8 trigger. The catalogue of Xid → action is NVIDIA's
-(https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html), supplied by the caller
-as a mapping or a callable (``controller.gpu.xid.XidCatalog.action``); plain strings
-``restart_engine``, ``reset_gpu``, ``reboot_node``, ``ignore`` are accepted as well as the
-``XidAction`` enum. Without one, the well-known codes from NVIDIA's docs are used (79 reboot
-node; 48, 64, 95, 119, 120 reset GPU; 13, 31, 94 restart the application; 43, 63, 92 ignore).
+Hardware faults are never an int8 trigger. Xid → action is NVIDIA's catalogue
+(https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html): a mapping or callable
+(``XidCatalog.action``), else ``hardware_config.DEFAULT_XID_ACTIONS``.
 
-Per-GPU states: :data:`TRANSITIONS` (printed in docs/policies.md). A restart-class Xid
-degrades a GPU; a reset-class fault (Xid, uncorrectable ECC growth, recovery action 1/4, pending
-row remap) drains, resets and verifies it; a lost GPU (NVML GpuIsLost, Xid 79, "fallen off the
-bus"), a reboot-class Xid, recovery action 2, a failed or timed-out reset, a fault while
-verifying or a second reset within ``reset_min_interval_seconds`` isolates it (isolate_gpu +
-drain + reboot_node). A lost GPU is isolated and never reset (NVIDIA: a GPU that fell off the bus needs a node
-reboot). Telemetry down (``GpuReading.ok`` False; docs/field-cases.md) decides nothing at all: the GPUs show
-``telemetry_down`` and every timer waits. Decides only; the loop acts and records events.
+Per-GPU states: :data:`TRANSITIONS` (docs/policies.md). A restart-class Xid degrades a GPU; a
+reset-class fault (Xid, uncorrectable ECC standing at first sight or growing — a counter: a
+decrease is a reset —, recovery action 1/4, pending row remap or page retirement) drains,
+resets and verifies it; a lost GPU (GpuIsLost, Xid 79), a reboot-class Xid, recovery action 2,
+a failed row remap, a failed or timed-out reset, a fault while verifying or a second reset
+within ``reset_min_interval_seconds`` isolates it (a lost GPU is never reset: reboot). An engine
+fault handed over on a GPU with a standing fault (``hardware_state``) is a hardware fault. A
+correctable-ECC storm is a warning with its rate, nothing more. ``state()`` says per GPU whether
+it is fit for routing. Telemetry down decides nothing (every timer waits). Decides only.
 """
 
 from __future__ import annotations
@@ -27,36 +25,16 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
 from inferctl.controller.policies.base import GpuPolicy
-from inferctl.controller.policies.common import PolicyError, check_number, config_from_mapping
+from inferctl.controller.policies.common import PolicyError, config_from_mapping
+from inferctl.controller.policies.hardware_state import (CounterRate, blocking, counter_increase,
+                                                         standing_faults, storm_change)
 from inferctl.controller.types import Decision, EngineSnapshot, GpuReading, GpuSnapshot, XidEvent
+from inferctl.controller.policies.hardware_config import (  # noqa: F401  (re-exported)
+    _ALIASES, _KNOWN, DEFAULT_XID_ACTIONS, IGNORE, REBOOT_NODE, RESET_GPU, RESTART_ENGINE, SEEN_RETENTION_SECONDS,
+    UNKNOWN, HardwareConfig, normalize_action)
 
 POLICY = "hardware"
 
-RESTART_ENGINE = "restart_engine"
-RESET_GPU = "reset_gpu"
-REBOOT_NODE = "reboot_node"
-IGNORE = "ignore"
-UNKNOWN = "unknown"
-
-#: Built-in Xid → action for the well-known codes (NVIDIA Xid docs; docs/field-cases.md);
-#: read-only.
-DEFAULT_XID_ACTIONS: Mapping[int, str] = MappingProxyType({
-    79: REBOOT_NODE,
-    48: RESET_GPU, 64: RESET_GPU, 95: RESET_GPU, 119: RESET_GPU, 120: RESET_GPU,
-    13: RESTART_ENGINE, 31: RESTART_ENGINE, 94: RESTART_ENGINE,
-    43: IGNORE, 63: IGNORE, 92: IGNORE,
-})
-
-#: How long reports already seen are remembered (so a source that re-sends recent events
-#: does not raise them twice).
-SEEN_RETENTION_SECONDS = 86400.0
-
-_ALIASES = MappingProxyType({
-            "restart_app": RESTART_ENGINE, "restart_application": RESTART_ENGINE,
-            "restart": RESTART_ENGINE, "reset": RESET_GPU, "drain_and_reset": RESET_GPU,
-            "restart_bm": REBOOT_NODE, "restart_vm": REBOOT_NODE, "reboot": REBOOT_NODE,
-            "none": IGNORE, "no_action": IGNORE})
-_KNOWN = frozenset({RESTART_ENGINE, RESET_GPU, REBOOT_NODE, IGNORE})
 _LOST_TEXT = re.compile(r"fallen off the bus|gpu ?is ?lost|gpuislost", re.IGNORECASE)
 _XID_TEXT = re.compile(r"\bxid\b\D{0,40}?(\d{1,3})\b", re.IGNORECASE)
 _ECC_TEXT = re.compile(r"uncorrectable ecc|double bit ecc|uncorrectable error", re.IGNORECASE)
@@ -88,48 +66,6 @@ TRANSITIONS: Mapping[tuple[GpuHealth, str], GpuHealth] = {
 
 
 @dataclass
-class HardwareConfig:
-    """``drain_timeout_seconds`` (120) to wait for engines to drain before the reset anyway;
-    ``reset_timeout_seconds`` (300) for the reset's result; ``verify_seconds`` (60) of quiet
-    after a reset; ``degraded_clear_seconds`` (600) of quiet to leave DEGRADED;
-    ``restart_escalate_count`` (3) restart-class Xids within that time escalate to a reset;
-    ``reset_min_interval_seconds`` (3600): another reset-worthy fault this soon after a reset
-    isolates the GPU instead; ``xid_dedupe_seconds`` (300): reports that a GPU is lost (Xid 79
-    line, newer driver's line, NVML GpuIsLost) for one PCI address within this time are one
-    event (docs/field-cases.md, "a GPU fell off the bus"); ``xid_duplicate_seconds`` (10):
-    the same other Xid for one PCI address within this time (kernel log and NVML/DCGM
-    reporting one fault) is one event."""
-
-    drain_timeout_seconds: float = 120.0
-    reset_timeout_seconds: float = 300.0
-    verify_seconds: float = 60.0
-    degraded_clear_seconds: float = 600.0
-    restart_escalate_count: int = 3
-    reset_min_interval_seconds: float = 3600.0
-    xid_dedupe_seconds: float = 300.0
-    xid_duplicate_seconds: float = 10.0
-
-    def __post_init__(self) -> None:
-        for name in ("drain_timeout_seconds", "reset_timeout_seconds", "verify_seconds",
-                     "degraded_clear_seconds", "reset_min_interval_seconds",
-                     "xid_dedupe_seconds", "xid_duplicate_seconds"):
-            check_number(name, getattr(self, name), minimum=0)
-        check_number("restart_escalate_count", self.restart_escalate_count, minimum=1)
-
-
-def normalize_action(value: Any) -> str:
-    """An action from a catalogue (``XidAction`` enum, string, None) → one of
-    ``restart_engine``, ``reset_gpu``, ``reboot_node``, ``ignore`` or ``unknown``."""
-    if value is None:
-        return UNKNOWN
-    if isinstance(value, enum.Enum):
-        value = value.value if isinstance(value.value, str) else value.name
-    s = str(value).strip().lower()
-    s = _ALIASES.get(s, s)
-    return s if s in _KNOWN else UNKNOWN
-
-
-@dataclass
 class _Gpu:
     uuid: str
     index: int | None = None
@@ -140,6 +76,11 @@ class _Gpu:
     ecc_uncorrected: int | None = None
     recovery_action: int | None = None
     remap_pending: bool | None = None
+    retire_pending: bool | None = None
+    standing: dict = field(default_factory=dict)      # kind -> words (hardware_state.standing_faults)
+    ecc_rate: CounterRate | None = None               # correctable errors per second
+    storm: bool = False                               # a correctable-error storm is being reported
+    ecc_corrected_rate: float | None = None
     last_fault: float | None = None
     last_reset: float | None = None
     phase_started: float | None = None
@@ -227,6 +168,7 @@ class HardwarePolicy(GpuPolicy):
         for uuid, snap in reading.gpus.items():
             g = self._gpu(uuid, snap)
             out += self._apply(now, g, self._findings(now, g, snap), engines or {})
+            out += self._storm(now, g, snap)
         return out
 
     def report_fault(self, now: float, gpu_uuid: str, text: str) -> list[Decision]:
@@ -249,6 +191,11 @@ class HardwarePolicy(GpuPolicy):
         elif _ECC_TEXT.search(text or ""):
             findings.append(_Finding(RESET_GPU, f"engine reported an uncorrectable ECC error: "
                                                 f"{text}", {"text": text}))
+        if not findings and g.standing:
+            worst = "isolate" if "row_remap_failure" in g.standing else RESET_GPU
+            findings.append(_Finding(worst, "engine fault on a GPU with a standing fault ("
+                                            + "; ".join(g.standing.values()) + f"): {text}",
+                                     {"text": text, "standing_faults": sorted(g.standing)}))
         if not findings:
             return []
         return self._apply(now, g, findings, {})
@@ -309,10 +256,29 @@ class HardwarePolicy(GpuPolicy):
 
     def gpu_state(self, gpu_uuid: str) -> str | None:
         """The GPU's state name, ``telemetry_down`` while the source is down, None if unknown."""
-        if self._telemetry_down_since is not None:
-            return "telemetry_down"
         g = self._gpus.get(gpu_uuid)
-        return None if g is None else g.state.value
+        return "telemetry_down" if self._telemetry_down_since is not None else None if g is None else g.state.value
+
+    def _routing(self, g: _Gpu) -> dict[str, Any]:
+        """``{"routable", "routing_reason"}``: a GPU is fit for routing in HEALTHY or DEGRADED
+        (a restart-class fault) with no blocking standing fault (hardware_state.BLOCKING_KINDS)."""
+        block = blocking(g.standing)
+        if g.state not in (GpuHealth.HEALTHY, GpuHealth.DEGRADED):
+            return {"routable": False, "routing_reason": f"GPU {g.state.value}: {g.reason}"}
+        if block:
+            return {"routable": False, "routing_reason": "standing fault: " + "; ".join(block.values())}
+        return {"routable": True, "routing_reason": None}
+
+    def engine_routing(self) -> dict[str, dict[str, Any]]:
+        """Per engine mapped to a known GPU: ``{"routable", "reason", "gpu"}`` (an engine on
+        several GPUs is routable only if all are). Telemetry down keeps the last verdict."""
+        out: dict[str, dict[str, Any]] = {}
+        for g in self._gpus.values():
+            r = self._routing(g)
+            for e in self._engines_of(g):
+                if e not in out or out[e]["routable"]:
+                    out[e] = {"routable": r["routable"], "reason": r["routing_reason"], "gpu": g.uuid}
+        return out
 
     def state(self, now: float | None = None) -> dict[str, Any]:
         """A plain dict for ``/status``: telemetry and every GPU's state (``now`` unused; every
@@ -325,7 +291,9 @@ class HardwarePolicy(GpuPolicy):
             "gpus": {u: {"index": g.index, "pci_bus_id": g.pci,
                          "state": "telemetry_down" if down else g.state.value,
                          "policy_state": g.state.value, "since": g.since, "reason": g.reason,
-                         "last_reset": g.last_reset, "engines": self._engines_of(g)}
+                         "last_reset": g.last_reset, "engines": self._engines_of(g),
+                         "standing_faults": dict(g.standing), "ecc_corrected_per_second": g.ecc_corrected_rate,
+                         "correctable_storm": g.storm, **self._routing(g)}
                      for u, g in self._gpus.items()},
         }
 
@@ -393,14 +361,7 @@ class HardwarePolicy(GpuPolicy):
                 code = ev.xid if ev.xid is not None else (79 if lost else None)
                 self._new_xids.append({"gpu_index": g.index, "uuid": g.uuid, "xid": code,
                                        "action": REBOOT_NODE if lost else f.action})
-        ecc = snap.ecc_uncorrected
-        if isinstance(ecc, int) and not isinstance(ecc, bool) and ecc >= 0:
-            if g.ecc_uncorrected is not None and ecc > g.ecc_uncorrected:
-                out.append(_Finding(RESET_GPU, f"uncorrectable ECC errors grew "
-                                               f"{g.ecc_uncorrected} -> {ecc}",
-                                    {"ecc_uncorrected_before": g.ecc_uncorrected,
-                                     "ecc_uncorrected": ecc}))
-            g.ecc_uncorrected = ecc
+        out += self._ecc_findings(g, snap)
         ra = snap.recovery_action
         if ra != g.recovery_action:
             if ra in (1, 4):
@@ -421,7 +382,53 @@ class HardwarePolicy(GpuPolicy):
             out.append(_Finding(RESET_GPU, "row remapping pending: applied at the next reset",
                                 {"remapped_rows_pending": True}))
         g.remap_pending = snap.remapped_rows_pending
+        if snap.retired_pages_pending and not g.retire_pending:
+            out.append(_Finding(RESET_GPU, "pages pending retirement: applied at the next reset",
+                                {"retired_pages_pending": True}))
+        g.retire_pending = snap.retired_pages_pending
+        g.standing = standing_faults(snap)
         return out
+
+    def _ecc_findings(self, g: _Gpu, snap: GpuSnapshot) -> list[_Finding]:
+        """Uncorrectable ECC as a counter: standing errors at first sight (volatile > 0: not
+        reset since they happened) and any increase ask for a reset; a decrease is a counter
+        reset (driver reload, GPU reset), noted, never negative errors."""
+        ecc = snap.ecc_uncorrected
+        if not isinstance(ecc, int) or isinstance(ecc, bool) or ecc < 0:
+            return []
+        prev, g.ecc_uncorrected = g.ecc_uncorrected, ecc
+        info = {"ecc_uncorrected_before": prev, "ecc_uncorrected": ecc}
+        if prev is None:
+            return [_Finding(RESET_GPU, f"standing fault: {ecc} uncorrectable ECC error(s) since the last "
+                                        "driver load", info)] if ecc > 0 else []
+        inc, reset = counter_increase(prev, ecc)
+        out = []
+        if reset:
+            out.append(_Finding(IGNORE, f"volatile uncorrectable ECC counter went {prev} -> {ecc}: a counter "
+                                        "reset (driver reload or GPU reset), not negative errors", info))
+        if inc:
+            out.append(_Finding(RESET_GPU, f"uncorrectable ECC errors grew {prev} -> {ecc}"
+                                + (" after a counter reset" if reset else ""), info))
+        return out
+
+    def _storm(self, now: float, g: _Gpu, snap: GpuSnapshot) -> list[Decision]:
+        """Correctable-error storm: a warning with the rate (errors/s over the window) when the
+        rate first reaches the threshold, an info note when it falls back; never a state
+        change, never a reset."""
+        cfg = self.config
+        if g.ecc_rate is None:
+            g.ecc_rate = CounterRate(cfg.ecc_correctable_window_seconds)
+        rate = g.ecc_rate.update(now, snap.ecc_corrected)
+        if rate is None:
+            return []
+        g.ecc_corrected_rate = rate
+        change = storm_change(rate, g.storm, cfg.ecc_correctable_storm_per_second,
+                              cfg.ecc_correctable_window_seconds)
+        if change is None:
+            return []
+        g.storm, severity, words = change
+        return [self._note(g, None, words, {"ecc_corrected_per_second": rate, "ecc_corrected": snap.ecc_corrected,
+                                            "window_seconds": cfg.ecc_correctable_window_seconds}, severity)]
 
     # ------------------------------------------------------------------ transitions
     def _apply(self, now: float, g: _Gpu, findings: list[_Finding],

@@ -13,6 +13,7 @@ import math
 from typing import Any, Mapping
 
 from inferctl.controller.gpu.base import MEMORY_ROUNDING_TOLERANCE_BYTES
+from inferctl.controller.policies.hardware_state import counter_increase, standing_faults
 from inferctl.controller.signals import (InvalidSampleCounter, OomNumbers, format_bytes,
                                          parse_oom_message, validate_nonneg)
 from inferctl.controller.types import EngineSnapshot, GpuSnapshot
@@ -57,8 +58,11 @@ def hardware_evidence(now: float, gpu: GpuSnapshot | None, telemetry_ok: bool,
                       window_seconds: float, ecc_seen: dict[str, int]) -> list[str]:
     """Why the GPU snapshot points at the hardware, in words (empty: it does not): lost,
     uncorrectable ECC count grown since the last call (``ecc_seen`` keeps the count per GPU
-    uuid and is updated), NVML recovery action 1/2/4, a lost report, or a non-benign Xid within
-    ``window_seconds`` of ``now``. No GPU or telemetry down: no evidence."""
+    uuid and is updated; a decrease is a counter reset, not an error), a standing fault
+    (``hardware_state.standing_faults``: uncorrectable ECC errors, volatile or aggregate, pages
+    pending retirement, a pending or failed row remap), NVML recovery action 1/2/4, a lost
+    report, or a non-benign Xid within ``window_seconds`` of ``now``. No GPU or telemetry down:
+    no evidence."""
     if gpu is None or not telemetry_ok:
         return []
     ev: list[str] = []
@@ -67,9 +71,12 @@ def hardware_evidence(now: float, gpu: GpuSnapshot | None, telemetry_ok: bool,
     prev = ecc_seen.get(gpu.uuid)
     cur = validate_nonneg(gpu.ecc_uncorrected).value
     if cur is not None:
-        if prev is not None and cur > prev:
+        inc, reset = counter_increase(prev, int(cur))
+        if inc and not reset:
             ev.append(f"uncorrectable ECC errors grew {prev} -> {int(cur)}")
         ecc_seen[gpu.uuid] = int(cur)
+    # the standing state, not only deltas: a GPU carrying any of these is faulty whatever grew
+    ev += [f"standing fault: {words}" for words in standing_faults(gpu).values()]
     if gpu.recovery_action in HARDWARE_RECOVERY_ACTIONS:
         ev.append(f"NVML recovery action {gpu.recovery_action}")
     for x in gpu.xid_events:

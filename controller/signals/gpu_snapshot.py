@@ -13,7 +13,8 @@ from inferctl.controller.signals.values import InvalidSampleCounter
 #: ``GpuSnapshot`` number fields that are never negative (bytes, counts, watts, MHz, codes).
 GPU_NONNEG_FIELDS = ("memory_total_bytes", "memory_used_bytes", "memory_free_bytes",
                      "memory_reserved_bytes", "power_watts", "power_limit_watts", "clocks_sm_mhz",
-                     "clocks_mem_mhz", "ecc_corrected", "ecc_uncorrected", "recovery_action")
+                     "clocks_mem_mhz", "ecc_corrected", "ecc_uncorrected", "ecc_corrected_aggregate",
+                     "ecc_uncorrected_aggregate", "recovery_action")
 #: ``GpuSnapshot`` ratio fields (0..1).
 GPU_RATIO_FIELDS = ("utilization_ratio", "memory_bandwidth_utilization_ratio", "fan_ratio")
 #: ``GpuSnapshot`` temperatures (°C): finite and not below absolute zero (−273.15 °C).

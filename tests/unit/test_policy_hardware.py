@@ -154,10 +154,10 @@ def test_second_reset_within_the_interval_isolates():
 
 def test_ecc_uncorrected_growth_and_recovery_action():
     p = policy()
-    assert p.observe(0.0, four(g3=gpu("GPU-3", 3, ecc_uncorrected=4))) == []   # baseline
-    assert p.observe(1.0, four(g3=gpu("GPU-3", 3, ecc_uncorrected=4))) == []
-    ds = p.observe(2.0, four(g3=gpu("GPU-3", 3, ecc_uncorrected=6)))
-    assert ds[0].to_state == "draining" and "4 -> 6" in ds[0].reason
+    assert p.observe(0.0, four(g3=gpu("GPU-3", 3, ecc_uncorrected=0))) == []   # baseline
+    assert p.observe(1.0, four(g3=gpu("GPU-3", 3, ecc_uncorrected=0))) == []
+    ds = p.observe(2.0, four(g3=gpu("GPU-3", 3, ecc_uncorrected=2)))
+    assert ds[0].to_state == "draining" and "0 -> 2" in ds[0].reason
     q = policy()
     ds = q.observe(0.0, four(g1=gpu("GPU-1", 1, recovery_action=4)))
     assert ds[0].to_state == "draining" and all_actions(ds) == [("e1", "drain")]
