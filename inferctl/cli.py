@@ -7,6 +7,7 @@ in the project imports it (``python -m inferctl`` and the ``inferctl`` console s
 - the controller (``inferctl.controller.cli``): ``status``, ``events``, the engine actions,
   ``reset-gpu``, ``release-gpu``, ``up``, ``controller run``;
 - the engine (``inferctl.engine.cli``): ``engine serve``, ``generate``;
+- the router (``inferctl.router.cli``): ``router``;
 - observability (``inferctl.dashboards.cli``): ``dashboards build|check``;
 - the tools: ``drill oom`` (``inferctl.tools.drill``) and ``longtext`` (``inferctl.tools.longtext``).
 
@@ -20,6 +21,7 @@ import typer
 from inferctl.controller.cli import register as register_controller
 from inferctl.dashboards.cli import register as register_dashboards
 from inferctl.engine.cli import register as register_engine
+from inferctl.router.cli import register as register_router
 from inferctl.tools.drill.cli import register as register_drill
 from inferctl.tools.longtext.cli import register as register_longtext
 
@@ -34,7 +36,7 @@ def build_app() -> typer.Typer:
         no_args_is_help=True,
         add_completion=False,
     )
-    for register in (register_controller, register_engine, register_dashboards, register_drill,
+    for register in (register_controller, register_engine, register_router, register_dashboards, register_drill,
                      register_longtext):
         register(root)
     return root

@@ -1,0 +1,214 @@
+"""The router's FastAPI app: ``create_app(config)``.
+
+Routes:
+
+* ``POST /v1/completions``, ``POST /v1/chat/completions`` — the body is read with the strict
+  JSON reader of :mod:`inferctl.contract.http` and validated with the engine's own request
+  models (:mod:`inferctl.contract.openai`), so bad input gets the engine's 4xx (same status,
+  message, ``param`` and ``code``) without reaching a replica; then :class:`~inferctl.router.
+  proxy.Forwarder` routes the client's bytes unchanged.
+* ``GET /v1/models`` — the union of the routable replicas' model cards (by ``id``, first seen).
+* ``GET /health`` — liveness: 200 ``{"status": "ok"}`` while the process serves.
+* ``GET /ready`` — 200 ``{"ready": true, "replicas_ready": n}``; 503 ``{"ready": false,
+  "reason": "no_ready_replica"}`` when no replica is routable.
+* ``GET /replicas`` — each replica's state (ready, reason, blocked, outstanding, load, models).
+* ``GET /metrics`` — Prometheus text of :data:`inferctl.router.metrics.ROUTER_METRICS`.
+
+Every answer carries ``X-Request-Id`` (the client's, or a new one). The probe loop
+(:class:`~inferctl.router.probe.Prober`) runs in the app's lifespan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from inferctl.contract.errors import APIError
+from inferctl.contract.http import RequestRejected, parse_json, read_body
+from inferctl.contract.openai import ChatCompletionRequest, CompletionRequest, ProtocolLimits, validate_model
+from inferctl.router.config import RouterConfig
+from inferctl.router.keys import affinity_prefix, request_id
+from inferctl.router.metrics import build_router_registry
+from inferctl.router.probe import Prober
+from inferctl.router.proxy import Forwarder
+from inferctl.router.replicas import ReplicaSet
+
+#: The engine API's ``code`` for each refusal reason of :mod:`inferctl.contract.http` (the
+#: engine's ``REJECTION_CODES``; tests/unit/test_router_app.py checks they agree).
+REJECTION_CODES = {
+    "bad_length": "invalid_header",
+    "too_large": "request_too_large",
+    "disconnected": "client_disconnected",
+    "empty": "invalid_json",
+    "not_utf8": "invalid_json",
+    "invalid_json": "invalid_json",
+    "too_deep": "invalid_json",
+    "invalid_unicode": "invalid_unicode",
+    "not_object": "invalid_type",
+}
+
+
+@dataclass
+class RouterState:
+    """Everything one router app holds: config, replicas, prober, forwarder, registry, metrics."""
+
+    config: RouterConfig
+    replicas: ReplicaSet
+    client: httpx.AsyncClient
+    prober: Prober
+    forwarder: Forwarder
+    registry: CollectorRegistry
+    metrics: dict
+    limits: ProtocolLimits
+
+
+def error_response(err: APIError, rid: str | None = None) -> JSONResponse:
+    """The OpenAI error object with ``err.status``, ``err.headers`` and ``X-Request-Id``."""
+    headers = dict(err.headers)
+    if rid:
+        headers["x-request-id"] = rid
+    return JSONResponse(err.body(), status_code=err.status, headers=headers or None)
+
+
+def default_client(config: RouterConfig) -> httpx.AsyncClient:
+    """The upstream client: connect deadline ``connect_timeout_seconds``, read deadline
+    ``upstream_timeout_seconds`` between two bytes, a pool of up to 1,000 connections."""
+    timeout = httpx.Timeout(config.upstream_timeout_seconds, connect=config.connect_timeout_seconds)
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
+    return httpx.AsyncClient(timeout=timeout, limits=limits)
+
+
+def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
+               limits: ProtocolLimits | None = None) -> FastAPI:
+    """The router app over ``config`` (validated here: raises ConfigError).
+
+    ``client``: the upstream httpx.AsyncClient (tests pass one over ASGI transports; default
+    :func:`default_client`, closed at shutdown). ``limits``: the request-shape limits, as the
+    engines' (default :class:`ProtocolLimits`). The probe loop starts with the app's lifespan;
+    without a lifespan (ASGI tests) call ``await app.state.router.prober.round()``.
+    """
+    config.validate()
+    owns_client = client is None
+    client = client or default_client(config)
+    registry, metrics = build_router_registry()
+    replicas = ReplicaSet.from_specs(config.engines)
+    prober = Prober(replicas, client, timeout=config.probe_timeout_seconds, controller=config.controller,
+                    metrics=metrics)
+    state = RouterState(config, replicas, client, prober, Forwarder(config, replicas, client, metrics),
+                        registry, metrics, limits or ProtocolLimits())
+    prober.update_gauges()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        task = asyncio.create_task(prober.run(config.probe_interval_seconds))
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            if owns_client:
+                await client.aclose()
+
+    app = FastAPI(title="inferctl router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.router = state
+    _install_errors(app)
+
+    async def serve(request: Request, cls: type, path: str) -> Response:
+        t0 = time.monotonic()
+        rid = request_id(request.headers.get("x-request-id"))
+        try:
+            raw = await read_body(request, config.max_body_bytes)
+            req = validate_model(cls, parse_json(raw, allow_nan=True, require_object=False), state.limits)
+        except RequestRejected as exc:
+            err = APIError(exc.status, exc.message, param=exc.param, code=REJECTION_CODES.get(exc.reason, exc.reason),
+                           headers=exc.headers or None)
+            return _rejected(state, err, rid, path, t0)
+        except APIError as err:
+            return _rejected(state, err, rid, path, t0)
+        session = request.headers.get("x-session-id") or None
+        prefix = affinity_prefix(req, config.affinity_chars, config.affinity_min_chars)
+        return await state.forwarder.forward(request, path, raw, model=req.model, session=session, prefix=prefix,
+                                             rid=rid, t0=t0)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await serve(request, CompletionRequest, "/v1/completions")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await serve(request, ChatCompletionRequest, "/v1/chat/completions")
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        docs = await asyncio.gather(*[_models_of(client, r.url, config.probe_timeout_seconds)
+                                      for r in replicas.routable()])
+        cards: dict[str, Any] = {}
+        for doc in docs:
+            for card in doc:
+                cards.setdefault(str(card.get("id")), card)
+        return JSONResponse({"object": "list", "data": [cards[k] for k in sorted(cards)]})
+
+    @app.get("/health")
+    async def health() -> Response:
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        n = len(replicas.routable())
+        if n:
+            return JSONResponse({"ready": True, "replicas_ready": n})
+        return JSONResponse({"ready": False, "reason": "no_ready_replica", "replicas_ready": 0}, status_code=503)
+
+    @app.get("/replicas")
+    async def replica_states() -> Response:
+        return JSONResponse({r.name: {"url": r.url, "routable": r.routable, "ready": r.ready, "reason": r.reason,
+                                      "blocked": r.blocked, "outstanding": r.outstanding, "waiting": r.waiting,
+                                      "kv_usage_ratio": r.kv_usage_ratio,
+                                      "models": None if r.models is None else sorted(r.models),
+                                      "last_probe": r.last_probe} for r in replicas})
+
+    @app.get("/metrics")
+    async def metrics_route() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _rejected(state: RouterState, err: APIError, rid: str, path: str, t0: float) -> Response:
+    state.metrics["inferctl_router_rejected_total"].labels("invalid_request").inc()
+    state.forwarder.access(rid, path, None, err.status, t0, 0, None)
+    return error_response(err, rid)
+
+
+async def _models_of(client: httpx.AsyncClient, url: str, timeout: float) -> list[dict]:
+    try:
+        doc = (await client.get(url + "/v1/models", timeout=timeout)).json()
+    except (httpx.HTTPError, ValueError):
+        return []
+    data = doc.get("data") if isinstance(doc, dict) else None
+    return [c for c in data if isinstance(c, dict) and "id" in c] if isinstance(data, list) else []
+
+
+def _install_errors(app: FastAPI) -> None:
+    """Unknown routes (404), wrong methods (405) and other HTTP errors as the OpenAI error object."""
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            err = APIError(404, f"no route {request.method} {request.url.path}", code="not_found")
+        elif exc.status_code == 405:
+            err = APIError(405, f"method {request.method} is not allowed on {request.url.path}",
+                           code="method_not_allowed")
+        else:
+            err = APIError(exc.status_code, str(exc.detail))
+        return error_response(err, request.headers.get("x-request-id"))

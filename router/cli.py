@@ -1,0 +1,69 @@
+"""``inferctl router``: serve the router with uvicorn (``register(app)`` adds the command).
+
+Exit codes: 0 after a clean stop (SIGINT/SIGTERM), 2 for a bad flag (the message names it),
+3 when uvicorn could not start (port taken).
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from inferctl.contract.units import parse_size
+from inferctl.router.config import ConfigError, RouterConfig, parse_engine
+
+
+def router(
+    engine: List[str] = typer.Option(..., "--engine", help="A replica as NAME=URL (repeat for each replica)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    port: int = typer.Option(8080, "--port", min=1, max=65535, help="Port to listen on."),
+    controller: Optional[str] = typer.Option(None, "--controller",
+                                             help="The controller's base URL: its /status view blocks engines "
+                                                  "it reports draining, isolated, restarting or down."),
+    probe_interval: float = typer.Option(1.0, "--probe-interval", help="Seconds between readiness probes."),
+    probe_timeout: float = typer.Option(1.0, "--probe-timeout", help="Deadline of one probe (s)."),
+    max_retries: int = typer.Option(2, "--max-retries",
+                                    help="Other replicas tried when one refuses before the first byte."),
+    affinity_chars: int = typer.Option(256, "--affinity-chars",
+                                       help="Prompt characters hashed for prefix affinity (N)."),
+    affinity_min_chars: int = typer.Option(32, "--affinity-min-chars",
+                                           help="Shorter prompts go to the least-loaded replica."),
+    epsilon: float = typer.Option(0.25, "--epsilon",
+                                  help="Bounded-load slack: skip a replica above (1+eps) x the average load."),
+    max_body_bytes: str = typer.Option("4MiB", "--max-body-bytes", help="Largest request body (413 above)."),
+    upstream_timeout: float = typer.Option(600.0, "--upstream-timeout",
+                                           help="Seconds to wait for the next upstream byte."),
+    log_format: str = typer.Option("text", "--log-format", help="text | json (one JSON object per line)."),
+    log_level: str = typer.Option("info", "--log-level", help="debug | info | warning | error."),
+) -> None:
+    """Serve the OpenAI-compatible router in front of engine replicas (docs/router.md)."""
+    import uvicorn
+
+    from inferctl.router.app import create_app
+    from inferctl.router.logs import configure_logging
+
+    try:
+        config = RouterConfig(
+            engines=tuple(parse_engine(e) for e in engine), controller=controller,
+            probe_interval_seconds=probe_interval, probe_timeout_seconds=probe_timeout, max_retries=max_retries,
+            affinity_chars=affinity_chars, affinity_min_chars=affinity_min_chars, epsilon=epsilon,
+            max_body_bytes=parse_size(max_body_bytes, "--max-body-bytes"),
+            upstream_timeout_seconds=upstream_timeout, log_format=log_format).validate()
+    except (ConfigError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2)
+    configure_logging(config.log_format, log_level)
+    app = create_app(config)
+    typer.echo(f"router: http://{host}:{port} -> {', '.join(f'{e.name}={e.url}' for e in config.engines)}",
+               err=True)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
+                                           access_log=False, log_config=None))
+    server.run()
+    if not server.started:
+        raise typer.Exit(3)
+
+
+def register(app: typer.Typer) -> None:
+    """Attach ``router`` to the ``inferctl`` typer app."""
+    app.command("router")(router)

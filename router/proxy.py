@@ -1,0 +1,222 @@
+"""Forwarding one validated request to a replica: retries before the first byte, streaming after.
+
+:meth:`Forwarder.forward` tries at most :meth:`RouterConfig.attempts` replicas, each chosen by
+:func:`inferctl.router.balancer.choose` among the routable ones not tried yet:
+
+* a connect error or timeout marks the replica ``down`` until its next probe, and retries;
+* a 503 answer (the engine refuses: draining, overloaded, out of memory) retries; when every
+  attempt got a 503 the last one is passed to the client unchanged (status, headers, body);
+* a transport error before the first body byte arrived retries (nothing was sent yet);
+* any other answer (2xx, 4xx, other 5xx) is passed through unchanged: a non-streamed body
+  whole, a ``text/event-stream`` body chunk by chunk as the replica sends it
+  (:class:`RelayResponse`); once a byte is sent there is no retry, and a client that goes
+  away closes the upstream stream (the engine sees the disconnect and aborts the request).
+
+No routable replica (or none left) → 503 ``no_ready_replica`` with ``Retry-After``.
+Response headers carry ``X-Request-Id`` and ``X-Inferctl-Replica`` (the replica that answered).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from functools import partial
+
+import anyio
+import httpx
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from inferctl.contract.errors import APIError
+from inferctl.router.balancer import choose
+from inferctl.router.config import RouterConfig
+from inferctl.router.replicas import Replica, ReplicaSet
+from inferctl.router.ring import HashRing
+
+log = logging.getLogger("inferctl.router.access")
+
+#: Headers never forwarded either way (RFC 9110 section 7.6.1 hop-by-hop, plus those the
+#: router sets itself).
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+                        "trailer", "trailers", "transfer-encoding", "upgrade", "host", "content-length",
+                        "x-request-id"})
+
+
+def forward_headers(headers: "httpx.Headers | dict", request_id: str) -> dict[str, str]:
+    """Client (or upstream) headers minus :data:`HOP_BY_HOP`, plus ``x-request-id``."""
+    out = {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
+    out["x-request-id"] = request_id
+    return out
+
+
+class RelayResponse(StreamingResponse):
+    """A StreamingResponse that watches for the client's disconnect (whatever the ASGI spec
+    version) and always closes its body iterator, shielded from cancellation, so the upstream
+    stream is closed as soon as the client goes away."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with anyio.create_task_group() as group:
+                async def run(func) -> None:
+                    try:
+                        await func()
+                    except OSError:  # the client went away while we were sending
+                        pass
+                    group.cancel_scope.cancel()
+
+                group.start_soon(run, partial(self.stream_response, send))
+                await run(partial(self.listen_for_disconnect, receive))
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()
+
+
+class Forwarder:
+    """Chooses replicas and relays one request (module docstring).
+
+    ``client``: the shared upstream httpx.AsyncClient; ``metrics``: catalog name → metric.
+    """
+
+    def __init__(self, config: RouterConfig, replicas: ReplicaSet, client: httpx.AsyncClient,
+                 metrics: dict) -> None:
+        self.config = config
+        self.replicas = replicas
+        self.client = client
+        self.metrics = metrics
+        self.ring = HashRing([e.name for e in config.engines], config.vnodes)
+        self._tie = itertools.count()
+
+    def _inc_outstanding(self, r: Replica, delta: int) -> None:
+        r.outstanding += delta
+        self.metrics["inferctl_router_outstanding_requests"].labels(r.name).set(r.outstanding)
+
+    def _retry(self, r: Replica, reason: str, rid: str, detail: str) -> None:
+        self.metrics["inferctl_router_retries_total"].labels(r.name, reason).inc()
+        log.warning("attempt on %s failed before the first byte (%s: %s)", r.name, reason, detail,
+                    extra={"request_id": rid, "replica": r.name, "reason": reason})
+
+    def access(self, rid: str, path: str, replica: str | None, status: int, t0: float, attempts: int,
+                reason: str | None, **extra) -> None:
+        log.info("%s %s -> %s %d", "POST", path, replica, status,
+                 extra={"request_id": rid, "path": path, "replica": replica, "status": status,
+                        "duration_seconds": round(time.monotonic() - t0, 6), "attempts": attempts,
+                        "reason": reason, **extra})
+
+    async def forward(self, request: Request, path: str, body: bytes, *, model: str | None,
+                      session: str | None, prefix: str | None, rid: str, t0: float) -> Response:
+        """Send ``body`` (the client's bytes, unchanged) to ``path`` of a replica; the answer."""
+        headers = forward_headers(request.headers, rid)
+        tried: set[str] = set()
+        last_503: tuple[str, httpx.Response, bytes] | None = None
+        reason = None
+        for attempt in range(self.config.attempts()):
+            cands = self.replicas.candidates(model, tried)
+            if not cands:
+                break
+            decision = choose([c.load() for c in cands], self.ring, session=session, prefix=prefix,
+                              epsilon=self.config.epsilon, tie=next(self._tie), retry=attempt > 0)
+            reason = decision.reason
+            self.metrics["inferctl_router_routing_decisions_total"].labels(reason).inc()
+            r = self.replicas[decision.replica]
+            tried.add(r.name)
+            self._inc_outstanding(r, +1)
+            handed_off = False
+            try:
+                sent = time.monotonic()
+                try:
+                    resp = await self.client.send(
+                        self.client.build_request("POST", r.url + path, content=body, headers=headers), stream=True)
+                except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                    r.ready, r.reason = False, "down"
+                    self.metrics["inferctl_router_replica_ready"].labels(r.name).set(0)
+                    self.metrics["inferctl_router_replicas_ready"].set(len(self.replicas.routable()))
+                    self._retry(r, "connect_error", rid, repr(exc))
+                    continue
+                except httpx.HTTPError as exc:
+                    self._retry(r, "upstream_error", rid, repr(exc))
+                    continue
+                if resp.status_code == 503:
+                    try:
+                        last_503 = (r.name, resp, await resp.aread())
+                    except httpx.HTTPError:
+                        pass
+                    finally:
+                        await resp.aclose()
+                    self._retry(r, "unavailable", rid, "503")
+                    continue
+                chunks = resp.aiter_raw()
+                try:
+                    first = await anext(chunks, b"")
+                except httpx.HTTPError as exc:
+                    await resp.aclose()
+                    self._retry(r, "upstream_error", rid, repr(exc))
+                    continue
+                ttfb = time.monotonic() - sent
+                self.metrics["inferctl_router_upstream_latency_seconds"].labels(r.name).observe(ttfb)
+                self.metrics["inferctl_router_overhead_seconds"].observe(max(0.0, time.monotonic() - t0 - ttfb))
+                out_headers = forward_headers(resp.headers, rid)
+                out_headers["x-inferctl-replica"] = r.name
+                if resp.headers.get("content-type", "").startswith("text/event-stream"):
+                    handed_off = True
+                    relay = self._relay(r, resp, chunks, first, rid=rid, path=path, t0=t0,
+                                        attempts=attempt + 1, reason=reason)
+                    return RelayResponse(relay, status_code=resp.status_code, headers=out_headers)
+                try:
+                    rest = [chunk async for chunk in chunks]
+                except httpx.HTTPError as exc:
+                    self._retry(r, "upstream_error", rid, repr(exc))
+                    continue
+                finally:
+                    await resp.aclose()
+                self.metrics["inferctl_router_requests_total"].labels(r.name, str(resp.status_code)).inc()
+                self.access(rid, path, r.name, resp.status_code, t0, attempt + 1, reason)
+                return Response(first + b"".join(rest), status_code=resp.status_code, headers=out_headers)
+            finally:
+                if not handed_off:
+                    self._inc_outstanding(r, -1)
+        if last_503 is not None:
+            name, resp503, body503 = last_503
+            self.metrics["inferctl_router_requests_total"].labels(name, "503").inc()
+            self.access(rid, path, name, 503, t0, len(tried), reason)
+            out = forward_headers(resp503.headers, rid)
+            out["x-inferctl-replica"] = name
+            return Response(body503, status_code=503, headers=out)
+        self.metrics["inferctl_router_rejected_total"].labels("no_ready_replica").inc()
+        self.access(rid, path, None, 503, t0, len(tried), reason)
+        err = APIError(503, f"no ready replica to serve this request (tried {len(tried)}: "
+                            f"{', '.join(sorted(tried)) or 'none ready'})", code="no_ready_replica",
+                       err_type="service_unavailable_error",
+                       headers={"Retry-After": str(self.config.retry_after_seconds), "x-request-id": rid})
+        return Response(_dumps(err.body()), status_code=503, headers=err.headers, media_type="application/json")
+
+    async def _relay(self, r: Replica, resp: httpx.Response, chunks: AsyncIterator[bytes], first: bytes, *,
+                     rid: str, path: str, t0: float, attempts: int, reason: str | None) -> AsyncIterator[bytes]:
+        """The upstream body, chunk by chunk; closes the upstream stream however it ends."""
+        outcome = "disconnected"
+        try:
+            if first:
+                yield first
+            async for chunk in chunks:
+                yield chunk
+            outcome = "complete"
+        except httpx.HTTPError as exc:
+            outcome = "stream_error"
+            self.metrics["inferctl_router_stream_errors_total"].labels(r.name).inc()
+            log.warning("stream from %s cut after the first byte: %r", r.name, exc,
+                        extra={"request_id": rid, "replica": r.name})
+        finally:
+            with anyio.CancelScope(shield=True):
+                await resp.aclose()
+            self._inc_outstanding(r, -1)
+            if outcome == "disconnected":
+                self.metrics["inferctl_router_client_disconnects_total"].labels(r.name).inc()
+            self.metrics["inferctl_router_requests_total"].labels(r.name, str(resp.status_code)).inc()
+            self.access(rid, path, r.name, resp.status_code, t0, attempts, reason, stream=outcome)
+
+
+def _dumps(doc: dict) -> bytes:
+    return json.dumps(doc, separators=(",", ":")).encode()
