@@ -3,7 +3,8 @@
 Routes:
 
 * ``POST /v1/completions``, ``POST /v1/chat/completions`` — the body is read with the strict
-  JSON reader of :mod:`inferctl.contract.http` and validated with the engine's own request
+  JSON reader of :mod:`inferctl.contract.http` (``read_json_body`` with the engine's arguments)
+  and validated with the engine's own request
   models (:mod:`inferctl.contract.openai`), so bad input gets the engine's 4xx (same status,
   message, ``param`` and ``code``) without reaching a replica; then :class:`~inferctl.router.
   proxy.Forwarder` routes the client's bytes unchanged.
@@ -33,7 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inferctl.contract.errors import APIError
-from inferctl.contract.http import RequestRejected, parse_json, read_body
+from inferctl.contract.http import RequestRejected, read_json_body
 from inferctl.contract.openai import ChatCompletionRequest, CompletionRequest, ProtocolLimits, validate_model
 from inferctl.router.config import RouterConfig
 from inferctl.router.keys import affinity_prefix, request_id
@@ -47,6 +48,7 @@ from inferctl.router.replicas import ReplicaSet
 REJECTION_CODES = {
     "bad_length": "invalid_header",
     "too_large": "request_too_large",
+    "unsupported_media_type": "unsupported_media_type",
     "disconnected": "client_disconnected",
     "empty": "invalid_json",
     "not_utf8": "invalid_json",
@@ -127,8 +129,10 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
         t0 = time.monotonic()
         rid = request_id(request.headers.get("x-request-id"))
         try:
-            raw = await read_body(request, config.max_body_bytes)
-            req = validate_model(cls, parse_json(raw, allow_nan=True, require_object=False), state.limits)
+            captured = _Captured(request)
+            obj = await read_json_body(captured, config.max_body_bytes, allow_nan=True, require_object=False)
+            req = validate_model(cls, obj, state.limits)
+            raw = b"".join(captured.chunks)
         except RequestRejected as exc:
             err = APIError(exc.status, exc.message, param=exc.param, code=REJECTION_CODES.get(exc.reason, exc.reason),
                            headers=exc.headers or None)
@@ -182,6 +186,21 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+class _Captured:
+    """The request as a body source for the strict reader, keeping the bytes it read (the
+    router forwards the client's bytes, not a re-serialization)."""
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self.headers = request.headers
+        self.chunks: list[bytes] = []
+
+    async def stream(self):
+        async for chunk in self.request.stream():
+            self.chunks.append(chunk)
+            yield chunk
 
 
 def _rejected(state: RouterState, err: APIError, rid: str, path: str, t0: float) -> Response:

@@ -443,3 +443,23 @@ def test_metrics_route_serves_the_catalog(apps):
     assert 'inferctl_router_replica_ready{replica="a"} 1.0' in text
     assert health == {"status": "ok"} and ready == {"ready": True, "replicas_ready": 1}
     json.dumps(ready)
+
+
+def test_a_non_json_content_type_gets_what_the_engine_gives(apps):
+    body = json.dumps(completion()).encode()
+
+    async def go():
+        rec = Recording(apps["a"])
+        app, st = build_router({"a": rec})
+        await st.prober.round()
+        headers = {"content-type": "text/plain"}
+        async with rclient(app) as c:
+            via = await c.post("/v1/completions", content=body, headers=headers)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=apps["a"]), base_url="http://e") as c:
+            direct = await c.post("/v1/completions", content=body, headers=headers)
+        return via, direct, rec
+
+    via, direct, rec = run(go())
+    assert via.status_code == direct.status_code
+    if direct.status_code >= 400:      # the engine refuses non-JSON bodies (415): so does the router, alone
+        assert via.json() == direct.json() and rec.posts() == []
