@@ -27,23 +27,21 @@ start, wait for ``/health``, restart, stop (SIGTERM, then SIGKILL after a timeou
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
-import httpx
 
 from inferctl.contract.precision import MODE_FOR_ACTION
 from inferctl.controller.events import EventLog, json_safe
 from inferctl.controller.reset import GpuResetter
 from inferctl.controller.state import ControllerState
+from inferctl.controller.supervisor import EngineSupervisor, engine_serve_argv
 from inferctl.controller.types import Decision
+
+__all__ = ["ACTIONS", "ActionResult", "Actions", "EngineSupervisor", "engine_serve_argv", "event_note",
+           "restart_reason"]
 
 PRECISION_FOR = MODE_FOR_ACTION
 #: ``reason`` label values of ``inferctl_engine_restarts_total``: the policy that asked
@@ -75,145 +73,9 @@ class ActionResult:
     details: dict = field(default_factory=dict)
     event_id: int | None = None
     refused: bool = False
-
-
-class EngineSupervisor:
-    """Starts, watches, restarts and stops one engine process the controller launched.
-
-    Args:
-        name: the engine's configured name.
-        argv: the command (an argv list, run without a shell), e.g.
-            ``[sys.executable, "-m", "inferctl", "engine", "serve", "--port", "8000"]``.
-        base_url: where the engine listens (``/health`` is polled there).
-        env: extra environment variables (the admin token travels here, not on argv).
-        health_timeout_seconds: how long :meth:`start` waits for ``/health`` 200.
-        stop_timeout_seconds: SIGTERM grace before SIGKILL.
-        log_path: file for the engine's stdout/stderr (None: inherit ours).
-    """
-
-    def __init__(self, name: str, argv: list[str], base_url: str, env: dict[str, str] | None = None,
-                 health_timeout_seconds: float = 60.0, stop_timeout_seconds: float = 10.0,
-                 log_path: str | Path | None = None) -> None:
-        if not argv:
-            raise ValueError("argv: must not be empty")
-        self.name = name
-        self.argv = list(argv)
-        self.base_url = base_url.rstrip("/")
-        self.env = dict(env or {})
-        self.health_timeout_seconds = health_timeout_seconds
-        self.stop_timeout_seconds = stop_timeout_seconds
-        self.log_path = Path(log_path) if log_path else None
-        self.restarts = 0
-        self._proc: subprocess.Popen | None = None
-        self._log_file: Any = None
-        self._lock = threading.RLock()
-        self._stopping = False
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def exited_unexpectedly(self) -> int | None:
-        """The exit code if the process died on its own (not stopped by us), else None."""
-        with self._lock:
-            if self._proc is None or self._stopping:
-                return None
-            return self._proc.poll()
-
-    def start(self) -> None:
-        """Start the process and wait for ``/health`` 200.
-
-        Raises:
-            RuntimeError: the process exited, or was not healthy within the timeout (it is
-                stopped then); the message carries the exit code / the last health error.
-        """
-        with self._lock:
-            if self.running:
-                return
-            env = {**os.environ, **self.env}
-            out = None
-            if self.log_path is not None:
-                self.log_path.parent.mkdir(parents=True, exist_ok=True)
-                self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-                out = self._log_file
-            self._stopping = False
-            # a session of its own: a Ctrl-C on the terminal reaches the controller, which
-            # then stops the engine in order (drain → SIGTERM → SIGKILL)
-            self._proc = subprocess.Popen(self.argv, env=env, stdout=out, stderr=out,
-                                          stdin=subprocess.DEVNULL, start_new_session=True)
-        self.wait_healthy(self.health_timeout_seconds)
-
-    def wait_healthy(self, timeout: float) -> None:
-        """Poll ``GET /health`` until 200; raises ``RuntimeError`` on exit or timeout."""
-        deadline = time.monotonic() + timeout
-        last = "no answer yet"
-        with httpx.Client(timeout=2.0) as client:
-            while time.monotonic() < deadline:
-                proc = self._proc
-                if proc is None or proc.poll() is not None:
-                    code = None if proc is None else proc.returncode
-                    raise RuntimeError(f"engine {self.name!r} exited with code {code} before it was"
-                                       " healthy" + (f" (log: {self.log_path})" if self.log_path else ""))
-                try:
-                    r = client.get(f"{self.base_url}/health")
-                    if r.status_code == 200:
-                        return
-                    last = f"HTTP {r.status_code}"
-                except httpx.HTTPError as exc:
-                    last = type(exc).__name__
-                time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"engine {self.name!r} not healthy at {self.base_url}/health within"
-                           f" {timeout:g} s (last: {last})")
-
-    def stop(self) -> int | None:
-        """Stop the process: SIGTERM, then SIGKILL after ``stop_timeout_seconds``. Returns its
-        exit code (None if it was not started). Idempotent."""
-        with self._lock:
-            self._stopping = True
-            proc = self._proc
-            if proc is None:
-                return None
-            if proc.poll() is None:
-                try:
-                    proc.send_signal(signal.SIGTERM)
-                    proc.wait(timeout=self.stop_timeout_seconds)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
-                except ProcessLookupError:
-                    pass
-            if self._log_file is not None:
-                self._log_file.close()
-                self._log_file = None
-            return proc.returncode
-
-    def restart(self) -> None:
-        """Stop, then start again (waits for health). Raises ``RuntimeError`` like :meth:`start`."""
-        with self._lock:
-            self.stop()
-            self._proc = None
-            self.restarts += 1
-            self.start()
-
-
-def engine_serve_argv(port: int, host: str = "127.0.0.1", model: str | None = None,
-                      memory_budget: str | None = None, extra: list[str] | None = None) -> list[str]:
-    """The argv that runs ``inferctl engine serve`` with this interpreter (no shell, no PATH).
-
-    The supervised engine runs without uvicorn's access log: the controller polls it every
-    second, and those lines would bury everything else in ``inferctl up``'s terminal."""
-    argv = [sys.executable, "-m", "inferctl", "engine", "serve", "--host", host, "--port", str(port),
-            "--no-access-log"]
-    if model:
-        argv += ["--model", str(model)]
-    if memory_budget:
-        argv += ["--memory-budget", str(memory_budget)]
-    return argv + list(extra or [])
+    #: None when the action's event is in the event log (``event_id``); else why it is not
+    #: (the file cannot be written now: the event waits in memory, :class:`EventLog`)
+    event_note: str | None = None
 
 
 class Actions:
@@ -369,6 +231,8 @@ class Actions:
             return ActionResult(action, name, False, f"engine {name}: another restart is in progress",
                                 refused=True)
         try:
+            if not sup.running:     # exited (e.g. the crash-loop guard gave up): nothing to drain
+                return self._start_dead(name, sup, decision)
             try:
                 client.drain(True)
             except Exception as exc:
@@ -391,6 +255,8 @@ class Actions:
                 return ActionResult(action, name, False, f"engine {name}: restart failed: {exc}",
                                     {"old_pid": old_pid})
             self._inc("inferctl_engine_restarts_total", engine=name, reason=restart_reason(decision.policy))
+            if decision.policy.startswith("operator"):
+                sup.reset_crash_guard()
             undrained = True
             try:
                 client.drain(False)   # a fresh engine admits already; make sure
@@ -401,6 +267,28 @@ class Actions:
                                                                "undrained": undrained})
         finally:
             lock.release()
+
+    def _start_dead(self, name: str, sup: EngineSupervisor, decision: Decision) -> ActionResult:
+        """Restart a launched engine whose process is not running, without a drain (there is no
+        process to drain). An operator's restart also clears the crash-loop guard, so the
+        supervisor restarts the engine again if it crashes later."""
+        action = decision.action or "restart"
+        code = sup.exited_unexpectedly()
+        operator = decision.policy.startswith("operator")
+        cleared = sup.reset_crash_guard() if operator else 0
+        try:
+            sup.restart()
+        except RuntimeError as exc:
+            return ActionResult(action, name, False, f"engine {name} was not running (exit code {code});"
+                                f" restart without a drain failed: {exc}",
+                                {"exit_code": code, "drained": False, "crash_guard_reset": operator,
+                                 "crash_restarts_cleared": cleared})
+        self._inc("inferctl_engine_restarts_total", engine=name, reason=restart_reason(decision.policy))
+        guard = (f"; crash-loop guard reset ({cleared} crash restart(s) forgotten)" if operator else "")
+        return ActionResult(action, name, True, f"engine {name} was not running (exit code {code}):"
+                            f" started again without a drain (pid {sup.pid}){guard}",
+                            {"exit_code": code, "new_pid": sup.pid, "drained": False,
+                             "crash_guard_reset": operator, "crash_restarts_cleared": cleared})
 
     def _restart_crashed(self, name: str, decision: Decision) -> ActionResult:
         sup = self.supervisors.get(name)
@@ -538,12 +426,30 @@ class Actions:
             m.labels(**labels).inc()
 
     def _record(self, res: ActionResult, decision: Decision, actor: str) -> ActionResult:
-        """Append the action's event (source = who asked: a policy or ``operator``)."""
+        """Append the action's event (source = who asked: a policy or ``operator``). The action
+        has run already; an event that cannot be written now is said so in ``event_note``."""
         if self.event_log is None:
             return res
-        res.event_id = self.event_log.append(
-            "action", actor, res.message, target=res.target,
-            severity="info" if res.ok else "warning",
-            inputs={"action": res.action, "reason": decision.reason, "decision_inputs": decision.inputs},
-            outcome={"ok": res.ok, **json_safe(res.details)})
+        try:
+            res.event_id = self.event_log.append(
+                "action", actor, res.message, target=res.target,
+                severity="info" if res.ok else "warning",
+                inputs={"action": res.action, "reason": decision.reason, "decision_inputs": decision.inputs},
+                outcome={"ok": res.ok, **json_safe(res.details)})
+        except Exception as exc:   # a bug in recording must not hide the action's outcome
+            res.event_note = f"the event was not recorded: {exc!r}"
+            return res
+        if res.event_id is None:
+            res.event_note = event_note(self.event_log)
         return res
+
+
+def event_note(event_log: Any) -> str:
+    """What an operator is told when an action's event is not in the log yet."""
+    if getattr(event_log, "outage", None) is not None and getattr(event_log, "buffered", 0) >= getattr(
+            event_log, "buffer_max", 1):
+        return ("the event log cannot be written and its in-memory buffer is full: this action's event"
+                " was dropped (inferctl_event_log_dropped_events_total)")
+    return ("the event log cannot be written now (" + str(getattr(event_log, "last_write_error", None))
+            + "): this action's event is kept in memory and written with its original time when the"
+            " file is writable again")

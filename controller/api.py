@@ -23,7 +23,11 @@
 
 Action answers: 200 when the action succeeded (or a dry run), 409 when a rail refused it,
 502 when the engine or device call failed — always ``{"ok", "action", "target", "message",
-"details", "event_id"}``. Errors are ``{"error": {"code", "message", "field"}}``. Every
+"details", "event_id", "event_note"}``. The status is the action's, never the event log's:
+when the event log cannot be written (disk full), the action still runs and answers as above
+with ``event_id`` null and ``event_note`` saying the event waits in memory (or was dropped).
+``GET /events`` adds ``buffered`` (events waiting in memory); 503 when the log cannot be read.
+Errors are ``{"error": {"code", "message", "field"}}``. Every
 response is strict JSON (RFC 8259).
 """
 
@@ -32,6 +36,7 @@ from __future__ import annotations
 import json
 import re
 from typing import Any
+import sqlite3
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -150,7 +155,11 @@ def _int_param(request: Request, name: str, default: int | None, lo: int, hi: in
 def _result(res: ActionResult) -> Response:
     status = 200 if res.ok else (409 if res.refused else 502)
     return _json({"ok": res.ok, "action": res.action, "target": res.target, "message": res.message,
-                  "refused": res.refused, "details": res.details, "event_id": res.event_id}, status)
+                  "refused": res.refused, "details": res.details, "event_id": res.event_id,
+                  "event_note": res.event_note}, status)
+    """The action's outcome decides the status; an event that could not be written yet (disk
+    full) never turns a done action into an error: ``event_id`` is null and ``event_note`` says
+    where the event is."""
 
 
 def create_app(controller: Any, admin_token: str) -> FastAPI:
@@ -209,8 +218,13 @@ def create_app(controller: Any, admin_token: str) -> FastAPI:
             raise ApiError(400, "invalid_parameter", f"kind: {_echo(kind)} is not one of"
                            f" {', '.join(EVENT_KINDS)}", "kind")
         target = request.query_params.get("target") or None
-        rows = controller.event_log.query(since_id=since_id, limit=limit, kind=kind, target=target)
-        return _json({"events": rows, "last_id": controller.event_log.last_id()})
+        log = controller.event_log
+        try:
+            rows = log.query(since_id=since_id, limit=limit, kind=kind, target=target)
+            last_id = log.last_id()
+        except sqlite3.Error as exc:
+            raise ApiError(503, "event_log_unreadable", f"the event log cannot be read now ({exc})") from None
+        return _json({"events": rows, "last_id": last_id, "buffered": getattr(log, "buffered", 0)})
 
     def _engine(body: EngineActionBody) -> str:
         if body.engine not in controller.engines:

@@ -243,6 +243,36 @@ class ListenConfig(_Model):
     port: int = Field(DEFAULT_CONTROLLER_PORT, ge=0, le=65535)
 
 
+class EventLogRetentionConfig(_Model):
+    """Bounds of the event log (``controller/eventlog_retention.py``); null turns one off.
+    Applied every ``check_interval_seconds`` on a job of its own, never in an action's way."""
+
+    max_age_days: float | None = Field(90.0, gt=0, description="delete events older than this")
+    max_rows: int | None = Field(1_000_000, ge=1, description="keep at most this many events")
+    max_bytes: str | None = Field("256MiB", description="keep the pages in use at most this large (e.g. 256MiB)")
+    check_interval_seconds: float = Field(300.0, gt=0)
+    flush_interval_seconds: float = Field(5.0, gt=0, description="retry writing events buffered during a"
+                                          " write outage this often (every append retries too)")
+
+    @field_validator("max_bytes")
+    @classmethod
+    def _size(cls, v: str | None) -> str | None:
+        if v is not None:
+            from inferctl.contract.units import SizeError, parse_size
+            try:
+                parse_size(v, "max_bytes", decimal_si=False, min_bytes=1)
+            except SizeError as exc:
+                raise ValueError(str(exc).split(": ", 1)[-1]) from None
+        return v
+
+    def max_bytes_value(self) -> int | None:
+        """``max_bytes`` in bytes (binary units: 1MB = 1 MiB), None when off."""
+        if self.max_bytes is None:
+            return None
+        from inferctl.contract.units import parse_size
+        return parse_size(self.max_bytes, "max_bytes", decimal_si=False, min_bytes=1)
+
+
 class ControllerConfig(_Model):
     """The whole controller configuration."""
 
@@ -251,6 +281,9 @@ class ControllerConfig(_Model):
     admin_token_env: str = DEFAULT_TOKEN_ENV
     event_log: str = Field("inferctl-events.db", min_length=1,
                            description="the event log's SQLite file (':memory:' keeps nothing)")
+    event_log_retention: EventLogRetentionConfig = Field(default_factory=EventLogRetentionConfig)
+    event_log_buffer_events: int = Field(10_000, ge=1, le=1_000_000, description="events kept in memory"
+                                         " while the event log cannot be written (more are dropped, counted)")
     engines: list[EngineConfig] = Field(default_factory=list)
     gpu: GpuConfig = Field(default_factory=GpuConfig)
     policies: PoliciesConfig = Field(default_factory=PoliciesConfig)

@@ -104,10 +104,18 @@ class Dispatcher:
     # ------------------------------------------------------------------ decisions
     def handle(self, d: Decision, now: float) -> None:
         """Record ``d`` as an event of its kind, run the steps of its kind and action, and
-        start its action (if any)."""
-        self.event_log.append(d.kind, d.policy, d.reason, target=d.target, severity=d.severity,
-                              inputs=d.inputs, outcome={"from": d.from_state, "to": d.to_state,
-                                                        "action": d.action}, time=now)
+        start its action (if any).
+
+        The event never stands in the action's way: an event log that cannot be written keeps
+        the event in memory (:class:`~inferctl.controller.events.EventLog`), and any other
+        failure to record it is logged while the action still starts."""
+        try:
+            self.event_log.append(d.kind, d.policy, d.reason, target=d.target, severity=d.severity,
+                                  inputs=d.inputs, outcome={"from": d.from_state, "to": d.to_state,
+                                                            "action": d.action}, time=now)
+        except Exception:
+            log.exception("decision %s of %s on %s: its event was not recorded; acting anyway",
+                          d.action or d.kind, d.policy, d.target)
         step = self._by_kind.get(d.kind)
         if step is not None:
             step(d)

@@ -117,7 +117,6 @@ class Controller:
             dispatcher=self.dispatcher, state=self.state, exporter=self.exporter, event_log=event_log,
             resetter=resetter, poll_engine=self.poll_engine, poll_gpu=self.poll_gpu,
             export_policies=self._export_policies, clock=clock)
-        self._crash_restarts: dict[str, list[float]] = {}
         self._scheduler: BackgroundScheduler | None = None
         self.ticks = 0
         kinds = {e.name: e.kind for e in config.engines}
@@ -234,17 +233,19 @@ class Controller:
             code = sup.exited_unexpectedly()
             if code is None:
                 continue
-            recent = [t for t in self._crash_restarts.get(name, []) if now - t < CRASH_WINDOW_SECONDS]
+            # the guard lives on the supervisor: an operator restart clears it (actions.py)
+            recent = [t for t in sup.crash_restarts if now - t < CRASH_WINDOW_SECONDS]
             if len(recent) >= CRASH_RESTARTS:
                 if len(recent) == CRASH_RESTARTS:
                     self.event_log.append("escalation", "supervisor", f"engine {name} keeps exiting"
-                                          f" (code {code}); 3 restarts in 10 minutes, giving up",
+                                          f" (code {code}); 3 restarts in 10 minutes, giving up"
+                                          " (`inferctl restart` starts it again and resets this guard)",
                                           target=name, severity="critical", inputs={"exit_code": code})
                     recent.append(now)
-                    self._crash_restarts[name] = recent
+                    sup.crash_restarts = recent
                 continue
             recent.append(now)
-            self._crash_restarts[name] = recent
+            sup.crash_restarts = recent
             self.event_log.append("error", "supervisor", f"engine {name} exited with code {code};"
                                   " restarting it", target=name, severity="critical",
                                   inputs={"exit_code": code})

@@ -138,6 +138,20 @@ CONTROLLER_METRICS: list[MetricSpec] = [
     {"name": "inferctl_poll_errors_total", "type": "counter", "unit": "errors",
      "help": "Failed polls, by poller (gpu, or engine:NAME).", "labels": ("poller",)},
 ]
+    {"name": "inferctl_event_log_write_failures_total", "type": "counter", "unit": "failures",
+     "help": ("Failed writes to the event log (disk full, read-only file system): the action went on, the "
+              "events wait in memory."), "labels": ()},
+    {"name": "inferctl_event_log_buffered_events", "type": "gauge", "unit": "events",
+     "help": "Events kept in memory because the event log cannot be written now (bounded).", "labels": ()},
+    {"name": "inferctl_event_log_dropped_events_total", "type": "counter", "unit": "events",
+     "help": "Events lost because the event log's in-memory buffer was full (or still unwritten at exit).",
+     "labels": ()},
+    {"name": "inferctl_event_log_rows", "type": "gauge", "unit": "rows",
+     "help": "Rows in the event log (after retention).", "labels": ()},
+    {"name": "inferctl_event_log_bytes", "type": "gauge", "unit": "bytes",
+     "help": "Bytes of the event log's pages in use (free pages excluded: SQLite reuses them).", "labels": ()},
+    {"name": "inferctl_event_log_retention_deleted_rows_total", "type": "counter", "unit": "rows",
+     "help": "Event-log rows deleted by retention, by bound (age, rows, bytes).", "labels": ("reason",)},
 
 
 def build_registry(registry: CollectorRegistry | None = None) -> tuple[CollectorRegistry, dict]:

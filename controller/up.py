@@ -25,11 +25,14 @@ from typing import Any, Callable
 from inferctl.controller.actions import Actions, EngineSupervisor, engine_serve_argv
 from inferctl.controller.api import create_app
 from inferctl.controller.config import ConfigError, ControllerConfig, check_files
+from inferctl.controller.eventlog_retention import EventLogMaintenance, Retention
 from inferctl.controller.events import EventLog, EventLogError
+from inferctl.controller.lifecycle import adopt_engine, mark_unclean_shutdown, record_launch
 from inferctl.controller.loop import Controller
 from inferctl.controller.state import ControllerState
 from inferctl.controller.metrics import build_registry
 from inferctl.controller.reset import GpuResetter
+from inferctl.controller.supervisor import owner_key
 
 TOKEN_BYTES = 24   # secrets.token_urlsafe(24): 32 characters, 192 bits
 
@@ -51,15 +54,22 @@ class Runtime:
     supervisors: dict[str, EngineSupervisor] = field(default_factory=dict)
     clients: dict[str, Any] = field(default_factory=dict)
     gpu_source: Any = None
+    maintenance: EventLogMaintenance | None = None
     closed: bool = False
 
     def close(self) -> None:
+        """Stop the loop, then every supervised engine (adopted ones too: a clean exit leaves no
+        launched process behind), then the event log's upkeep; the event log is closed last
+        (what it still cannot write is logged, :meth:`EventLog.close`). Never raises for the
+        event log."""
         if self.closed:
             return
         self.closed = True
         try:
             self.controller.stop()
         finally:
+            if self.maintenance is not None:
+                self.maintenance.stop()
             for name, sup in self.supervisors.items():
                 code = sup.stop()
                 self.event_log.append("lifecycle", "supervisor", f"engine {name} stopped (exit code {code})",
@@ -174,9 +184,20 @@ def build_runtime(config: ControllerConfig, admin_token: str, *, engine_log_dir:
     check_files(config)
     registry, metrics = build_registry()
     try:
-        event_log = EventLog(config.event_log, metrics=metrics)
+        event_log = EventLog(config.event_log, metrics=metrics, buffer_max=config.event_log_buffer_events)
     except EventLogError as exc:
         raise ConfigError(f"event_log: {exc}") from None
+    if event_log.migrated_from < event_log.schema_version and event_log.last_id() > 0:
+        event_log.append("lifecycle", "controller", f"event log schema migrated from version"
+                         f" {event_log.migrated_from} to {event_log.schema_version}",
+                         inputs={"path": config.event_log}, outcome={"schema_version": event_log.schema_version})
+    mark_unclean_shutdown(event_log)
+    ret = config.event_log_retention
+    maintenance = EventLogMaintenance(
+        event_log, Retention(max_age_seconds=None if ret.max_age_days is None else ret.max_age_days * 86400.0,
+                             max_rows=ret.max_rows, max_bytes=ret.max_bytes_value()),
+        metrics, check_interval_seconds=ret.check_interval_seconds,
+        flush_interval_seconds=ret.flush_interval_seconds)
     supervisors: dict[str, EngineSupervisor] = {}
     tokens: dict[str, str | None] = {}
     try:
@@ -188,13 +209,14 @@ def build_runtime(config: ControllerConfig, admin_token: str, *, engine_log_dir:
             argv = engine_serve_argv(e.launch.port, e.launch.host, e.launch.model, e.launch.memory_budget,
                                      e.launch.args)
             log_path = None if engine_log_dir is None else Path(engine_log_dir) / f"engine-{e.name}.log"
+            owner = None if config.event_log == ":memory:" else owner_key(config.event_log, e.name)
             sup = EngineSupervisor(e.name, argv, e.url or "", env={"INFERCTL_ADMIN_TOKEN": tokens[e.name] or ""},
                                    health_timeout_seconds=e.launch.health_timeout_seconds,
-                                   stop_timeout_seconds=e.launch.stop_timeout_seconds, log_path=log_path)
-            sup.start()
-            supervisors[e.name] = sup
-            event_log.append("lifecycle", "supervisor", f"engine {e.name} started (pid {sup.pid})",
-                             target=e.name, inputs={"argv": argv, "url": e.url})
+                                   stop_timeout_seconds=e.launch.stop_timeout_seconds, log_path=log_path,
+                                   owner=owner, on_launch=lambda s: record_launch(event_log, s))
+            supervisors[e.name] = sup      # from here on, stopped if the build fails
+            adopt_engine(event_log, sup)   # a previous controller's engine: adopt it or stop it
+            sup.start()                    # returns at once when adopted
             if on_engine_started is not None:
                 on_engine_started(e.name, sup)
         timeout = config.intervals.call_timeout_seconds
@@ -223,7 +245,8 @@ def build_runtime(config: ControllerConfig, admin_token: str, *, engine_log_dir:
             sup.stop()
         event_log.close()
         raise
-    return Runtime(config, admin_token, controller, app, event_log, supervisors, clients, gpu_source)
+    return Runtime(config, admin_token, controller, app, event_log, supervisors, clients, gpu_source,
+                   maintenance)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -278,6 +301,8 @@ def serve(config: ControllerConfig, admin_token: str | None = None, *, token_sou
             if e.launch is None:
                 echo(f"watching:   {e.url}  ({e.name}, {e.kind})")
         runtime.controller.start()
+        if runtime.maintenance is not None:
+            runtime.maintenance.start()
         echo(f"controller: {_url(config.listen.host, port)}  (/status /events /metrics; actions need the token)")
         if admin_token is None:
             echo(f"admin token: {token}")
