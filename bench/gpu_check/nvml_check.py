@@ -67,10 +67,10 @@ def _f(v: Any) -> float | None:
 
 
 class _HangingNvml:
-    """The real pynvml, except one call (``nvmlDeviceGetTemperature``) that sleeps ``hang_s``."""
+    """The real pynvml, except that the first ``nvmlDeviceGetTemperature`` call sleeps ``hang_s``."""
 
     def __init__(self, real: Any, hang_s: float) -> None:
-        self._real, self._hang_s = real, hang_s
+        self._real, self._hang_s, self._hung = real, hang_s, False
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._real, name)
@@ -78,28 +78,37 @@ class _HangingNvml:
             return attr
 
         def slow(*a: Any, **k: Any) -> Any:
-            time.sleep(self._hang_s)
+            if not self._hung:
+                self._hung = True
+                time.sleep(self._hang_s)
             return attr(*a, **k)
         return slow
 
 
-def deadline_holds(timeout_s: float = 0.5, hang_s: float = 2.0) -> dict:
-    """Poll a source whose temperature call hangs ``hang_s``: the poll must return within
-    ``timeout_s`` + 0.5 s with ``ok=False`` and a "did not return" error."""
-    import pynvml
-
+def deadline_holds(timeout_s: float = 0.5, hang_s: float = 2.0, nvml: Any = None) -> dict:
+    """Poll a source whose first temperature call hangs ``hang_s``: that poll must return within
+    ``timeout_s`` + 0.5 s with ``ok=False`` ("did not return"), the next one at once (< 0.2 s) while
+    the call is still hung, and a poll after the call came back must be ``ok`` again. ``nvml``:
+    the module under the wrapper (default the real ``pynvml``; tests give a fake)."""
     from inferctl.controller.gpu.factory import make_gpu_source
 
-    src = make_gpu_source("nvml", nvml=_HangingNvml(pynvml, hang_s), timeout_s=timeout_s)
-    src.poll(time.time())            # init (fast calls only)
+    if nvml is None:
+        import pynvml as nvml
+    src = make_gpu_source("nvml", nvml=_HangingNvml(nvml, hang_s), timeout_s=timeout_s)
     t0 = time.perf_counter()
-    reading = src.poll(time.time())
+    first = src.poll(time.time())
     took = time.perf_counter() - t0
-    time.sleep(hang_s)               # let the hung call finish before NVML is shut down
+    t1 = time.perf_counter()
+    second = src.poll(time.time())
+    took2 = time.perf_counter() - t1
+    time.sleep(hang_s)               # the hung call returns
+    third = src.poll(time.time())
     src.close()
-    return {"timeout_s": timeout_s, "hang_s": hang_s, "poll_returned_after_s": round(took, 3),
-            "ok": reading.ok, "error": reading.error,
-            "holds": (not reading.ok) and took <= timeout_s + 0.5 and "did not return" in (reading.error or "")}
+    return {"timeout_s": timeout_s, "hang_s": hang_s, "hung_poll_returned_after_s": round(took, 3),
+            "hung_poll_error": first.error, "next_poll_returned_after_s": round(took2, 3),
+            "next_poll_error": second.error, "after_recovery_ok": third.ok,
+            "holds": (not first.ok and took <= timeout_s + 0.5 and "did not return" in (first.error or "")
+                      and not second.ok and took2 < 0.2 and third.ok)}
 
 
 def nvml_readings(index: int = 0) -> tuple[dict, list[str]]:

@@ -71,3 +71,18 @@ def test_near_tie_comparison():
     assert compare(ref, {"ids": [5, 6, 7, 8, 9]})["first_difference"] is None
     no_tie = {"ids": [1, 2, 3], "margins": [1.0, 1.0, 1.0]}
     assert compare(no_tie, {"ids": [1, 2, 4]})["equal_up_to_near_tie"] is False
+
+
+def test_deadline_check_over_a_fake_nvml():
+    """The nvml check's deadline probe (the part that needs no GPU): the hung poll answers "down"
+    within the deadline, the next at once, and the source reads again once the call returned."""
+    from bench.gpu_check.nvml_check import deadline_holds, memory_tolerance
+    from tests.gpu_helpers import FakeGpu, FakeNvml
+
+    out = deadline_holds(timeout_s=0.3, hang_s=0.8, nvml=FakeNvml([FakeGpu("GPU-a")]))
+    assert out["holds"] is True, out
+    assert 0.25 <= out["hung_poll_returned_after_s"] <= 0.8
+    assert "did not return" in out["hung_poll_error"] and out["after_recovery_ok"] is True
+    # max(0.5 % of total, 64 MiB): 64 MiB on a 12 GiB card, 0.5 % (~704 MiB) on an H200's 140,800 MiB
+    assert memory_tolerance(12 << 30) == 64 << 20
+    assert memory_tolerance(140_800 << 20) == int((140_800 << 20) * 0.005)
