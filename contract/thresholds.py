@@ -100,6 +100,9 @@ class Thresholds:
     rollback_overdue_for: str = "10m"
     #: ``for:`` of the "latency breaker open" alert.
     breaker_open_for: str = "5m"
+    #: ``for:`` of the "event log unwritable" alert: events wait in the controller's memory
+    #: that long (the buffer is flushed every few seconds once the disk has room).
+    event_log_unwritable_for: str = "2m"
 
     # --- output quality -----------------------------------------------------------------
     #: The degeneration rule: an output of at least ``degenerate_min_tokens`` tokens is

@@ -299,6 +299,15 @@ def _control_plane_alerts(t: Thresholds) -> list[AlertRule]:
             "The latency breaker of engine {{ $labels.engine }} has been open for "
             f"{spoken(t.breaker_open_for)}: requests go to "
             "the lightweight model because TTFT exceeded its budget."),
+        AlertRule(
+            "InferctlEventLogUnwritable",
+            "max by (job, instance) (inferctl_event_log_buffered_events) > 0", t.event_log_unwritable_for,
+            "warning",
+            "The controller cannot write its event log.",
+            "Controller {{ $labels.instance }} (job {{ $labels.job }}) keeps {{ $value }} events in memory for "
+            f"{spoken(t.event_log_unwritable_for)}: its event log file cannot be written (disk full or read-only). "
+            "Actions still run; the events are written once the disk has room, and are lost if the buffer "
+            "fills or the controller stops first."),
     ]
 
 
