@@ -33,6 +33,12 @@ CONTROLLER_METRICS: list[MetricSpec] = [
     {"name": "inferctl_rollback_hold_seconds", "type": "gauge", "unit": "seconds",
      "help": "Current hold period required before rolling back to full precision (grows after relapses).",
      "labels": ("engine",)},
+    {"name": "inferctl_precision_switches_in_window", "type": "gauge", "unit": "switches",
+     "help": ("Automatic precision switches (degrades + rollbacks) within the ping-pong window "
+              "(contract/thresholds.py precision_switch_window_seconds)."), "labels": ("engine",)},
+    {"name": "inferctl_precision_max_switches_per_window", "type": "gauge", "unit": "switches",
+     "help": "The cap on automatic precision switches per window (a rollback without room is deferred).",
+     "labels": ("engine",)},
     # engines
     {"name": "inferctl_engine_up", "type": "gauge", "unit": "",
      "help": "1 if the controller's last poll of the engine succeeded.", "labels": ("engine",)},

@@ -31,6 +31,10 @@ States (one policy instance per engine)::
   and multiplies the next hold by ``hold_growth`` (capped at ``max_hold_seconds``); a
   non-relapse degrade resets it to ``hold_seconds``. More than ``max_switches_per_hour``
   degrades in a rolling hour pins INT8 (critical) until an operator calls :meth:`unpin`.
+* No ping-pong (``precision_flap``): at most ``max_switches_per_window`` automatic switches
+  (degrades + rollbacks) per ``switch_window_seconds`` (a rollback without room for a relapse's
+  degrade is deferred), a hold per prompt-size class, and a pin after
+  ``pin_after_class_relapses`` relapses of one class.
 """
 
 from __future__ import annotations
@@ -41,9 +45,11 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from inferctl.contract.precision import FULL, INT8, check_precision_mode
+from inferctl.contract.thresholds import THRESHOLDS
 from inferctl.controller.policies.base import Gauge
 from inferctl.controller.policies.common import (HoldClock, PerEnginePolicy, PolicyError,
                                                  check_number, config_from_mapping)
+from inferctl.controller.policies.precision_flap import FlapGuard, size_class
 from inferctl.controller.policies.precision_inputs import BENIGN_XIDS, HARDWARE_RECOVERY_ACTIONS  # noqa: F401
 from inferctl.controller.policies.precision_inputs import (fault_inputs, fault_numbers,
                                                            hardware_evidence, memory_sample)
@@ -102,7 +108,9 @@ class PrecisionConfig:
     ``confirm_timeout_seconds`` (30) to wait for the engine to report the new precision;
     ``fault_max_age_seconds`` (300) beyond which a fault is history;
     ``compact_window_seconds`` (300) in which a second fragmentation OOM escalates to a
-    restart; ``hardware_window_seconds`` (120) within which an Xid makes an OOM a hardware fault.
+    restart; ``hardware_window_seconds`` (120) within which an Xid makes an OOM a hardware fault;
+    ``max_switches_per_window`` (4, >= 2) automatic switches per ``switch_window_seconds`` (600)
+    and ``pin_after_class_relapses`` (2) (contract/thresholds.py; ``precision_flap``).
     """
 
     hold_seconds: float = 60.0
@@ -117,6 +125,9 @@ class PrecisionConfig:
     fault_max_age_seconds: float = 300.0
     compact_window_seconds: float = 300.0
     hardware_window_seconds: float = 120.0
+    max_switches_per_window: int = THRESHOLDS.precision_max_switches
+    switch_window_seconds: float = THRESHOLDS.precision_switch_window_seconds
+    pin_after_class_relapses: int = THRESHOLDS.precision_pin_after_class_relapses
 
     def __post_init__(self) -> None:
         check_number("hold_seconds", self.hold_seconds, minimum=0)
@@ -133,6 +144,9 @@ class PrecisionConfig:
         check_number("fault_max_age_seconds", self.fault_max_age_seconds, minimum=0)
         check_number("compact_window_seconds", self.compact_window_seconds, minimum=0)
         check_number("hardware_window_seconds", self.hardware_window_seconds, minimum=0)
+        check_number("max_switches_per_window", self.max_switches_per_window, minimum=2)
+        check_number("switch_window_seconds", self.switch_window_seconds, minimum=0)
+        check_number("pin_after_class_relapses", self.pin_after_class_relapses, minimum=1)
 
 
 def _operator(who: str) -> str:
@@ -174,6 +188,9 @@ class PrecisionPolicy(PerEnginePolicy):
         self._last_fault: dict[str, Any] | None = None
         self._last_now: float | None = None
         self._last_threshold: dict[str, Any] | None = None
+        c = self.config
+        self._flap = FlapGuard(c.max_switches_per_window, c.switch_window_seconds, c.pin_after_class_relapses,
+                               c.hold_seconds, c.hold_growth, c.max_hold_seconds)
 
     # ------------------------------------------------------------------ public
     @property
@@ -207,6 +224,7 @@ class PrecisionPolicy(PerEnginePolicy):
             raise PolicyError("who: the operator's name is required to unpin")
         self._degrades.clear()
         self._relapses = 0
+        self._flap.reset()
         self._hold_seconds = self.config.hold_seconds
         self._hold.reset(now, f"unpinned by {who}")
         d = self._transition(now, PrecisionState.INT8, None,
@@ -308,7 +326,8 @@ class PrecisionPolicy(PerEnginePolicy):
             "max_switches_per_hour": self.config.max_switches_per_hour,
             "pinned": self._state is PrecisionState.PINNED_INT8,
             "last_fault": self._last_fault, "last_hold_reset": self._hold.last_reset,
-            "threshold": self._last_threshold,
+            "threshold": self._last_threshold, "pinned_by": self._pinned_by,
+            **({} if now is None else self._flap.state(now)),
         }
 
     def gauges(self, now: float) -> list[Gauge]:
@@ -316,7 +335,9 @@ class PrecisionPolicy(PerEnginePolicy):
         ``inferctl_rollback_hold_seconds`` (the current hold before a rollback, seconds)."""
         pinned = 1.0 if self._state is PrecisionState.PINNED_INT8 else 0.0
         return [Gauge("inferctl_precision_pinned", pinned),
-                Gauge("inferctl_rollback_hold_seconds", self._hold_seconds)]
+                Gauge("inferctl_rollback_hold_seconds", self._hold_seconds),
+                Gauge("inferctl_precision_switches_in_window", float(self._flap.count(now))),
+                Gauge("inferctl_precision_max_switches_per_window", float(self.config.max_switches_per_window))]
 
     # ------------------------------------------------------------------ faults
     def _new_faults(self, now: float, engine: EngineSnapshot) -> list[Mapping[str, Any]]:
@@ -429,6 +450,9 @@ class PrecisionPolicy(PerEnginePolicy):
         else:
             self._relapses = 0
             self._hold_seconds = self.config.hold_seconds
+        cls = size_class(inputs)
+        class_hold, pin_why = self._flap.on_degrade(now, cls, relapse)
+        self._hold_seconds = max(self._hold_seconds, class_hold)
         self._trim(now)
         self._degrades.append(now)
         self._hold.reset(now, "degrade")
@@ -436,18 +460,21 @@ class PrecisionPolicy(PerEnginePolicy):
         inputs = {**inputs, "relapse": relapse, "relapses": self._relapses,
                   "next_hold_seconds": self._hold_seconds,
                   "switches_last_hour": len(self._degrades),
-                  "max_switches_per_hour": self.config.max_switches_per_hour}
+                  "max_switches_per_hour": self.config.max_switches_per_hour, "size_class": cls,
+                  "class_relapses": self._flap.relapses.get(cls, 0),
+                  "switches_in_window": self._flap.count(now)}
         words = (f"exhaustion OOM: {inputs['requested']} requested, {inputs['free']} free "
                  f"of {format_bytes(inputs.get('total_bytes'))}")
         if relapse:
             words += (f"; relapse #{self._relapses} after a rollback, next hold "
                       f"{self._hold_seconds:g} s")
-        if len(self._degrades) > self.config.max_switches_per_hour:
-            self._pinned_by = "flap guard"
+        if len(self._degrades) > self.config.max_switches_per_hour or pin_why:
+            why = pin_why or (f"{len(self._degrades)} degrades in the last hour > "
+                              f"{self.config.max_switches_per_hour}")
+            self._pinned_by = f"flap guard: {why}"
             return self._transition(
                 now, PrecisionState.PINNED_INT8, "degrade",
-                f"{words}; {len(self._degrades)} degrades in the last hour > "
-                f"{self.config.max_switches_per_hour}: pinned in int8 until an operator unpins",
+                f"{words}; {why}: pinned in int8 until an operator unpins",
                 inputs, severity="critical", event="flap_guard")
         return self._transition(now, PrecisionState.DEGRADING, "degrade",
                                 f"{words}: switch to int8", inputs, severity="warning", event="exhaustion_oom")
@@ -522,6 +549,15 @@ class PrecisionPolicy(PerEnginePolicy):
         held = self._hold.held(now)
         if not ok or held < self._hold_seconds:
             return []
+        if not self._flap.rollback_room(now):
+            if self._flap.deferred_since is not None:
+                return []
+            self._flap.deferred_since = now
+            return [self._note(now, None, f"rollback deferred: {self._flap.count(now)} automatic switches within "
+                                          f"{self.config.switch_window_seconds:g} s leave no room for a relapse under "
+                                          f"the cap {self.config.max_switches_per_window}", sample, "warning")]
+        self._flap.deferred_since = None
+        self._flap.record(now)
         self._last_command = now
         inputs = {**sample, "held_seconds": held, "hold_seconds": self._hold_seconds,
                   "relapses": self._relapses}

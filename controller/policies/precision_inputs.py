@@ -50,6 +50,7 @@ def fault_inputs(fault: Mapping[str, Any], nums: OomNumbers, kind: str) -> dict[
         "total_bytes": nums.total_bytes, "allocated_bytes": nums.allocated_bytes,
         "reserved_unallocated_bytes": nums.reserved_unallocated_bytes,
         "engine_precision": fault.get("precision"), "source": fault.get("source"),
+        "prompt_len_bucket": fault.get("prompt_len_bucket"),
         "message": fault.get("message"),
     }
 

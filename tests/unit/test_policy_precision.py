@@ -316,6 +316,9 @@ def test_unknown_weight_sizes_never_roll_back():
 
 
 # --------------------------------------------------------------------------- flap guard
+#: These tests exercise the relapse hold and the hourly pin alone: the ping-pong guard (a cap on
+#: switches per window, a pin per size class: test_policy_precision_pingpong.py) is lifted.
+NO_PINGPONG_GUARD = {"max_switches_per_window": 1000, "pin_after_class_relapses": 1000}
 def _cycle(p, t, fid, hold):
     """OOM at t (degrade), confirm at t+1, memory high from t+1, rollback after ``hold``,
     confirm. Returns (degrade decision, rollback time, time after the cycle)."""
@@ -333,7 +336,7 @@ def _cycle(p, t, fid, hold):
 
 
 def test_relapse_doubles_the_hold_up_to_the_cap():
-    p = policy(hold_seconds=10.0, max_hold_seconds=35.0, max_switches_per_hour=10)
+    p = policy(hold_seconds=10.0, max_hold_seconds=35.0, max_switches_per_hour=10, **NO_PINGPONG_GUARD)
     d1, rb1, t = _cycle(p, 0.0, 1, 10)
     assert d1.inputs["relapse"] is False and rb1 == 0.0 + 1 + 1 + 10 - 1
     d2, rb2, t2 = _cycle(p, t + 5, 2, 20)      # OOM 5 s after the rollback: a relapse
@@ -351,7 +354,7 @@ def test_relapse_doubles_the_hold_up_to_the_cap():
 
 
 def test_relapse_hold_measured_from_recovery():
-    p = policy(hold_seconds=10.0, max_switches_per_hour=10)
+    p = policy(hold_seconds=10.0, max_switches_per_hour=10, **NO_PINGPONG_GUARD)
     _, _, t = _cycle(p, 0.0, 1, 10)
     p.observe(t + 5, engine(t + 5, faults=[oom(2, t + 5)]))
     start = t + 6
@@ -363,7 +366,7 @@ def test_relapse_hold_measured_from_recovery():
 
 
 def test_more_than_max_switches_per_hour_pins_int8_until_operator_unpins():
-    p = policy(hold_seconds=1.0, max_hold_seconds=1.0, max_switches_per_hour=4,
+    p = policy(hold_seconds=1.0, max_hold_seconds=1.0, max_switches_per_hour=4, **NO_PINGPONG_GUARD,
                relapse_window_seconds=0.0)
     t = 0.0
     for fid in range(1, 5):                               # four full cycles in minutes
@@ -390,7 +393,7 @@ def test_more_than_max_switches_per_hour_pins_int8_until_operator_unpins():
 
 
 def test_switches_older_than_an_hour_do_not_count():
-    p = policy(hold_seconds=1.0, max_hold_seconds=1.0, max_switches_per_hour=2,
+    p = policy(hold_seconds=1.0, max_hold_seconds=1.0, max_switches_per_hour=2, **NO_PINGPONG_GUARD,
                relapse_window_seconds=0.0)
     _, _, t = _cycle(p, 0.0, 1, 1)
     _, _, t = _cycle(p, t, 2, 1)
@@ -399,7 +402,7 @@ def test_switches_older_than_an_hour_do_not_count():
 
 
 def test_pinned_engine_reporting_full_is_sent_back_to_int8():
-    p = policy(hold_seconds=1.0, max_hold_seconds=1.0, max_switches_per_hour=1,
+    p = policy(hold_seconds=1.0, max_hold_seconds=1.0, max_switches_per_hour=1, **NO_PINGPONG_GUARD,
                relapse_window_seconds=0.0)
     _, _, t = _cycle(p, 0.0, 1, 1)
     p.observe(t, engine(t, faults=[oom(2, t)]))
