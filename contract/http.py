@@ -1,4 +1,5 @@
-"""HTTP plumbing both APIs share: the bearer-token check and the strict JSON body reader.
+"""HTTP plumbing the APIs share: the bearer-token check, the strict JSON body reader, the
+JSON ``Content-Type`` rule and the ``Host`` rule against DNS rebinding.
 
 The engine's admin API and the controller's action API both take ``Authorization: Bearer
 <token>`` and strict JSON bodies. The checks live here once; each API renders the failures in
@@ -8,7 +9,10 @@ controller: ``{"error": {"code", "message", "field"}}``), from the failure's ``r
 
 * :func:`check_bearer` — raises :class:`Unauthorized` (401, ``WWW-Authenticate: Bearer``).
 * :func:`read_body` / :func:`parse_json` / :func:`read_json_body` — raise
-  :class:`BodyRejected` (413 above the size limit, 400 otherwise).
+  :class:`BodyRejected` (413 above the size limit, 415 for a body not labelled
+  ``application/json`` (:func:`check_json_content_type`), 400 otherwise).
+* :func:`host_allowed` / :class:`HostGuard` — the ``Host`` header rule (DNS rebinding) as a
+  pure function and as a framework-free ASGI middleware (421 for a refused ``Host``).
 
 No web framework is imported: a request is anything with ``headers`` and an async
 ``stream()`` (Starlette's ``Request``); a client that disconnects mid-body (Starlette's
@@ -18,15 +22,16 @@ No web framework is imported: a request is anything with ``headers`` and an asyn
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal, Protocol
 
 from inferctl.contract.errors import loc_to_param
 
 #: Why a body was refused (the renderers key their codes and wording on it).
-BodyReason = Literal["bad_length", "too_large", "disconnected", "empty", "not_utf8", "invalid_json",
-                     "too_deep", "invalid_unicode", "not_object"]
+BodyReason = Literal["bad_length", "too_large", "unsupported_media_type", "disconnected", "empty", "not_utf8",
+                     "invalid_json", "too_deep", "invalid_unicode", "not_object"]
 
 
 class RequestRejected(Exception):
@@ -59,7 +64,8 @@ class Unauthorized(RequestRejected):
 
 
 class BodyRejected(RequestRejected):
-    """A refused request body: 413 for ``reason="too_large"``, 400 for every other
+    """A refused request body: 413 for ``reason="too_large"``, 415 for
+    ``"unsupported_media_type"`` (``param="Content-Type"``), 400 for every other
     :data:`BodyReason`. ``size`` is the body's size in bytes when known (the declared
     ``Content-Length``; None when the limit was crossed while streaming), ``limit`` the limit
     in bytes (``too_large``) or levels (``too_deep``), ``detail`` the parser's own words
@@ -114,6 +120,48 @@ def check_bearer(authorization: str | None, expected: str) -> None:
         raise Unauthorized(missing=False)
 
 
+#: Shortest admin token accepted (characters). 16 URL-safe characters carry ~96 random bits;
+#: ``inferctl up`` generates 32 (``secrets.token_urlsafe(24)``, 192 bits).
+MIN_ADMIN_TOKEN_CHARS = 16
+
+
+def check_admin_token(token: str, source: str) -> str:
+    """Return ``token`` when it may guard an admin API; ``source`` names where it came from
+    (``"--admin-token"``, ``"--token-file /path"``) for the error.
+
+    Raises:
+        ValueError: shorter than :data:`MIN_ADMIN_TOKEN_CHARS` characters, starting with
+            ``-`` (a flag swallowed as the value: ``--admin-token --port 80``), or holding
+            whitespace or control characters (it could not travel in a header).
+    """
+    if token.startswith("-"):
+        raise ValueError(f"{source}: the admin token starts with '-': a flag was probably taken as its value")
+    if len(token) < MIN_ADMIN_TOKEN_CHARS:
+        raise ValueError(f"{source}: the admin token is {len(token)} characters; at least "
+                         f"{MIN_ADMIN_TOKEN_CHARS} are required (generate one: "
+                         "python3 -c 'import secrets; print(secrets.token_urlsafe(24))')")
+    if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in token):
+        raise ValueError(f"{source}: the admin token holds whitespace or control characters")
+    return token
+
+
+def read_token_file(path: str, source: str) -> str:
+    """The token in the file at ``path``: its first non-blank line, surrounding whitespace (the
+    final newline) stripped. ``source`` names the flag for the error.
+
+    Raises:
+        ValueError: the file cannot be read, is not UTF-8, or is empty.
+    """
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = next(iter(fh.read(64 * 1024).split()), "")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{source}: cannot read the token file {path!r} ({exc})") from None
+    if not text:
+        raise ValueError(f"{source}: the token file {path!r} is empty")
+    return text
+
+
 # ---------------------------------------------------------------------------------------------
 # Strict JSON body
 
@@ -123,16 +171,45 @@ def _is_disconnect(exc: BaseException) -> bool:
     return type(exc).__name__ == "ClientDisconnect"
 
 
-async def read_body(request: BodySource, max_bytes: int) -> bytes:
+#: The media type a JSON API accepts (RFC 8259 section 11); ``application/<x>+json`` too (RFC 6839).
+JSON_MEDIA_TYPE = "application/json"
+
+
+def check_json_content_type(content_type: str | None) -> None:
+    """Refuse a request body not labelled JSON.
+
+    ``content_type`` is the ``Content-Type`` header value (None: absent). Accepted:
+    ``application/json`` or ``application/<x>+json``, any parameters (``; charset=utf-8``),
+    any case. Why: a browser sends a cross-origin POST without asking the server first (a
+    CORS "simple request", Fetch standard section 3.2.3) only with ``text/plain``,
+    ``application/x-www-form-urlencoded``, ``multipart/form-data`` or no body type at all, so
+    requiring JSON keeps any web page open on the same host from starting work here.
+
+    Raises:
+        BodyRejected: 415 ``unsupported_media_type`` with ``param="Content-Type"``.
+    """
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    kind, _, sub = media.partition("/")
+    if kind == "application" and (sub == "json" or (sub.endswith("+json") and len(sub) > 5)):
+        return
+    got = f"{content_type!r}" if content_type else "none"
+    raise BodyRejected(415, "unsupported_media_type",
+                       f"Content-Type: the request body must be sent as {JSON_MEDIA_TYPE} (got {got})",
+                       param="Content-Type")
+
+
+async def read_body(request: BodySource, max_bytes: int, *, require_json_type: bool = False) -> bytes:
     """The raw request body, at most ``max_bytes`` bytes.
 
     Refused from ``Content-Length`` before reading anything, else while streaming (a chunked
-    body is not read to the end).
+    body is not read to the end). With ``require_json_type`` the ``Content-Type`` header must
+    name JSON (:func:`check_json_content_type`), checked after the declared size and before
+    any byte is read.
 
     Raises:
         BodyRejected: 400 ``bad_length`` (a ``Content-Length`` that is not an integer),
             413 ``too_large`` (``size`` = the declared length, or None while streaming),
-            400 ``disconnected`` (the client went away mid-body).
+            415 ``unsupported_media_type``, 400 ``disconnected`` (the client went away mid-body).
     """
     declared = request.headers.get("content-length")
     if declared is not None:
@@ -143,6 +220,8 @@ async def read_body(request: BodySource, max_bytes: int) -> bytes:
         if size > max_bytes:
             raise BodyRejected(413, "too_large", f"request body is {size} bytes; the limit is {max_bytes} bytes",
                                size=size, limit=max_bytes)
+    if require_json_type:
+        check_json_content_type(request.headers.get("content-type"))
     chunks = bytearray()
     try:
         async for chunk in request.stream():
@@ -233,9 +312,10 @@ def parse_json(raw: bytes, *, allow_nan: bool = False, max_depth: int | None = N
 
 async def read_json_body(request: BodySource, max_bytes: int, *, allow_nan: bool = False,
                          max_depth: int | None = None, check_unicode: bool = True,
-                         require_object: bool = True) -> Any:
-    """:func:`read_body` then :func:`parse_json` (same arguments, same :class:`BodyRejected`)."""
-    raw = await read_body(request, max_bytes)
+                         require_object: bool = True, require_json_type: bool = True) -> Any:
+    """:func:`read_body` then :func:`parse_json` (same arguments, same :class:`BodyRejected`);
+    the ``Content-Type`` must name JSON unless ``require_json_type`` is False (415)."""
+    raw = await read_body(request, max_bytes, require_json_type=require_json_type)
     return parse_json(raw, allow_nan=allow_nan, max_depth=max_depth, check_unicode=check_unicode,
                       require_object=require_object)
 
@@ -297,3 +377,137 @@ def _refuse_surrogate(loc: tuple, what: str) -> None:
     param = loc_to_param(loc)
     where = param or "the request body"
     raise BodyRejected(400, "invalid_unicode", f"{where}: {what}; strings must be valid Unicode", param=param)
+
+
+# ---------------------------------------------------------------------------------------------
+# Host header (DNS rebinding)
+
+#: Host names that always mean this machine (RFC 6761 section 6.3: "localhost" is loopback).
+LOOPBACK_NAMES = ("localhost",)
+#: Status of a refused ``Host``: 421 Misdirected Request (RFC 9110 section 15.5.20).
+HOST_REFUSED_STATUS = 421
+
+
+def host_name(host_header: str) -> str:
+    """The name part of a ``Host`` header value: port dropped, brackets of an IPv6 literal
+    dropped, lower case, one trailing dot dropped (``"LocalHost.:8000"`` → ``"localhost"``,
+    ``"[::1]:80"`` → ``"::1"``)."""
+    value = host_header.strip().lower()
+    if value.startswith("["):
+        name = value[1:].partition("]")[0]
+    else:
+        name = value.rpartition(":")[0] if value.count(":") == 1 else value
+    return name[:-1] if name.endswith(".") else name
+
+
+def _ip(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(name)
+    except ValueError:
+        return None
+
+
+def is_loopback(name: str) -> bool:
+    """True for ``localhost`` and loopback IP literals (127.0.0.0/8, ::1) — a bind address or
+    a :func:`host_name`."""
+    if name in LOOPBACK_NAMES:
+        return True
+    ip = _ip(name)
+    return ip is not None and ip.is_loopback
+
+
+def _matches(name: str, pattern: str) -> bool:
+    pattern = pattern.strip().lower().rstrip(".")
+    if pattern == "*":
+        return True
+    if pattern.startswith("*."):
+        return name.endswith(pattern[1:]) and len(name) > len(pattern) - 1
+    return name == pattern
+
+
+def host_allowed(host_header: str | None, bind_host: str, allowed_hosts: tuple[str, ...] | list[str] = ()) -> bool:
+    """Whether a request with this ``Host`` header may be served (the DNS-rebinding rule).
+
+    A DNS-rebinding page makes a browser send requests to this server under the attacker's
+    own host name, so the name in ``Host`` is what tells them apart. Rules, first match wins:
+
+    1. no ``Host`` header (HTTP/1.0 tools; a browser always sends one) → allowed;
+    2. a loopback name (``localhost``, 127.0.0.0/8, ``[::1]``; any port) → allowed;
+    3. a name in ``allowed_hosts`` (exact, ``*.example.com`` for its subdomains, ``*`` for
+       any) → allowed;
+    4. the server is bound to a loopback address (``bind_host`` 127.x, ::1, localhost) →
+       refused;
+    5. bound elsewhere with no ``allowed_hosts`` → allowed; with some, an IP literal is
+       allowed (a rebinding page cannot make a browser send one: probes and scrapes by pod
+       IP keep working) and any other name is refused.
+
+    Pure; names compared after :func:`host_name`.
+    """
+    if host_header is None or not host_header.strip():
+        return True
+    name = host_name(host_header)
+    if is_loopback(name):
+        return True
+    if any(_matches(name, p) for p in allowed_hosts):
+        return True
+    if is_loopback(host_name(bind_host)):
+        return False
+    return not allowed_hosts or _ip(name) is not None
+
+
+class HostRefused(RequestRejected):
+    """421 for a ``Host`` that :func:`host_allowed` refuses (``param="Host"``)."""
+
+    def __init__(self, host_header: str, bind_host: str, allowed_hosts: tuple[str, ...]) -> None:
+        extra = f", {', '.join(allowed_hosts)}" if allowed_hosts else ""
+        where = ("bound to the loopback address " if is_loopback(host_name(bind_host)) else "bound to ") + bind_host
+        super().__init__(HOST_REFUSED_STATUS, "host_not_allowed",
+                         f"Host: {host_header[:100]!r} is not allowed: this server is {where} and accepts the host "
+                         f"names localhost, 127.0.0.1, [::1]{extra} (a guard against DNS rebinding); "
+                         "add --allowed-host NAME to accept another", param="Host")
+
+
+def _default_render(exc: RequestRejected) -> bytes:
+    return json.dumps({"error": {"message": exc.message, "type": "invalid_request_error",
+                                 "param": exc.param, "code": exc.reason}}).encode("utf-8")
+
+
+class HostGuard:
+    """ASGI middleware applying :func:`host_allowed` to every HTTP request (no framework import).
+
+    Args:
+        app: the ASGI app to guard.
+        bind_host: the address the server listens on (``--host``).
+        allowed_hosts: extra accepted names (``--allowed-host``, repeatable).
+        render: a refusal → the JSON body bytes, in the API's own error envelope (default: the
+            OpenAI error object with ``code="host_not_allowed"``).
+
+    A refused request gets 421 with that JSON body before the app sees it; websocket
+    connections are closed (code 1008, policy violation). Lifespan events pass through.
+    """
+
+    def __init__(self, app: Any, bind_host: str, allowed_hosts: tuple[str, ...] | list[str] = (),
+                 render: Callable[[RequestRejected], bytes] | None = None) -> None:
+        self.app = app
+        self.bind_host = bind_host
+        self.allowed_hosts = tuple(allowed_hosts)
+        self.render = render or _default_render
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope.get("type") not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        raw = next((v for k, v in scope.get("headers") or () if k == b"host"), None)
+        host = raw.decode("latin-1") if raw is not None else None
+        if host_allowed(host, self.bind_host, self.allowed_hosts):
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        exc = HostRefused(host or "", self.bind_host, self.allowed_hosts)
+        body = self.render(exc)
+        await send({"type": "http.response.start", "status": exc.status,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})

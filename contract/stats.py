@@ -177,6 +177,7 @@ class RequestsSection(TypedDict):
     finished_total: int
     by_finish_reason: dict[str, int]
     errors_total: int
+    aborted_total: int
     admission_errors_total: int
     prompt_tokens_total: int
     completion_tokens_total: int

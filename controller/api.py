@@ -14,7 +14,8 @@
   GPU replacement: the hardware policy's isolation and the rails' lost mark are released;
   409 when there is nothing to release or the GPU source shows the GPU lost now) — bearer token
   (``Authorization: Bearer <token>``): 401 without it or with a wrong one, checked before
-  the body. Bodies are strict JSON objects (no NaN/Infinity, no unknown keys, no type
+  the body. Bodies are strict JSON objects sent as ``Content-Type: application/json`` (415
+  otherwise: a browser page cannot send one without asking first) (no NaN/Infinity, no unknown keys, no type
   coercion, at most :data:`MAX_BODY_BYTES`, nested at most :data:`MAX_JSON_DEPTH` deep); a bad
   one is 400 (413 when too large) naming the field. An unknown engine is 404. An optional
   ``X-Inferctl-Actor: NAME`` header (1–64 of ``A-Z a-z 0-9 _ . @ -``) names the operator:
@@ -44,7 +45,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from inferctl.contract.http import BodyRejected, Unauthorized, check_bearer, read_json_body
+from inferctl.contract.http import BodyRejected, HostGuard, RequestRejected, Unauthorized, check_bearer, read_json_body
 from inferctl.controller.actions import ActionResult
 from inferctl.controller.events import EVENT_KINDS, json_safe
 from inferctl.controller.operator import ReleaseRefused
@@ -108,6 +109,8 @@ def _body_error(e: BodyRejected) -> ApiError:
     if e.reason == "too_large":
         return ApiError(413, "body_too_large", f"body: {e.size} bytes > {e.limit}" if e.size is not None
                         else f"body: more than {e.limit} bytes", "body")
+    if e.reason == "unsupported_media_type":
+        return ApiError(415, "unsupported_media_type", e.message, "Content-Type")
     if e.reason == "disconnected":
         return ApiError(400, "client_disconnected", "body: the client disconnected before sending it", "body")
     if e.reason == "too_deep":
@@ -162,8 +165,18 @@ def _result(res: ActionResult) -> Response:
     where the event is."""
 
 
-def create_app(controller: Any, admin_token: str) -> FastAPI:
+def _render_refusal(exc: RequestRejected) -> bytes:
+    """A request refused before routing (a ``Host`` the guard refuses) in the controller's envelope."""
+    return json.dumps({"error": {"code": exc.reason, "message": exc.message, "field": exc.param}}).encode()
+
+
+def create_app(controller: Any, admin_token: str, *, bind_host: str | None = None,
+               allowed_hosts: tuple[str, ...] = ()) -> FastAPI:
     """The controller API over ``controller`` (a :class:`~controller.loop.Controller`).
+
+    ``bind_host`` (the listen address): given, every request's ``Host`` must pass
+    :func:`inferctl.contract.http.host_allowed` with ``allowed_hosts`` (421
+    ``host_not_allowed`` otherwise: DNS rebinding); None checks no ``Host``.
 
     Raises:
         ValueError: ``admin_token`` empty (the actions would be open to anyone).
@@ -171,6 +184,8 @@ def create_app(controller: Any, admin_token: str) -> FastAPI:
     if not admin_token:
         raise ValueError("admin_token: required (generate one; the actions must not be open)")
     app = FastAPI(title="inferctl controller", docs_url=None, redoc_url=None, openapi_url=None)
+    if bind_host is not None:
+        app.add_middleware(HostGuard, bind_host=bind_host, allowed_hosts=tuple(allowed_hosts), render=_render_refusal)
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> Response:

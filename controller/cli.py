@@ -34,7 +34,9 @@ URL_ENV = "INFERCTL_URL"
 TOKEN_ENV = "INFERCTL_ADMIN_TOKEN"
 
 UrlOpt = typer.Option(None, "--url", help=f"Controller URL (default ${URL_ENV} or {DEFAULT_URL}).")
-TokenOpt = typer.Option(None, "--token", help=f"Admin token (default ${TOKEN_ENV}).")
+TokenOpt = typer.Option(None, "--token", help=f"Admin token (default ${TOKEN_ENV}). A flag's value is visible"
+                        f" to every user in `ps`: prefer ${TOKEN_ENV} or --token-file.")
+TokenFileOpt = typer.Option(None, "--token-file", help="Read the admin token from this file (its first line).")
 EngineOpt = typer.Option(None, "--engine", "-e", help="Engine name (default: the only engine).")
 
 
@@ -116,10 +118,21 @@ def _message(doc: Any) -> str:
     return json.dumps(doc)[:300]
 
 
-def _token(token: Optional[str]) -> str:
+def _token(token: Optional[str], token_file: Optional[str] = None) -> str:
+    """The admin token a client command sends: ``--token``, else ``--token-file``'s content,
+    else ``$INFERCTL_ADMIN_TOKEN``; exits 1 when there is none or the file cannot be read."""
+    from inferctl.contract.http import read_token_file
+
+    if token and token_file:
+        _die("--token-file: give either --token or --token-file, not both")
+    if token_file:
+        try:
+            return read_token_file(token_file, "--token-file")
+        except ValueError as exc:
+            _die(str(exc))
     tok = token or os.environ.get(TOKEN_ENV)
     if not tok:
-        _die(f"an admin token is required: pass --token or set ${TOKEN_ENV}"
+        _die(f"an admin token is required: pass --token-file, set ${TOKEN_ENV} or pass --token"
              " (`inferctl up` prints it at start)")
     return tok
 
@@ -287,8 +300,8 @@ def _print_result(doc: dict, status_code: int) -> None:
 
 
 def _engine_action(action: str, url: Optional[str], token: Optional[str], engine: Optional[str],
-                   timeout: float = 30.0) -> None:
-    tok = _token(token)
+                   timeout: float = 30.0, token_file: Optional[str] = None) -> None:
+    tok = _token(token, token_file)
     name = _pick_engine(url, engine)
     code, doc = _request("POST", url, f"/actions/{action}", token=tok, body={"engine": name},
                          timeout=timeout, ok_statuses=(200, 409, 502), expect=("ok", "message"))
@@ -299,8 +312,8 @@ def _engine_action_command(action: str, help_text: str) -> Callable[..., None]:
     """The command ``inferctl <action> [--url] [--token] [--engine]``: POST /actions/<action>
     for one engine, ``help_text`` its help."""
     def command(url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
-                engine: Optional[str] = EngineOpt) -> None:
-        _engine_action(action, url, token, engine)
+                engine: Optional[str] = EngineOpt, token_file: Optional[str] = TokenFileOpt) -> None:
+        _engine_action(action, url, token, engine, token_file=token_file)
 
     command.__doc__ = help_text
     return command
@@ -318,15 +331,16 @@ ENGINE_ACTIONS = (
 def restart(url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
             engine: Optional[str] = EngineOpt,
             timeout: float = typer.Option(300.0, "--timeout", min=1.0,
-                                          help="Seconds to wait (drain + restart + health).")) -> None:
+                                          help="Seconds to wait (drain + restart + health)."),
+            token_file: Optional[str] = TokenFileOpt) -> None:
     """Drain, wait for in-flight requests, restart and undrain an engine the controller launched."""
-    _engine_action("restart", url, token, engine, timeout=timeout)
+    _engine_action("restart", url, token, engine, timeout=timeout, token_file=token_file)
 
 
 def unpin(url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
-          engine: Optional[str] = EngineOpt) -> None:
+          engine: Optional[str] = EngineOpt, token_file: Optional[str] = TokenFileOpt) -> None:
     """Release the precision flap guard's int8 pin (rollback allowed again after the hold)."""
-    tok = _token(token)
+    tok = _token(token, token_file)
     name = _pick_engine(url, engine)
     code, doc = _request("POST", url, "/actions/unpin", token=tok, body={"engine": name},
                          ok_statuses=(200,), expect=("ok", "message"))
@@ -351,10 +365,11 @@ def reset_gpu(gpu: int = typer.Argument(..., min=0, help="GPU index (as nvidia-s
               yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
               dry_run: bool = typer.Option(False, "--dry-run", help="Check the rails and show the"
                                            " nvidia-smi commands; run nothing."),
-              timeout: float = typer.Option(600.0, "--timeout", min=1.0)) -> None:
+              timeout: float = typer.Option(600.0, "--timeout", min=1.0),
+              token_file: Optional[str] = TokenFileOpt) -> None:
     """Reset GPU N (nvidia-smi --gpu-reset) through the rails: never a lost GPU, one at a time,
     at most one per GPU per interval, persistence mode restored, verified afterwards."""
-    tok = _token(token)
+    tok = _token(token, token_file)
     _base(url)          # a bad --url is bad usage before anything is asked
     if not dry_run and not yes:
         _confirm_or_exit(f"Reset GPU {gpu}? Engines the controller launched on it are drained"
@@ -377,11 +392,12 @@ def reset_gpu(gpu: int = typer.Argument(..., min=0, help="GPU index (as nvidia-s
 def release_gpu(gpu: int = typer.Argument(..., min=0, help="GPU index (as nvidia-smi numbers it)."),
                 url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
                 yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
-                timeout: float = typer.Option(30.0, "--timeout", min=1.0)) -> None:
+                timeout: float = typer.Option(30.0, "--timeout", min=1.0),
+                token_file: Optional[str] = TokenFileOpt) -> None:
     """Release GPU N after the node was rebooted or the GPU replaced: the hardware policy's
     isolation and the reset rails' lost mark are cleared (refused while the GPU source shows it
     lost, or when there is nothing to release)."""
-    tok = _token(token)
+    tok = _token(token, token_file)
     _base(url)          # a bad --url is bad usage before anything is asked
     if not yes:
         _confirm_or_exit(f"Release GPU {gpu}? Only after the node was rebooted or the GPU"
@@ -392,14 +408,52 @@ def release_gpu(gpu: int = typer.Argument(..., min=0, help="GPU index (as nvidia
 
 
 # --------------------------------------------------------------------------- running
-def _run_config(config, token: Optional[str], engine_log_dir: Optional[str]) -> None:  # noqa: ANN001
+def _server_token(config, token: Optional[str], token_file: Optional[str]) -> tuple[Optional[str], str]:  # noqa: ANN001
+    """``(token, where it came from)`` for the controller's API: ``--token-file``, else
+    ``--token`` / ``$INFERCTL_ADMIN_TOKEN``, else the configuration's ``admin_token`` /
+    ``admin_token_env``; None: ``serve`` generates one. A given token must pass
+    :func:`inferctl.contract.http.check_admin_token` (>= 16 characters, no leading ``-``):
+    exit 2 naming the flag or field otherwise."""
+    from inferctl.contract.http import check_admin_token, read_token_file
+
+    if token and token_file:
+        _die("--token-file: give either --token ($INFERCTL_ADMIN_TOKEN) or --token-file, not both", code=2)
+    try:
+        if token_file:
+            src = f"--token-file {token_file}"
+            return check_admin_token(read_token_file(token_file, "--token-file"), src), src
+        if token:
+            src = "--token / $INFERCTL_ADMIN_TOKEN"
+            return check_admin_token(token, src), src
+        tok = config.token()
+        if tok:
+            src = "the configuration (admin_token / admin_token_env)"
+            return check_admin_token(tok, src), src
+    except ValueError as exc:
+        _die(str(exc), code=2)
+    return None, "generated"
+
+
+def _run_config(config, token: Optional[str], engine_log_dir: Optional[str], token_file: Optional[str] = None,  # noqa: ANN001
+                allowed_hosts: tuple[str, ...] = ()) -> None:
     from inferctl.controller.up import serve
 
-    src = "--token / $INFERCTL_ADMIN_TOKEN" if token else "the configuration"
-    tok = token or config.token()
+    tok, src = _server_token(config, token, token_file)
     code = serve(config, tok, token_source=src, echo=lambda s: typer.echo(s),
-                 engine_log_dir=engine_log_dir, echo_error=lambda s: typer.echo(s, err=True))
+                 engine_log_dir=engine_log_dir, echo_error=lambda s: typer.echo(s, err=True),
+                 allowed_hosts=tuple(allowed_hosts))
     raise typer.Exit(code)
+
+
+#: ``--token`` of ``controller run`` / ``up`` (the API's own token).
+ServerTokenOpt = typer.Option(None, "--token", envvar=TOKEN_ENV,
+                              help="Admin token of the controller's API (>= 16 characters; else the config's; else "
+                                   "generated and printed). A flag's value is visible to every user in `ps`: prefer "
+                                   f"${TOKEN_ENV} or --token-file.")
+AllowedHostOpt = typer.Option([], "--allowed-host",
+                              help="Accept this Host header name on the controller's API (repeatable). Bound to "
+                                   "loopback, only localhost/127.0.0.1/[::1] are accepted otherwise (DNS rebinding "
+                                   "guard); bound elsewhere, any name unless some are listed.")
 
 
 def _load(config_path: Optional[str]):  # noqa: ANN202
@@ -412,12 +466,13 @@ def _load(config_path: Optional[str]):  # noqa: ANN202
 
 
 def controller_run(config: str = typer.Option(..., "--config", "-c", help="YAML configuration file."),
-                   token: Optional[str] = typer.Option(None, "--token", envvar=TOKEN_ENV,
-                                                       help="Admin token (else the config's; else generated)."),
+                   token: Optional[str] = ServerTokenOpt,
                    engine_log_dir: Optional[str] = typer.Option(None, "--engine-log-dir",
-                                                                help="Write launched engines' output here.")) -> None:
+                                                                help="Write launched engines' output here."),
+                   token_file: Optional[str] = TokenFileOpt,
+                   allowed_host: list[str] = AllowedHostOpt) -> None:
     """Run the controller from a configuration file until Ctrl-C (engines it launches stop with it)."""
-    _run_config(_load(config), token, engine_log_dir)
+    _run_config(_load(config), token, engine_log_dir, token_file, tuple(allowed_host))
 
 
 def up(model: Optional[str] = typer.Option(None, "--model", help="Model path (llama2.c .bin or HF dir);"
@@ -427,8 +482,9 @@ def up(model: Optional[str] = typer.Option(None, "--model", help="Model path (ll
        memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Engine memory budget, e.g. 64MiB."),
        engine_port: Optional[int] = typer.Option(None, "--engine-port", min=1, max=65535),
        controller_port: Optional[int] = typer.Option(None, "--controller-port", min=0, max=65535),
-       token: Optional[str] = typer.Option(None, "--token", envvar=TOKEN_ENV,
-                                           help="Admin token (default: generated and printed)."),
+       token: Optional[str] = ServerTokenOpt,
+       token_file: Optional[str] = TokenFileOpt,
+       allowed_host: list[str] = AllowedHostOpt,
        engine_log_dir: Optional[str] = typer.Option(None, "--engine-log-dir",
                                                     help="Write the engine's output here (default: this terminal)."),
        engine_arg: list[str] = typer.Option([], "--engine-arg", help="Extra `inferctl engine serve` argument"
@@ -468,7 +524,7 @@ def up(model: Optional[str] = typer.Option(None, "--model", help="Model path (ll
         final = parse_config(data)
     except ConfigError as exc:
         _die(str(exc), code=2)
-    _run_config(final, token, engine_log_dir)
+    _run_config(final, token, engine_log_dir, token_file, tuple(allowed_host))
 
 
 def register(app: typer.Typer) -> None:

@@ -172,9 +172,11 @@ def build_policies(config: ControllerConfig, counter: Any) -> tuple[dict[str, di
 
 
 def build_runtime(config: ControllerConfig, admin_token: str, *, engine_log_dir: str | Path | None = None,
-                  on_engine_started: Callable[[str, EngineSupervisor], None] | None = None) -> Runtime:
+                  on_engine_started: Callable[[str, EngineSupervisor], None] | None = None,
+                  allowed_hosts: tuple[str, ...] = ()) -> Runtime:
     """Launch the configured engines (waiting for their ``/health``), then build the loop and
-    the API. Raises :class:`~controller.config.ConfigError` naming the field before anything
+    the API (its ``Host`` guard keyed on ``config.listen.host`` plus ``allowed_hosts``).
+    Raises :class:`~controller.config.ConfigError` naming the field before anything
     starts (a missing model, replay trace or Xid catalogue, an unusable event log, GPU source
     options that do not work), ``RuntimeError`` (an engine did not start; already-started ones
     are stopped) or ``ValueError`` (a bad option for a policy)."""
@@ -239,7 +241,7 @@ def build_runtime(config: ControllerConfig, admin_token: str, *, engine_log_dir:
         controller = Controller(config, clients, gpu_source, policies, actions, event_log, metrics,
                                 registry=registry, gpu_policies=gpu_policies, supervisors=supervisors,
                                 resetter=resetter, counter=counter, state=state)
-        app = create_app(controller, admin_token)
+        app = create_app(controller, admin_token, bind_host=config.listen.host, allowed_hosts=allowed_hosts)
     except BaseException:
         for sup in supervisors.values():
             sup.stop()
@@ -268,7 +270,7 @@ def _url(host: str, port: int) -> str:
 
 def serve(config: ControllerConfig, admin_token: str | None = None, *, token_source: str = "config",
           echo: Callable[[str], None] = print, engine_log_dir: str | Path | None = None,
-          echo_error: Callable[[str], None] | None = None) -> int:
+          echo_error: Callable[[str], None] | None = None, allowed_hosts: tuple[str, ...] = ()) -> int:
     """Run the controller (and its launched engines) until SIGINT/SIGTERM. Returns 0 on a clean
     stop, 2 when the configuration cannot be used (:class:`ConfigError`: the field is named),
     1 when startup failed otherwise (a port in use, an engine that did not start). The reason
@@ -296,7 +298,8 @@ def serve(config: ControllerConfig, admin_token: str | None = None, *, token_sou
         def started(name: str, sup: EngineSupervisor) -> None:
             echo(f"engine:     {sup.base_url}  ({name}, pid {sup.pid})")
 
-        runtime = build_runtime(config, token, engine_log_dir=engine_log_dir, on_engine_started=started)
+        runtime = build_runtime(config, token, engine_log_dir=engine_log_dir, on_engine_started=started,
+                                allowed_hosts=allowed_hosts)
         for e in config.engines:
             if e.launch is None:
                 echo(f"watching:   {e.url}  ({e.name}, {e.kind})")

@@ -84,7 +84,8 @@ def service(t: Thresholds = THRESHOLDS) -> DashboardSpec:
         (
             ("Latency", (
                 PanelSpec("End-to-end latency P50 / P90 / P99",
-                          "Arrival to last token. No data when there is no traffic.",
+                          "Arrival to last token, of requests that finished successfully (client aborts and errors "
+                          "are counted apart). No data when there is no traffic.",
                           _quantiles(e2e, t), "s", width=8),
                 PanelSpec("Time to first token P50 / P90 / P99", "Arrival to first generated token (TTFT). "
                           f"Red: the {t.ttft_seconds * 1000:g} ms budget.",
@@ -105,13 +106,19 @@ def service(t: Thresholds = THRESHOLDS) -> DashboardSpec:
                     T(q.rate_sum("inferctl_engine_request_errors_total", ("model", "reason"), W),
                       "{{reason}} {{model}}"),
                 ), "reqps", width=8),
+                PanelSpec("Client aborts per second",
+                          "Requests whose client left (disconnected or timed out) before the answer was complete, "
+                          "by reason. They are not in the latency panels above nor in the latency alerts.", (
+                    T(q.rate_sum("inferctl_engine_request_aborts_total", ("model", "reason"), W),
+                      "{{reason}} {{model}}"),
+                ), "reqps", width=8),
                 PanelSpec("Error ratio",
                           "Errors per finished request: 0 with traffic and no errors, no data without traffic.", (
                     T(q.ratio(errors, finished, zero_fill=True), "{{model}}"),
-                ), "percentunit", min=0, width=12),
+                ), "percentunit", min=0, width=8),
                 PanelSpec("Engines up", "1 when Prometheus scraped the engine target successfully.", (
                     T(f'min by (instance) (up{{job="{t.engine_job}"}})', "{{instance}}"),
-                ), "short", kind="stat", width=12),
+                ), "short", kind="stat", width=8),
             )),
         ))
 

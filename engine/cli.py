@@ -77,6 +77,28 @@ def oom_options(max_oom_retries: int, oom_backoff_seconds: float,
             "oom_backoff_max_seconds": float(oom_backoff_max_seconds)}
 
 
+def admin_token_option(token: Optional[str], token_file: Optional[str]) -> Optional[str]:
+    """The admin token of ``engine serve``: ``--admin-token`` / ``$INFERCTL_ADMIN_TOKEN`` or
+    the content of ``--admin-token-file`` (not both), checked by
+    :func:`inferctl.contract.http.check_admin_token` (>= 16 characters, no leading ``-``).
+    None (also for an empty ``$INFERCTL_ADMIN_TOKEN``): admin disabled. Exits 2 with an error
+    naming the flag otherwise."""
+    from inferctl.contract.http import check_admin_token, read_token_file
+
+    token = token or None
+    if token is not None and token_file is not None:
+        _die("--admin-token-file: give either --admin-token ($INFERCTL_ADMIN_TOKEN) or --admin-token-file, not both")
+    try:
+        if token_file is not None:
+            return check_admin_token(read_token_file(token_file, "--admin-token-file"),
+                                     f"--admin-token-file {token_file}")
+        if token is not None:
+            return check_admin_token(token, "--admin-token (or $INFERCTL_ADMIN_TOKEN)")
+    except ValueError as exc:
+        _die(str(exc))
+    return None
+
+
 def _load(spec: Optional[str], tokenizer: Optional[str], device: str, dtype: str = "auto",
           name: Optional[str] = None):  # noqa: ANN202
     """Load a model bundle on its device and dtype (the engine uses the model where it is).
@@ -151,8 +173,17 @@ def serve(
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N"),
     dtype: str = typer.Option("auto", "--dtype", help="auto | float32 | bfloat16 | float16"),
     admin_token: Optional[str] = typer.Option(None, "--admin-token", envvar="INFERCTL_ADMIN_TOKEN",
-                                              help="Bearer token for /admin/* (or INFERCTL_ADMIN_TOKEN); "
-                                                   "none = admin disabled."),
+                                              help="Bearer token for /admin/* (>= 16 characters); none = admin "
+                                                   "disabled. A flag's value is visible to every user in `ps`: "
+                                                   "prefer $INFERCTL_ADMIN_TOKEN or --admin-token-file."),
+    admin_token_file: Optional[str] = typer.Option(None, "--admin-token-file",
+                                                   help="Read the /admin/* bearer token from this file "
+                                                        "(its first line; not visible in `ps`)."),
+    allowed_host: list[str] = typer.Option([], "--allowed-host",
+                                           help="Accept this Host header name (repeatable; '*.example.com' for "
+                                                "subdomains). Bound to loopback, only localhost/127.0.0.1/[::1] "
+                                                "are accepted otherwise (DNS rebinding guard); bound elsewhere, "
+                                                "any name is accepted unless some are listed."),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name",
                                                     help="Name clients send as 'model' (default: the model's name)."),
     chat_template: str = typer.Option("plain", "--chat-template", help="plain | roles"),
@@ -191,6 +222,7 @@ def serve(
     budget = parse_size(memory_budget) if memory_budget else None
     light_budget = parse_size(light_memory_budget, "--light-memory-budget") if light_memory_budget else None
     body_limit = parse_size(max_body_bytes, "--max-body-bytes")
+    admin_token = admin_token_option(admin_token, admin_token_file)
     try:
         oom = oom_options(max_oom_retries, oom_backoff_seconds, oom_backoff_max_seconds)
     except typer.BadParameter as exc:
@@ -219,7 +251,8 @@ def serve(
             served_model_name=name), precision)
 
     app = create_app(engines, admin_token=admin_token, default_model=main_name, chat_template=chat_template,
-                     max_body_bytes=body_limit, manage_engines=True)
+                     max_body_bytes=body_limit, manage_engines=True, bind_host=host,
+                     allowed_hosts=tuple(allowed_host))
     typer.echo(f"serving {', '.join(engines)} on http://{host}:{port} (admin API "
                f"{'enabled' if admin_token else 'disabled: no --admin-token'})", err=True)
     uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=access_log,

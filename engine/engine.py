@@ -59,7 +59,7 @@ from inferctl.engine.sampling_params import SamplingParams, SamplingParamsError 
 from inferctl.engine.scheduler import AdmissionError, Scheduler
 from inferctl.engine.sequence import Logprob, PromptLogprobEntry, Sequence, SequenceStatus
 from inferctl.engine.stat_loggers import PrometheusStatLogger
-from inferctl.engine.stats import (EngineStats, FinishedRequestStats, IterationStats, OomFault,
+from inferctl.engine.stats import (SUCCESS_REASONS, EngineStats, FinishedRequestStats, IterationStats, OomFault,
                                    SchedulerStats)
 from inferctl.engine.stop import (NONFINITE_LOGITS_ERROR, RepetitionStop, limit_stop_reason,
                                   token_stop_reason)
@@ -432,13 +432,10 @@ class LLMEngine:
                 seq.prompt_logprobs = None
             seq.append_token(tok, lp, now)
             if first:
-                it.ttfts.append(now - seq.arrival_time)
                 it.num_prompt_tokens += len(seq.prompt_token_ids)
                 seq.precision = prec
-            else:
-                it.itls.append(seq.itl[-1])
-                if seq.precision != prec:
-                    seq.precision = "mixed"
+            elif seq.precision != prec:
+                seq.precision = "mixed"
             top = None
             if tops is not None:
                 top = [tops[i]]
@@ -471,6 +468,10 @@ class LLMEngine:
         self.scheduler.finish(seq)
         self._seqs.pop(seq.request_id, None)
         ttft = seq.first_token_time - seq.arrival_time if seq.first_token_time is not None else None
+        if reason in SUCCESS_REASONS:   # aborted and failed requests stay out of the latency histograms
+            if ttft is not None:
+                it.ttfts.append(ttft)
+            it.itls.extend(seq.itl)
         quality = score_output(seq.output_token_ids, seq.logprobs, len(seq.prompt_token_ids), reason)
         it.finished.append(FinishedRequestStats(
             seq.request_id, reason, len(seq.prompt_token_ids), len(seq.output_token_ids), ttft,

@@ -34,18 +34,26 @@ ENGINE_METRICS: list[MetricSpec] = [
     {"name": "inferctl_engine_request_errors_total", "type": "counter", "unit": "requests",
      "help": "Requests answered with an error, by reason (invalid_request, oom, overloaded, internal).",
      "labels": ("model", "reason")},
+    {"name": "inferctl_engine_request_aborts_total", "type": "counter", "unit": "requests",
+     "help": ("Requests abandoned by their client before the answer was complete, by reason "
+              "(client_disconnect: the client closed the connection or timed out). Kept out of the latency "
+              "histograms."),
+     "labels": ("model", "reason")},
     {"name": "inferctl_engine_prompt_tokens_total", "type": "counter", "unit": "tokens",
      "help": "Prompt tokens processed (prefill).", "labels": ("model",)},
     {"name": "inferctl_engine_generation_tokens_total", "type": "counter", "unit": "tokens",
      "help": "Tokens generated (decode).", "labels": ("model",)},
     {"name": "inferctl_engine_time_to_first_token_seconds", "type": "histogram", "unit": "seconds",
-     "help": "Time to first token (TTFT): arrival to the first generated token.",
+     "help": ("Time to first token (TTFT): arrival to the first generated token, of requests that "
+              "finished successfully (stop, length, repetition; aborts and errors excluded)."),
      "labels": ("model",), "buckets": LATENCY_BUCKETS},
     {"name": "inferctl_engine_inter_token_latency_seconds", "type": "histogram", "unit": "seconds",
-     "help": "Inter-token latency (ITL) between consecutive generated tokens of a request.",
+     "help": ("Inter-token latency (ITL) between consecutive generated tokens, of requests that "
+              "finished successfully (aborts and errors excluded)."),
      "labels": ("model",), "buckets": LATENCY_BUCKETS},
     {"name": "inferctl_engine_e2e_request_latency_seconds", "type": "histogram", "unit": "seconds",
-     "help": "End-to-end request latency: arrival to the last token.",
+     "help": ("End-to-end request latency: arrival to the last token, of requests that finished "
+              "successfully (aborts and errors excluded)."),
      "labels": ("model",), "buckets": LATENCY_BUCKETS},
     # scheduler and batching
     {"name": "inferctl_engine_num_requests_running", "type": "gauge", "unit": "requests",

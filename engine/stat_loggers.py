@@ -4,7 +4,10 @@ The same :class:`~inferctl.engine.stats.IterationStats` and
 :class:`~inferctl.engine.stats.SchedulerStats` that feed ``/stats``
 (:class:`~inferctl.engine.stats.EngineStats`) feed the catalog of
 :mod:`inferctl.engine.metrics` here (vLLM's ``PrometheusStatLogger``): one accounting of the
-numbers, two views.
+numbers, two views. The latency histograms (TTFT, ITL, e2e) take only requests that finished
+successfully (:data:`~inferctl.engine.stats.SUCCESS_REASONS`); aborts are counted by
+``inferctl_engine_requests_total{finish_reason="abort"}`` and, by why the client left, by
+``inferctl_engine_request_aborts_total`` (the HTTP layer's count).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from inferctl.contract.oom import OOM_KINDS
 from inferctl.contract.precision import PRECISION_MODES
 from inferctl.contract.stats import FINISH_ERROR
 from inferctl.engine.metrics import build_registry
-from inferctl.engine.stats import FinishedRequestStats, IterationStats, SchedulerStats
+from inferctl.engine.stats import SUCCESS_REASONS, FinishedRequestStats, IterationStats, SchedulerStats
 
 #: Prefix of a request error that is an OOM (``inferctl_engine_request_errors_total{reason="oom"}``).
 OOM_ERROR_PREFIX = "out of memory"
@@ -70,7 +73,8 @@ class PrometheusStatLogger:
     def _finished(self, fin: FinishedRequestStats) -> None:
         m, name = self.metrics, self.model_name
         m["inferctl_engine_requests_total"].labels(name, fin.finish_reason).inc()
-        m["inferctl_engine_e2e_request_latency_seconds"].labels(name).observe(fin.e2e)
+        if fin.finish_reason in SUCCESS_REASONS:   # aborted/failed requests are not latency samples
+            m["inferctl_engine_e2e_request_latency_seconds"].labels(name).observe(fin.e2e)
         q = fin.quality
         if fin.completion_tokens:   # an output with no token has no quality to score
             bucket = q.prompt_len_bucket

@@ -13,6 +13,14 @@ snapshot of the live state (queues, KV pool, memory, mode), to its two stat logg
 Latency quantiles are computed over the last ``latency_window`` samples with linear
 interpolation (numpy's default ``percentile`` method); with no sample they are ``None`` (no
 data, never 0).
+
+Latencies (TTFT, ITL, e2e) are those of requests that finished successfully
+(:data:`SUCCESS_REASONS`): a request its client abandoned (finish reason ``abort``: the client
+disconnected or timed out) or that failed (``error``) is counted apart (``aborted_total``,
+``errors_total``) and never enters a latency window or histogram, so a wave of clients giving
+up cannot make latency look better or worse than the answers actually served. The engine
+adds a request's TTFT and ITLs to :class:`IterationStats` when it finishes, not when its
+tokens come.
 """
 
 from __future__ import annotations
@@ -24,8 +32,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from inferctl.contract.oom import OOM_EXHAUSTION, OOM_FRAGMENTATION, OOM_IMPOSSIBLE, OomInfo
-from inferctl.contract.stats import FINISH_ERROR, FINISH_REASONS
+from inferctl.contract.stats import (FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_REASONS, FINISH_REPETITION,
+                                     FINISH_STOP)
 from inferctl.engine.quality import OutputQuality
+
+
+#: Finish reasons of a request that was answered: only these feed the latency windows/histograms.
+SUCCESS_REASONS: frozenset[str] = frozenset({FINISH_STOP, FINISH_LENGTH, FINISH_REPETITION})
 
 
 # ---------------------------------------------------------------------------- per step
@@ -62,7 +75,8 @@ class OomFault:
 @dataclass
 class IterationStats:
     """What one step did. ``ran_forward`` is True when a forward completed (only then are the
-    step counters and ``last_step`` updated). Token counts are tokens, durations seconds."""
+    step counters and ``last_step`` updated). Token counts are tokens, durations seconds;
+    ``ttfts``/``itls`` hold the latencies of the requests that finished successfully in it."""
 
     ran_forward: bool = False
     batch_size: int = 0
@@ -134,6 +148,7 @@ class EngineStats:
         self.finished_total = 0
         self.by_finish_reason = {r: 0 for r in FINISH_REASONS}
         self.errors_total = 0
+        self.aborted_total = 0
         self.admission_errors_total = 0
         self.prompt_tokens_total = 0
         self.completion_tokens_total = 0
@@ -187,8 +202,11 @@ class EngineStats:
         self.by_finish_reason[reason] = self.by_finish_reason.get(reason, 0) + 1
         if reason == FINISH_ERROR:
             self.errors_total += 1
+        elif reason == FINISH_ABORT:
+            self.aborted_total += 1
         self.completion_tokens_total += fin.completion_tokens
-        self.e2e.append(fin.e2e)
+        if reason in SUCCESS_REASONS:
+            self.e2e.append(fin.e2e)
         q = fin.quality.to_dict()
         self.recent.append({
             "request_id": fin.request_id, "prompt_tokens": fin.prompt_tokens,
@@ -233,6 +251,7 @@ class EngineStats:
             "requests": {"finished_total": self.finished_total,
                          "by_finish_reason": dict(self.by_finish_reason),
                          "errors_total": self.errors_total,
+                         "aborted_total": self.aborted_total,
                          "admission_errors_total": self.admission_errors_total,
                          "prompt_tokens_total": self.prompt_tokens_total,
                          "completion_tokens_total": self.completion_tokens_total,

@@ -30,6 +30,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import FastAPI
 
+from inferctl.contract.http import HostGuard
 from inferctl.contract.openai import ProtocolLimits
 from inferctl.engine import __version__
 from inferctl.engine.chat_template import render_chat_prompt
@@ -45,7 +46,8 @@ def create_app(engines: dict[str, AsyncEngineHandle], *, admin_token: str | None
                limits: ProtocolLimits | None = None, chat_template: str = "plain",
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                retry_after_seconds: int = DEFAULT_RETRY_AFTER_SECONDS,
-               manage_engines: bool = False) -> FastAPI:
+               manage_engines: bool = False, bind_host: str | None = None,
+               allowed_hosts: tuple[str, ...] = ()) -> FastAPI:
     """Build the FastAPI app serving ``engines`` (served name → AsyncLLMEngine).
 
     Args:
@@ -59,6 +61,10 @@ def create_app(engines: dict[str, AsyncEngineHandle], *, admin_token: str | None
         retry_after_seconds: ``Retry-After`` (seconds) on 503 answers.
         manage_engines: start the engines on app startup and shut them down on exit (the CLI);
             tests that drive the app in-process manage the engines themselves.
+        bind_host: the address the server listens on; given, every request's ``Host`` must
+            pass :func:`inferctl.contract.http.host_allowed` (421 otherwise: DNS rebinding);
+            None (in-process tests) checks no ``Host``.
+        allowed_hosts: extra accepted ``Host`` names (``--allowed-host``).
 
     Raises:
         ValueError: no engines, an unknown ``default_model`` or chat template, or a bad limit.
@@ -81,6 +87,8 @@ def create_app(engines: dict[str, AsyncEngineHandle], *, admin_token: str | None
     install_error_handlers(app)
     for family in (completions, chat, tokenization, health, admin):
         app.include_router(family.router)
+    if bind_host is not None:   # outermost: a refused Host never reaches the app
+        app.add_middleware(HostGuard, bind_host=bind_host, allowed_hosts=tuple(allowed_hosts))
     return app
 
 

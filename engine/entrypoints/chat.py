@@ -22,7 +22,8 @@ from inferctl.engine.entrypoints.errors import raise_on_failure
 from inferctl.engine.entrypoints.generation import (PromptJob, Started, gather_collect, merged,
                                                     output_logprobs, start_all, token_counts)
 from inferctl.engine.entrypoints.logprobs import chat_logprobs
-from inferctl.engine.entrypoints.serving import guarded, new_id, parse_request, prepare_jobs, respond
+from inferctl.engine.entrypoints.serving import (check_text_size, guarded, new_id, parse_request, prepare_jobs,
+                                                 respond)
 from inferctl.engine.entrypoints.sse import json_response, sse, stream_guard, usage, usage_chunk
 from inferctl.engine.entrypoints.state import ServedModel, ServerState, server_state
 from inferctl.engine.sampling_params import SamplingParams
@@ -39,6 +40,7 @@ async def chat_completions(request: Request, state: Annotated[ServerState, Depen
 async def _chat(request: Request, state: ServerState) -> Response:
     req, _requested, served = await parse_request(request, state, ChatCompletionRequest)
     rid = new_id("chatcmpl")
+    check_text_size(served, sum(len(m.text()) for m in req.messages), "messages")   # before rendering
     prompt = render_chat_prompt(req.messages, state.chat_template)
     jobs = await prepare_jobs(served, [prompt], rid, req.effective_max_tokens(), None, req.max_tokens_param())
     logprobs = (req.top_logprobs or 0) if req.logprobs else None

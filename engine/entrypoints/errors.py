@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 REJECTION_CODES = {
     "bad_length": "invalid_header",
     "too_large": "request_too_large",
+    "unsupported_media_type": "unsupported_media_type",
     "disconnected": "client_disconnected",
     "empty": "invalid_json",
     "not_utf8": "invalid_json",

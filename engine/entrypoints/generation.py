@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -230,15 +230,18 @@ async def _until_disconnect(request: Request) -> None:
             return
 
 
-async def run_unless_disconnected(request: Request, coro: Awaitable[Response]) -> Response:
-    """Run ``coro``; cancel it (aborting its generations) and answer 499 if the client goes
-    away first."""
+async def run_unless_disconnected(request: Request, coro: Awaitable[Response],
+                                  on_disconnect: Callable[[], None] | None = None) -> Response:
+    """Run ``coro``; cancel it (aborting its generations), call ``on_disconnect`` (the abort
+    count) and answer 499 if the client goes away first."""
     task = asyncio.ensure_future(coro)
     watcher = asyncio.ensure_future(_until_disconnect(request))
     try:
         done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if task in done:
             return task.result()
+        if on_disconnect is not None:
+            on_disconnect()
         task.cancel()
         try:
             await task

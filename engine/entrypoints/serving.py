@@ -21,11 +21,12 @@ from fastapi.responses import Response
 
 from inferctl.contract.errors import APIError
 from inferctl.contract.http import RequestRejected, read_json_body
-from inferctl.contract.openai import ChatCompletionRequest, CompletionRequest, ProtocolLimits, validate_model
+from inferctl.contract.openai import (ChatCompletionRequest, CompletionRequest, ProtocolLimits, check_prompt_chars,
+                                     validate_model)
 from inferctl.engine.entrypoints.checks import check_max_tokens, check_prompt_length
 from inferctl.engine.entrypoints.errors import engine_error_to_api, error_response, rejection_to_api_error
 from inferctl.engine.entrypoints.generation import PromptJob, Started, run_unless_disconnected, start_all
-from inferctl.engine.entrypoints.sse import event_stream
+from inferctl.engine.entrypoints.sse import ABORT_CLIENT_DISCONNECT, event_stream
 from inferctl.engine.entrypoints.state import ServedModel, ServerState
 from inferctl.engine.sampling_params import SamplingLimits, SamplingParams, SamplingParamsError
 
@@ -96,8 +97,21 @@ async def parse_request(request: Request, state: ServerState,
     return req, requested, serving
 
 
+def check_text_size(served: ServedModel, n_chars: int, param: str, *, count: bool = True) -> None:
+    """400 naming ``param`` when a text of ``n_chars`` characters can never fit the model's
+    context (:func:`~inferctl.contract.openai.check_prompt_chars` with ``served.max_prompt_chars``),
+    before any tokenizing; counted as an ``invalid_request`` error of ``served`` when ``count``."""
+    try:
+        check_prompt_chars(n_chars, served.max_prompt_chars, served.max_model_len, param=param)
+    except APIError:
+        if count:
+            served.count_error("invalid_request")
+        raise
+
+
 def encode(served: ServedModel, text: str, bos: bool = True) -> list[int]:
-    """Prompt text → token ids, BOS first when ``bos`` (the body-size limit bounds the work)."""
+    """Prompt text → token ids, BOS first when ``bos`` (:func:`check_text_size` and the
+    body-size limit bound the work)."""
     return list(served.tokenizer.encode(text, bos=bos))
 
 
@@ -123,8 +137,12 @@ async def prepare_jobs(served: ServedModel, prompts: list, req_id: str, requeste
                        default_max: int | None, max_param: str) -> list[PromptJob]:
     """Tokenize prompts and check lengths: 400 for an out-of-vocabulary id, a too-long prompt,
     or ``max_tokens`` above the room left (``max_model_len - prompt tokens``); each such 400 is
-    counted as an ``invalid_request`` error of ``served``."""
+    counted as an ``invalid_request`` error of ``served``. Every text prompt's size is checked
+    (:func:`check_text_size`) before any of them is tokenized."""
     try:
+        for i, prompt in enumerate(prompts):
+            if isinstance(prompt, str):
+                check_text_size(served, len(prompt), "prompt" if len(prompts) == 1 else f"prompt[{i}]", count=False)
         jobs = []
         for i, prompt in enumerate(prompts):
             param = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
@@ -198,7 +216,9 @@ async def respond(request: Request, state: ServerState, served: ServedModel, req
     generation (so admission errors are still JSON answers) and streams ``stream_fn(served, req,
     jobs, started, rid, created, include_usage, retry_after)``, or runs ``body_fn(served, req,
     jobs, params, rid, created, retry_after)`` to one JSON response, cancelled (499) when the
-    client disconnects first.
+    client disconnects first. A client that leaves early (either way) is counted in
+    ``inferctl_engine_request_aborts_total{reason="client_disconnect"}``; its generations
+    finish with ``abort`` and stay out of the latency histograms.
     """
     params = params_for(req, jobs, served, logprobs, state.limits)
     created = now_s()
@@ -208,4 +228,5 @@ async def respond(request: Request, state: ServerState, served: ServedModel, req
         return event_stream(stream_fn(served, req, jobs, started, rid, created, include_usage,
                                       state.retry_after_seconds))
     return await run_unless_disconnected(
-        request, body_fn(served, req, jobs, params, rid, created, state.retry_after_seconds))
+        request, body_fn(served, req, jobs, params, rid, created, state.retry_after_seconds),
+        on_disconnect=lambda: served.count_abort(ABORT_CLIENT_DISCONNECT))

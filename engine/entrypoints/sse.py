@@ -9,6 +9,7 @@ after the first chunk is sent as an ``error`` event (the OpenAI error object), t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -23,6 +24,9 @@ from inferctl.engine.quality import json_safe
 
 log = logging.getLogger(__name__)
 
+#: ``inferctl_engine_request_aborts_total`` reason of a client that closed the connection (or
+#: timed out: to the server the two look the same) before its answer was complete.
+ABORT_CLIENT_DISCONNECT = "client_disconnect"
 #: The last event of every stream.
 DONE = b"data: [DONE]\n\n"
 
@@ -64,10 +68,14 @@ def usage_chunk(rid: str, obj: str, created: int, served: ServedModel, prompt_to
 async def stream_guard(served: ServedModel, started: list[Started],
                        body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """Send ``body``; on an engine failure send an SSE error event; always end with [DONE]
-    and close every generation (aborting unfinished ones — also on client disconnect)."""
+    and close every generation (aborting unfinished ones — also on client disconnect, which is
+    counted as an abort with reason ``client_disconnect``)."""
     try:
         async for chunk in body:
             yield chunk
+    except (asyncio.CancelledError, GeneratorExit):
+        served.count_abort(ABORT_CLIENT_DISCONNECT)   # the client left mid-stream (or timed out)
+        raise
     except APIError as err:
         yield sse(err.body())
     except Exception as exc:  # noqa: BLE001 - a stream must end cleanly

@@ -18,7 +18,7 @@ from fastapi import Request
 from prometheus_client import CollectorRegistry, Counter
 
 from inferctl.contract.errors import APIError
-from inferctl.contract.openai import ProtocolLimits
+from inferctl.contract.openai import ProtocolLimits, max_prompt_chars
 
 if TYPE_CHECKING:
     from inferctl.engine.engine import LLMEngine, RequestOutput
@@ -94,6 +94,9 @@ class ServedModel:
     kv_capacity_tokens: int | None
     registry: CollectorRegistry | None
     error_counter: Counter | None = None
+    #: Text prompts above this many characters can never fit (``contract.openai.max_prompt_chars``).
+    max_prompt_chars: int | None = None
+    abort_counter: Counter | None = None
 
     @classmethod
     def from_async_engine(cls, name: str, async_engine: AsyncEngineHandle) -> ServedModel:
@@ -109,7 +112,9 @@ class ServedModel:
                    max_model_len=int(config.max_model_len), vocab_size=min(vocab, int(bundle.args.vocab_size)),
                    kv_capacity_tokens=int(blocks) * int(config.block_size) if blocks else None,
                    registry=getattr(llm, "registry", None),
-                   error_counter=metrics.get("inferctl_engine_request_errors_total"))
+                   error_counter=metrics.get("inferctl_engine_request_errors_total"),
+                   max_prompt_chars=prompt_char_bound(tokenizer, int(config.max_model_len)),
+                   abort_counter=metrics.get("inferctl_engine_request_aborts_total"))
 
     def precision(self) -> str | None:
         """The engine's current precision mode (``full``/``int8``), None if unknown."""
@@ -131,6 +136,11 @@ class ServedModel:
     async def stats(self) -> dict:
         """The engine's ``/stats`` document, taken between steps without blocking the loop."""
         return await self.async_engine.get_stats()
+
+    def count_abort(self, reason: str) -> None:
+        """``inferctl_engine_request_aborts_total{model, reason}`` += 1 (a request its client gave up on)."""
+        if self.abort_counter is not None:
+            self.abort_counter.labels(model=self.name, reason=reason).inc()
 
     def count_error(self, reason: str) -> None:
         """``inferctl_engine_request_errors_total{model, reason}`` += 1 (served names only)."""
@@ -193,3 +203,13 @@ class ServerState:
 async def server_state(request: Request) -> ServerState:
     """FastAPI dependency: the app's :class:`ServerState` (async: no thread-pool hop)."""
     return request.app.state.server
+
+
+def prompt_char_bound(tokenizer: Tokenizer, max_model_len: int) -> int | None:
+    """:func:`~inferctl.contract.openai.max_prompt_chars` for ``tokenizer`` (its longest token in
+    UTF-8 bytes, read once at start); None when the tokenizer cannot list its tokens' bytes."""
+    try:
+        lengths = [len(tokenizer.token_bytes(i)) for i in range(int(tokenizer.vocab_size))]
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return max_prompt_chars(max_model_len, lengths)

@@ -321,7 +321,7 @@ BAD_INPUTS = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}], "top_logprobs": 3}, 400,
      "top_logprobs"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}], "model": "gpt-4"}, 404, "model"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "story " * 600}]}, 400, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "story " * 500}]}, 400, "prompt"),
 ]
 
 
@@ -346,7 +346,7 @@ def test_unknown_model_is_404_model_not_found(app):
 
 
 def test_prompt_too_long_names_numbers(app):
-    r = http_post(app, "/v1/completions", {"prompt": "story " * 600})
+    r = http_post(app, "/v1/completions", {"prompt": "story " * 500})
     err = r.json()["error"]
     assert err["code"] == "context_length_exceeded"
     assert "max_model_len is 512" in err["message"] and "at most 511" in err["message"]

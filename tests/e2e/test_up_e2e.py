@@ -60,7 +60,7 @@ def metric(text: str, name: str, labels: str) -> float | None:
 
 def test_oom_degrades_once_no_request_fails_then_rolls_back(tmp_path, stories_dir, gutenberg_dir):
     eport, cport = free_port(), free_port()
-    token = "e2e-admin-token"
+    token = "e2e-admin-token-16"
     cfg = {
         "listen": {"port": cport}, "event_log": str(tmp_path / "events.db"),
         "engines": [{"name": "main", "kind": "bundled",

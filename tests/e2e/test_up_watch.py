@@ -102,7 +102,7 @@ def test_controller_run_watches_and_stops_on_sigterm(tmp_path, fake_vllm, fixtur
         "gpu": {"kind": "replay", "options": {"path": str(capture)}}}))
     out = tmp_path / "out.txt"
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": str(root), "INFERCTL_ADMIN_TOKEN": "tok"}
+    env = {**os.environ, "PYTHONPATH": str(root), "INFERCTL_ADMIN_TOKEN": "tok-up-watch-e2e-0123"}
     with open(out, "w") as f:
         proc = subprocess.Popen([sys.executable, "-m", "inferctl", "controller", "run", "--config",
                                  str(tmp_path / "c.yaml")], stdout=f, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
@@ -114,7 +114,7 @@ def test_controller_run_watches_and_stops_on_sigterm(tmp_path, fake_vllm, fixtur
         text = out.read_text()
         assert re.search(r"^watching:\s+http://127\.0\.0\.1:\d+\s+\(vllm-a, vllm\)$", text, re.MULTILINE)
         assert "admin token: from --token / $INFERCTL_ADMIN_TOKEN" in text   # never printed when given
-        assert "tok\n" not in text
+        assert "tok-up-watch-e2e-0123" not in text
         base = f"http://127.0.0.1:{port}"
         for _ in range(50):
             st = httpx.get(f"{base}/status", timeout=5).json()

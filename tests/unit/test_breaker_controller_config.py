@@ -140,7 +140,7 @@ def test_cli_bad_config_is_one_line_exit_2(tmp_path, monkeypatch, command, case)
         path.write_bytes(b"\xff\xfe\x00 not yaml")
     else:
         path.write_text(yaml.safe_dump(data))
-    r = CliRunner().invoke(app, command.split() + ["--config", str(path), "--token", "t"])
+    r = CliRunner().invoke(app, command.split() + ["--config", str(path), "--token", "t" * 16])
     assert r.exit_code == 2, (r.exit_code, r.output, repr(r.exception))
     assert field in r.output and "Traceback" not in r.output
     errors = [line for line in r.output.splitlines() if line.startswith("error:")]

@@ -12,7 +12,7 @@ from inferctl.contract.http import (BodyRejected, Unauthorized, bearer_token, ch
 
 class _Request:
     def __init__(self, body: bytes, headers: dict | None = None, chunk: int = 3) -> None:
-        self.headers = headers or {}
+        self.headers = {"content-type": "application/json", **(headers or {})}
         self._body, self._chunk = body, chunk
 
     async def stream(self):
