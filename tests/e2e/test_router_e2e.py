@@ -1,0 +1,157 @@
+"""End to end: two real ``inferctl engine serve`` replicas, ``inferctl router`` in front of them
+(subprocesses on loopback ports), the official ``openai`` client through the router
+(completions, chat, streaming), JSON logs with the request id, a real-socket client
+disconnect, and a killed replica routed around."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.server_helpers import REFERENCE, STORIES, free_port
+
+pytestmark = pytest.mark.e2e
+
+PROMPT = "Once upon a time"
+
+
+def _wait(url: str, proc: subprocess.Popen, log, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"exited with {proc.returncode}: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"not ready in time: {log.read_text()[-2000:]}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def fleet(stories_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("router")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs, engines = [], {}
+    try:
+        for name in ("r0", "r1"):
+            port = free_port()
+            log = tmp / f"{name}.log"
+            cmd = [sys.executable, "-m", "inferctl", "engine", "serve", "--model", str(stories_dir / "stories260K.bin"),
+                   "--port", str(port), "--max-model-len", "512", "--memory-budget", "512MiB"]
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "wb"), env=env)
+            procs.append(proc)
+            engines[name] = {"url": f"http://127.0.0.1:{port}", "proc": proc, "log": log}
+        for e in engines.values():
+            _wait(e["url"] + "/health", e["proc"], e["log"])
+        port = free_port()
+        log = tmp / "router.log"
+        cmd = [sys.executable, "-m", "inferctl", "router", "--port", str(port), "--probe-interval", "0.2",
+               "--log-format", "json"] + [a for n, e in engines.items() for a in ("--engine", f"{n}={e['url']}")]
+        router = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "wb"), env=env)
+        procs.append(router)
+        base = f"http://127.0.0.1:{port}"
+        _wait(base + "/ready", router, log)
+        yield {"base": base, "engines": engines, "router": router, "log": log}
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@pytest.fixture(scope="module")
+def oai(fleet):
+    return openai.OpenAI(base_url=fleet["base"] + "/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def test_openai_client_through_the_router(oai, fleet):
+    models = oai.models.list()
+    assert [m.id for m in models.data] == [STORIES]
+    plain = oai.completions.create(model=STORIES, prompt=PROMPT, max_tokens=30, temperature=0)
+    assert plain.choices[0].text[:60] == REFERENCE[:60]
+    stream = oai.completions.create(model=STORIES, prompt=PROMPT, max_tokens=30, temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in stream) == plain.choices[0].text
+    chat = oai.chat.completions.create(model=STORIES, messages=[{"role": "user", "content": PROMPT}],
+                                       max_tokens=30, temperature=0)
+    chunks = list(oai.chat.completions.create(model=STORIES, messages=[{"role": "user", "content": PROMPT}],
+                                              max_tokens=30, temperature=0, stream=True,
+                                              stream_options={"include_usage": True}))
+    assert "".join((c.choices[0].delta.content or "") for c in chunks if c.choices) == chat.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == 30
+    with pytest.raises(openai.BadRequestError) as info:
+        oai.completions.create(model=STORIES, prompt="", max_tokens=5)
+    assert info.value.body["param"] == "prompt"
+
+
+def test_json_logs_carry_the_request_id(fleet):
+    r = httpx.post(fleet["base"] + "/v1/completions", headers={"X-Request-Id": "e2e-rid-1"},
+                   json={"model": STORIES, "prompt": PROMPT, "max_tokens": 4}, timeout=30)
+    assert r.status_code == 200 and r.headers["x-request-id"] == "e2e-rid-1"
+    assert r.headers["x-inferctl-replica"] in ("r0", "r1")
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        lines = [json.loads(line) for line in fleet["log"].read_text().splitlines() if line.startswith("{")]
+        mine = [d for d in lines if d.get("request_id") == "e2e-rid-1"]
+        if mine:
+            break
+        time.sleep(0.1)
+    assert mine and mine[-1]["status"] == 200 and mine[-1]["replica"] == r.headers["x-inferctl-replica"]
+    assert mine[-1]["duration_seconds"] > 0
+
+
+def _metric(base: str, name: str, labels: str) -> float:
+    for line in httpx.get(base + "/metrics", timeout=5).text.splitlines():
+        if line.startswith(f"{name}{{{labels}}}"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_client_disconnect_closes_the_upstream_stream(fleet):
+    body = {"model": STORIES, "prompt": PROMPT, "max_tokens": 480, "stream": True, "ignore_eos": True}
+    aborted = {n: httpx.get(e["url"] + "/stats", timeout=5).json()["requests"]["aborted_total"]
+               for n, e in fleet["engines"].items()}
+    with httpx.Client(timeout=30) as c:
+        with c.stream("POST", fleet["base"] + "/v1/completions", json=body) as r:
+            replica = r.headers["x-inferctl-replica"]
+            next(r.iter_raw())         # the first chunk arrived, then the client goes away
+    engine = fleet["engines"][replica]["url"]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        stats = httpx.get(engine + "/stats", timeout=5).json()
+        gone = _metric(fleet["base"], "inferctl_router_client_disconnects_total", f'replica="{replica}"')
+        if stats["scheduler"]["running"] == 0 and gone >= 1:
+            break
+        time.sleep(0.1)
+    assert stats["scheduler"]["running"] == 0 and gone >= 1
+    # the replica aborted the request (it did not run the 480 tokens to the end)
+    assert stats["requests"]["aborted_total"] == aborted[replica] + 1
+    assert _metric(fleet["base"], "inferctl_router_outstanding_requests", f'replica="{replica}"') == 0
+
+
+def test_a_killed_replica_is_routed_around(fleet, oai):
+    victim = fleet["engines"]["r1"]["proc"]
+    victim.kill()
+    victim.wait(10)
+    answers = [oai.completions.create(model=STORIES, prompt=f"{PROMPT} {i}", max_tokens=4) for i in range(6)]
+    assert all(a.choices[0].text is not None for a in answers)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and httpx.get(fleet["base"] + "/ready").json()["replicas_ready"] != 1:
+        time.sleep(0.1)
+    state = httpx.get(fleet["base"] + "/replicas").json()
+    assert state["r1"]["routable"] is False and state["r1"]["reason"] == "down"
+    assert state["r0"]["routable"] is True
