@@ -154,7 +154,7 @@ def read_token_file(path: str, source: str) -> str:
     """
     try:
         with open(path, encoding="utf-8") as fh:
-            text = next(iter(fh.read(64 * 1024).split()), "")
+            text = next((ln.strip() for ln in fh.read(64 * 1024).splitlines() if ln.strip()), "")
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{source}: cannot read the token file {path!r} ({exc})") from None
     if not text:
