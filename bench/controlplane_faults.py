@@ -191,7 +191,7 @@ def drill_kill(work: Path) -> dict:
     st = second.status()["engines"]["main"]
     events = second.http.get(f"{second.ctl}/events", params={"limit": 1000}).json()["events"]
     unclean = [e for e in events if e["reason"].startswith("unclean shutdown")]
-    adopted = [e for e in events if "adopted" in e["reason"]]
+    adopted = [e for e in events if e["reason"].startswith("engine main adopted")]
     escalations = [e for e in events if e["kind"] == "escalation"]
     code = second.stop()
     left = find_owned(owner_key(work / "events.db", "main"))
