@@ -138,6 +138,23 @@ class AsyncLLMEngine:
         if not queued:
             self.engine.post(AbortRequest(request_id=request_id))
 
+    def abort_all(self, message: str) -> int:
+        """Fail every open request with ``EngineDeadError(message)`` and abort it in the engine
+        (its KV blocks are freed at the next step boundary; ``finish_reason`` ``abort``).
+        Used when a shutdown grace period runs out. Returns how many requests were open."""
+        with self._cv:
+            streams, self._streams = self._streams, {}
+            self._pending_adds.clear()
+        for request_id in streams:
+            self.engine.post(AbortRequest(request_id=request_id))
+        err = EngineDeadError(message)
+        for loop, queue in streams.values():
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, err)
+            except RuntimeError:   # loop already closed
+                pass
+        return len(streams)
+
     # ------------------------------------------------------------------ admin
     def request_precision(self, mode: str) -> None:
         """See :meth:`LLMEngine.request_precision`; applied before the next step."""

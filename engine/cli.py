@@ -2,8 +2,12 @@
 
 * ``inferctl engine serve --model PATH ...`` — load the model(s) and serve the
   OpenAI-compatible API (:mod:`engine.server`) with uvicorn on 127.0.0.1:8000 by default.
-  SIGINT/SIGTERM stop it cleanly: uvicorn stops accepting, in-flight requests get
-  ``--graceful-timeout`` seconds, then the engines' stepping threads are shut down.
+  ``GET /health`` is liveness, ``GET /ready`` readiness. The first SIGTERM or SIGINT drains:
+  ``/ready`` turns 503 ``stopping`` at once, new requests get 503 with ``Retry-After``, in-flight
+  requests and streams finish within ``--shutdown-grace-seconds`` (default 30; past it they are
+  aborted with an error their clients see), then the process exits 0. A second signal exits at
+  once with code 1 (:mod:`inferctl.engine.entrypoints.lifecycle`). The port opens once the
+  model is loaded; a signal during the load ends the process before it serves.
 * ``inferctl generate --prompt TEXT`` — one completion in-process (no server); prints only
   the completion text to stdout (exactly the text; a newline is added only when stdout is a
   terminal), everything else goes to stderr. With no ``--model`` it uses the built-in demo
@@ -196,8 +200,9 @@ def serve(
                                                    "base * 2**(retry-1) seconds ..."),
     oom_backoff_max_seconds: float = typer.Option(2.0, "--oom-backoff-max-seconds",
                                                   help="... capped at this many seconds."),
-    graceful_timeout: int = typer.Option(10, "--graceful-timeout", min=0,
-                                         help="Seconds in-flight requests get on shutdown."),
+    shutdown_grace_seconds: float = typer.Option(30.0, "--shutdown-grace-seconds",
+                                                 help="After SIGTERM/SIGINT, seconds in-flight requests get to "
+                                                      "finish before they are aborted (then exit 0)."),
     log_level: str = typer.Option("info", "--log-level"),
     access_log: bool = typer.Option(True, "--access-log/--no-access-log",
                                     help="Log every HTTP request (uvicorn's access log)."),
@@ -209,6 +214,7 @@ def serve(
     import uvicorn
 
     from inferctl.engine.chat_template import CHAT_TEMPLATES
+    from inferctl.engine.entrypoints.lifecycle import DEFAULT_FLUSH_SECONDS, GracefulServer
     from inferctl.engine.server import create_app
 
     if kv_cache_dtype not in ("auto", "int8"):
@@ -227,6 +233,8 @@ def serve(
         oom = oom_options(max_oom_retries, oom_backoff_seconds, oom_backoff_max_seconds)
     except typer.BadParameter as exc:
         _die(str(exc))
+    if not math.isfinite(shutdown_grace_seconds) or shutdown_grace_seconds < 0:
+        _die(f"--shutdown-grace-seconds: must be a finite number of seconds >= 0, got {shutdown_grace_seconds!r}")
 
     main_util, light_util = gpu_memory_utilization, gpu_memory_utilization
     if light_model and budget is None and light_budget is None:
@@ -255,8 +263,16 @@ def serve(
                      allowed_hosts=tuple(allowed_host))
     typer.echo(f"serving {', '.join(engines)} on http://{host}:{port} (admin API "
                f"{'enabled' if admin_token else 'disabled: no --admin-token'})", err=True)
-    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=access_log,
-                timeout_graceful_shutdown=graceful_timeout)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), access_log=access_log,
+                            timeout_graceful_shutdown=int(DEFAULT_FLUSH_SECONDS))
+    server = GracefulServer(config, app.state.server, grace_seconds=shutdown_grace_seconds)
+    server.run()
+    if not server.started:
+        raise typer.Exit(3)   # uvicorn's STARTUP_FAILURE: the port is taken, the lifespan failed
+    if server.forced:
+        typer.echo("error: stopped by a second signal before the drain ended; in-flight requests were cut",
+                   err=True)
+        raise typer.Exit(1)
 
 
 def generate(

@@ -5,7 +5,9 @@ Routes, one module per family (vLLM's ``entrypoints`` layout):
 * :mod:`.completions` ``POST /v1/completions``, :mod:`.chat` ``POST /v1/chat/completions`` —
   OpenAI shapes (:mod:`inferctl.contract.openai`), streamed as SSE (:mod:`.sse`).
 * :mod:`.tokenization` ``POST /tokenize``, ``POST /detokenize`` — vLLM's tokenizer API.
-* :mod:`.health` ``GET /health``, ``/stats``, ``/metrics``, ``/v1/models``.
+* :mod:`.health` ``GET /health`` (liveness), ``/ready`` (readiness), ``/stats``, ``/metrics``,
+  ``/v1/models``.
+* :mod:`.lifecycle` — in-flight request count and the SIGTERM drain (the CLI's server).
 * :mod:`.admin` ``POST /admin/precision|fault|drain|route``, ``GET /admin/route`` — bearer token.
 * :mod:`.errors` — every failure as the OpenAI error object (FastAPI's 422 shape is never
   used); an out-of-memory request is never a 500 and ``/health`` stays 200.
@@ -36,6 +38,7 @@ from inferctl.engine import __version__
 from inferctl.engine.chat_template import render_chat_prompt
 from inferctl.engine.entrypoints import admin, chat, completions, health, tokenization
 from inferctl.engine.entrypoints.errors import install_error_handlers
+from inferctl.engine.entrypoints.lifecycle import InFlightMiddleware
 from inferctl.engine.entrypoints.state import (DEFAULT_MAX_BODY_BYTES, DEFAULT_RETRY_AFTER_SECONDS,
                                                AsyncEngineHandle, ServedModel, ServerState)
 
@@ -87,6 +90,7 @@ def create_app(engines: dict[str, AsyncEngineHandle], *, admin_token: str | None
     install_error_handlers(app)
     for family in (completions, chat, tokenization, health, admin):
         app.include_router(family.router)
+    app.add_middleware(InFlightMiddleware, state=state)  # state.in_flight, read by the SIGTERM drain
     if bind_host is not None:   # outermost: a refused Host never reaches the app
         app.add_middleware(HostGuard, bind_host=bind_host, allowed_hosts=tuple(allowed_hosts))
     return app

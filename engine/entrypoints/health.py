@@ -4,6 +4,13 @@
   "precision": <main model's mode>, "models": {...}, "routes": {...}}``. ``degraded`` while
   any served model runs int8, a route sends one model's traffic to another, or an engine's
   stepping thread is not running; ``draining`` wins over both.
+* ``/ready`` — readiness (Kubernetes readinessProbe, the router): 200 ``{"ready": true,
+  "status": <the /health status>, "model": <default>, "models": {name: {"ready", "reason"}}}``
+  when a request for the default model would be admitted; 503 ``{"ready": false, "reason":
+  "starting"|"draining"|"stopping", ...}`` with ``Retry-After`` (seconds) otherwise
+  (:meth:`~inferctl.engine.entrypoints.state.ServerState.readiness`). Readiness follows the
+  main (default) model and the model serving it after a route: draining only the light model
+  leaves the server ready, and ``models`` shows it. Liveness is ``/health``, never ``/ready``.
 * ``/stats[?model=NAME]`` — the engine's ``stats()`` document (docs/architecture.md), strictly
   valid JSON; ``engine.models`` lists the served set and ``routes`` the active routes.
 * ``/metrics`` — Prometheus text of the engine registries, merged (:class:`MergedCollector`).
@@ -49,6 +56,36 @@ def health_document(state: ServerState) -> dict:
 async def health(state: State) -> Response:
     """Liveness and the serving mode (never an error while the process serves)."""
     return json_response(health_document(state))
+
+
+def ready_document(state: ServerState) -> tuple[bool, dict]:
+    """``(ready, the /ready document)`` (see the module docstring)."""
+    ready, reason = state.readiness()
+    per_model = {}
+    for name, served in state.models.items():
+        if state.stopping:
+            why = "stopping"
+        elif state.draining.get(name):
+            why = "draining"
+        elif not served.async_engine.is_running:
+            why = "starting"
+        else:
+            why = None
+        per_model[name] = {"ready": why is None, "reason": why}
+    doc: dict = {"ready": ready}
+    if not ready:
+        doc["reason"] = reason
+    doc.update(status=health_document(state)["status"], model=state.default_model, models=per_model)
+    return ready, doc
+
+
+@router.get("/ready")
+async def ready(state: State) -> Response:
+    """Readiness: 200 when the default model admits requests, else 503 with ``Retry-After``."""
+    is_ready, doc = ready_document(state)
+    if is_ready:
+        return json_response(doc)
+    return json_response(doc, status=503, headers={"Retry-After": str(state.retry_after_seconds)})
 
 
 @router.get("/stats")

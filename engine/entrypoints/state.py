@@ -48,7 +48,8 @@ class AsyncEngineHandle(Protocol):
     ``generate`` streams ``RequestOutput``s (the last has ``finished=True``) and raises the
     engine's ``AdmissionError`` before the first one when it refuses the request;
     ``request_precision``, ``inject_fault`` and ``set_draining`` may be called from any
-    thread (applied by the stepping thread); ``get_stats`` is the ``/stats`` document.
+    thread (applied by the stepping thread); ``abort_all(message)`` fails every open request
+    (returns how many); ``get_stats`` is the ``/stats`` document.
     ``engine`` is the wrapped ``LLMEngine``, read once at start for the model's bundle,
     config and metric registry.
     """
@@ -73,6 +74,8 @@ class AsyncEngineHandle(Protocol):
     def inject_fault(self, kind: str, count: int) -> None: ...
 
     def set_draining(self, draining: bool) -> None: ...
+
+    def abort_all(self, message: str) -> int: ...
 
     async def get_stats(self) -> dict: ...
 
@@ -153,7 +156,10 @@ class ServerState:
     """Everything the routes share (held on ``app.state.server``; no module globals).
 
     ``routes`` maps a served name to the served name that answers for it (one hop);
-    ``draining`` the models that admit no new requests.
+    ``draining`` the models that admit no new requests (admin drain); ``stopping`` is set once
+    the process was told to stop (SIGTERM/SIGINT): no model admits requests from then on;
+    ``in_flight`` counts the HTTP requests being answered, probes excluded
+    (:class:`~inferctl.engine.entrypoints.lifecycle.InFlightMiddleware`).
     """
 
     models: dict[str, ServedModel]
@@ -166,6 +172,8 @@ class ServerState:
     routes: dict[str, str] = field(default_factory=dict)
     draining: dict[str, bool] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
+    stopping: bool = False
+    in_flight: int = 0
 
     def lookup(self, name: str | None, param: str = "model") -> ServedModel:
         """The served model called ``name`` (None → default), without routing; 404 naming
@@ -185,12 +193,34 @@ class ServerState:
         return requested, serving
 
     def check_admitting(self, served: ServedModel) -> None:
-        """503 with Retry-After while ``served`` drains."""
+        """503 ``engine_draining`` with Retry-After while ``served`` drains or the server stops."""
+        if self.stopping:
+            served.count_error("overloaded")
+            raise APIError(503, "the engine is shutting down and admits no new requests; retry on another replica",
+                           code="engine_draining", err_type="service_unavailable_error",
+                           headers={"Retry-After": str(self.retry_after_seconds)})
         if self.draining.get(served.name):
             served.count_error("overloaded")
             raise APIError(503, f"model {served.name!r} is draining and admits no new requests; retry later",
                            code="engine_draining", err_type="service_unavailable_error",
                            headers={"Retry-After": str(self.retry_after_seconds)})
+
+    def readiness(self) -> tuple[bool, str | None]:
+        """``(ready, reason)``: whether a request for the default model would be admitted now.
+
+        Reasons, first match wins: ``"stopping"`` (SIGTERM/SIGINT received), ``"draining"`` (the
+        model that serves the default name, after a route, is drained), ``"starting"`` (its
+        engine's stepping thread is not running). A drained light model that serves nothing
+        for the default name leaves the server ready (its state is in ``/ready``'s ``models``).
+        """
+        if self.stopping:
+            return False, "stopping"
+        _, serving = self.resolve(None)
+        if self.draining.get(serving.name):
+            return False, "draining"
+        if not serving.async_engine.is_running:
+            return False, "starting"
+        return True, None
 
     def admin_targets(self, name: str | None) -> list[ServedModel]:
         """The named model, or every served model (the default first) when ``name`` is None."""
