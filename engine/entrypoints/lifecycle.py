@@ -16,6 +16,12 @@ Order on the first SIGTERM or SIGINT (:class:`GracefulServer`):
    engines' stepping threads. The process exits 0 (uvicorn's habit of re-raising the captured
    signal, which would exit by SIGTERM, is not kept).
 
+Time from the signal to the exit: the drain (at most the grace period), then, only when requests
+had to be aborted, up to ``flush_seconds`` for their errors to be written and up to as long
+again in uvicorn's final wait, then the engines' stepping threads are joined (one step each).
+A supervisor's kill timeout (Kubernetes ``terminationGracePeriodSeconds`` after preStop) should
+exceed grace + 2 × flush (5 s each by default) + a few seconds.
+
 A second signal during the drain exits at once (uvicorn's force exit): open requests are cut and
 the exit code is 1 (:attr:`GracefulServer.forced`). The pattern is Kubernetes' pod termination
 (kubernetes.io, "Pod Lifecycle: Termination of Pods"): the pod leaves the Service endpoints
