@@ -137,8 +137,8 @@ def test_sigterm_shuts_down_cleanly(server):
     proc = server["proc"]
     proc.send_signal(signal.SIGTERM)
     rc = proc.wait(20)
-    # uvicorn re-raises the captured signal after its graceful shutdown (exit by SIGTERM)
-    assert rc in (0, -signal.SIGTERM)
+    # the engine drains on SIGTERM and exits 0 (plain uvicorn would re-raise the signal: -15)
+    assert rc == 0
     log = server["log"].read_text()
     assert "Traceback" not in log
     assert "Application shutdown complete" in log
