@@ -23,6 +23,10 @@ LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
     1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 )
+#: ``inferctl_engine_request_aborts_total`` reasons: the client closed the connection or timed
+#: out (to the server the two look the same) before its answer was complete.
+ABORT_CLIENT_DISCONNECT = "client_disconnect"
+ABORT_REASONS = (ABORT_CLIENT_DISCONNECT,)
 RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 PERPLEXITY_BUCKETS = (1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 50.0, 100.0, 1000.0)
 

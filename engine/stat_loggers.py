@@ -17,7 +17,7 @@ import math
 from inferctl.contract.oom import OOM_KINDS
 from inferctl.contract.precision import PRECISION_MODES
 from inferctl.contract.stats import FINISH_ERROR
-from inferctl.engine.metrics import build_registry
+from inferctl.engine.metrics import ABORT_REASONS, build_registry
 from inferctl.engine.stats import SUCCESS_REASONS, FinishedRequestStats, IterationStats, SchedulerStats
 
 #: Prefix of a request error that is an OOM (``inferctl_engine_request_errors_total{reason="oom"}``).
@@ -41,6 +41,8 @@ class PrometheusStatLogger:
         m["inferctl_engine_memory_budget_bytes"].set(budget_bytes)
         for kind in OOM_KINDS:
             m["inferctl_engine_oom_total"].labels(kind)
+        for reason in ABORT_REASONS:    # exported at 0 from the start: rate() has data before the first abort
+            m["inferctl_engine_request_aborts_total"].labels(model_name, reason)
 
     def record(self, s: SchedulerStats | None, it: IterationStats) -> None:
         """Count one step's events; set the gauges from ``s`` (when given)."""

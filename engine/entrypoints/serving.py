@@ -26,8 +26,9 @@ from inferctl.contract.openai import (ChatCompletionRequest, CompletionRequest, 
 from inferctl.engine.entrypoints.checks import check_max_tokens, check_prompt_length
 from inferctl.engine.entrypoints.errors import engine_error_to_api, error_response, rejection_to_api_error
 from inferctl.engine.entrypoints.generation import PromptJob, Started, run_unless_disconnected, start_all
-from inferctl.engine.entrypoints.sse import ABORT_CLIENT_DISCONNECT, event_stream
+from inferctl.engine.entrypoints.sse import event_stream
 from inferctl.engine.entrypoints.state import ServedModel, ServerState
+from inferctl.engine.metrics import ABORT_CLIENT_DISCONNECT
 from inferctl.engine.sampling_params import SamplingLimits, SamplingParams, SamplingParamsError
 
 GenerationRequest = CompletionRequest | ChatCompletionRequest

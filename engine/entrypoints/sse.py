@@ -20,13 +20,11 @@ from fastapi.responses import Response, StreamingResponse
 from inferctl.contract.errors import APIError
 from inferctl.engine.entrypoints.generation import Started, aclose
 from inferctl.engine.entrypoints.state import ServedModel
+from inferctl.engine.metrics import ABORT_CLIENT_DISCONNECT
 from inferctl.engine.quality import json_safe
 
 log = logging.getLogger(__name__)
 
-#: ``inferctl_engine_request_aborts_total`` reason of a client that closed the connection (or
-#: timed out: to the server the two look the same) before its answer was complete.
-ABORT_CLIENT_DISCONNECT = "client_disconnect"
 #: The last event of every stream.
 DONE = b"data: [DONE]\n\n"
 

@@ -215,6 +215,9 @@ def test_prometheus_e2e_histogram_takes_successes_only():
     from inferctl.engine.stats import IterationStats
 
     log = PrometheusStatLogger("m", 1000)
+    # the abort series exists at 0 from the start (a dashboard's rate() has data before the first abort)
+    assert log.registry.get_sample_value("inferctl_engine_request_aborts_total",
+                                         {"model": "m", "reason": "client_disconnect"}) == 0
     log.record(None, IterationStats(finished=[_finished("length", 2.0), _finished("abort", 99.0)]))
     reg = log.registry
     assert reg.get_sample_value("inferctl_engine_e2e_request_latency_seconds_count", {"model": "m"}) == 1
