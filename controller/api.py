@@ -12,7 +12,11 @@
   ``POST /actions/reset-gpu`` ``{"gpu": 0, "dry_run": false}`` (``dry_run`` omitted: the
   rails' default), ``POST /actions/release-gpu`` ``{"gpu": 0}`` (after a node reboot or a
   GPU replacement: the hardware policy's isolation and the rails' lost mark are released;
-  409 when there is nothing to release or the GPU source shows the GPU lost now) — bearer token
+  409 when there is nothing to release or the GPU source shows the GPU lost now),
+  ``POST /actions/pause`` ``{"reason": "...", "engine"?: "name" | "gpu"?: N}`` and
+  ``POST /actions/resume`` ``{"engine"?: ... | "gpu"?: ...}`` (neither: every automatic
+  action; decisions are still logged as "would have acted"; resume of a scope not paused by
+  an operator is 409; docs/policies.md "Pause") — bearer token
   (``Authorization: Bearer <token>``): 401 without it or with a wrong one, checked before
   the body. Bodies are strict JSON objects sent as ``Content-Type: application/json`` (415
   otherwise: a browser page cannot send one without asking first) (no NaN/Infinity, no unknown keys, no type
@@ -78,6 +82,17 @@ class ResetGpuBody(_Strict):
 
 class ReleaseGpuBody(_Strict):
     gpu: int
+
+
+class ResumeBody(_Strict):
+    """Pause scope: ``engine`` or ``gpu`` (at most one); neither = every automatic action."""
+
+    engine: str | None = None
+    gpu: int | None = None
+
+
+class PauseBody(ResumeBody):
+    reason: str
 
 
 class ApiError(Exception):
@@ -280,6 +295,34 @@ def create_app(controller: Any, admin_token: str, *, bind_host: str | None = Non
             raise ApiError(400, "invalid_field", f"gpu: must be >= 0, got {body.gpu}", "gpu")
         res = await run_in_threadpool(controller.reset_gpu, body.gpu, body.dry_run, actor)
         return _result(res)
+
+    def _scope(body: ResumeBody) -> str:
+        if body.engine is not None and body.gpu is not None:
+            raise ApiError(400, "invalid_field", "engine, gpu: give at most one (neither pauses everything)", "engine")
+        if body.engine is not None:
+            return f"engine:{_engine(EngineActionBody(engine=body.engine))}"
+        if body.gpu is not None:
+            if not 0 <= body.gpu <= 999:
+                raise ApiError(400, "invalid_field", f"gpu: must be 0..999, got {body.gpu}", "gpu")
+            return f"gpu:{body.gpu}"
+        return "all"
+
+    for verb in ("pause", "resume"):
+        async def pause_or_resume(request: Request, verb: str = verb) -> Response:
+            from inferctl.controller.pause import PauseError
+            actor = auth(request)
+            body = await _body(request, PauseBody if verb == "pause" else ResumeBody)
+            scope = _scope(body)
+            try:
+                doc = (controller.pause(scope, body.reason, actor) if verb == "pause"
+                       else controller.resume(scope, actor))
+            except PauseError as exc:
+                code = "not_paused" if verb == "resume" else "invalid_field"
+                raise ApiError(409 if verb == "resume" else 400, code, str(exc),
+                               "reason" if "reason" in str(exc)[:8] else "scope") from None
+            return _json(doc)
+
+        app.add_api_route(f"/actions/{verb}", pause_or_resume, methods=["POST"], name=f"action_{verb}")
 
     @app.post("/actions/release-gpu")
     async def release_gpu(request: Request) -> Response:

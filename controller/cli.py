@@ -64,7 +64,8 @@ def _base(url: Optional[str]) -> str:
 
 def _request(method: str, url: Optional[str], path: str, *, token: Optional[str] = None,
              params: dict | None = None, body: dict | None = None, timeout: float = 10.0,
-             ok_statuses: tuple[int, ...] = (200,), expect: tuple[str, ...] = ()) -> tuple[int, Any]:
+             ok_statuses: tuple[int, ...] = (200,), expect: tuple[str, ...] = (),
+             actor: Optional[str] = None) -> tuple[int, Any]:
     """One HTTP call to the controller: (status, JSON object). Unreachable / bad answers → exit
     1: an answer that is not a JSON object, or lacks the keys in ``expect`` (a controller's
     answer always has them), is not from a controller."""
@@ -74,6 +75,8 @@ def _request(method: str, url: Optional[str], path: str, *, token: Optional[str]
     headers = {}
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
+    if actor:
+        headers["X-Inferctl-Actor"] = actor      # the event log then names operator:ACTOR
     from inferctl.controller.scrape.http import ResponseTooLarge, bounded_request
 
     try:
@@ -407,6 +410,40 @@ def release_gpu(gpu: int = typer.Argument(..., min=0, help="GPU index (as nvidia
     typer.echo(f"ok: {doc.get('message')}" + (f"  (event #{doc['event_id']})" if doc.get("event_id") else ""))
 
 
+ActorOpt = typer.Option(None, "--actor", envvar="INFERCTL_ACTOR",
+                        help="Your name for the event log (operator:NAME; default $INFERCTL_ACTOR, else 'operator').")
+GpuScopeOpt = typer.Option(None, "--gpu", min=0, max=999, help="Only GPU N (and the engines on it).")
+ScopeEngineOpt = typer.Option(None, "--engine", "-e", help="Only this engine (default: every automatic action).")
+
+
+def _scope_body(engine: Optional[str], gpu: Optional[int]) -> dict[str, Any]:
+    if engine is not None and gpu is not None:
+        _die("--engine, --gpu: give at most one (neither pauses every automatic action)", code=2)
+    return {"engine": engine} if engine is not None else {"gpu": gpu} if gpu is not None else {}
+
+
+def pause(reason: str = typer.Option(..., "--reason", "-r", help="Why (shown in /status and every event)."),
+          engine: Optional[str] = ScopeEngineOpt, gpu: Optional[int] = GpuScopeOpt,
+          actor: Optional[str] = ActorOpt, url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
+          token_file: Optional[str] = TokenFileOpt) -> None:
+    """Pause automatic actions (all, one engine or one GPU): policies still decide and log
+    "would have acted"; nothing is executed until `inferctl resume`. Operator commands still act."""
+    tok = _token(token, token_file)
+    _, doc = _request("POST", url, "/actions/pause", token=tok, body={**_scope_body(engine, gpu), "reason": reason},
+                      ok_statuses=(200,), expect=("ok", "message"), actor=actor)
+    typer.echo(f"ok: {doc.get('message')}" + (f"  (event #{doc['event_id']})" if doc.get("event_id") else ""))
+
+
+def resume(engine: Optional[str] = ScopeEngineOpt, gpu: Optional[int] = GpuScopeOpt,
+           actor: Optional[str] = ActorOpt, url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
+           token_file: Optional[str] = TokenFileOpt) -> None:
+    """Resume automatic actions for the scope an operator paused (same --engine / --gpu)."""
+    tok = _token(token, token_file)
+    _, doc = _request("POST", url, "/actions/resume", token=tok, body=_scope_body(engine, gpu),
+                      ok_statuses=(200,), expect=("ok", "message"), actor=actor)
+    typer.echo(f"ok: {doc.get('message')}" + (f"  (event #{doc['event_id']})" if doc.get("event_id") else ""))
+
+
 # --------------------------------------------------------------------------- running
 def _server_token(config, token: Optional[str], token_file: Optional[str]) -> tuple[Optional[str], str]:  # noqa: ANN001
     """``(token, where it came from)`` for the controller's API: ``--token-file``, else
@@ -543,4 +580,6 @@ def register(app: typer.Typer) -> None:
     app.command()(unpin)
     app.command("reset-gpu")(reset_gpu)
     app.command("release-gpu")(release_gpu)
+    app.command()(pause)
+    app.command()(resume)
     app.command()(up)

@@ -33,6 +33,11 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
+#: Seconds the engine may need after its shutdown grace: 2 x its flush time (5 s each) + 3 s
+#: (engine/entrypoints/lifecycle.py, "Time from the signal to the exit").
+GRACE_MARGIN_SECONDS = 13.0
+
+
 class LaunchConfig(_Model):
     """How the controller starts (and supervises) a bundled engine it launches itself."""
 
@@ -43,7 +48,25 @@ class LaunchConfig(_Model):
     memory_budget: str | None = Field(None, description="--memory-budget passed to the engine, e.g. 8MB")
     args: list[str] = Field(default_factory=list, description="extra `inferctl engine serve` arguments")
     health_timeout_seconds: float = Field(60.0, gt=0)
-    stop_timeout_seconds: float = Field(10.0, gt=0)
+    stop_timeout_seconds: float = Field(30.0, gt=0, description="SIGTERM to SIGKILL")
+    shutdown_grace_seconds: float | None = Field(None, ge=0, description="the engine's --shutdown-grace-seconds;"
+                                                 " None: stop_timeout_seconds - 13 (at least 0)")
+
+    @model_validator(mode="after")
+    def _grace_fits(self) -> "LaunchConfig":
+        if self.shutdown_grace_seconds is not None and self.grace_seconds() + GRACE_MARGIN_SECONDS > \
+                self.stop_timeout_seconds:
+            raise ValueError(f"shutdown_grace_seconds: {self.shutdown_grace_seconds:g} + {GRACE_MARGIN_SECONDS:g}"
+                             f" s must fit inside stop_timeout_seconds ({self.stop_timeout_seconds:g}): the"
+                             " supervisor would SIGKILL a draining engine")
+        return self
+
+    def grace_seconds(self) -> float:
+        """The engine's shutdown grace (s): ``shutdown_grace_seconds``, else ``stop_timeout_seconds``
+        minus :data:`GRACE_MARGIN_SECONDS` (at least 0), so a draining engine exits before SIGKILL."""
+        if self.shutdown_grace_seconds is not None:
+            return self.shutdown_grace_seconds
+        return max(0.0, self.stop_timeout_seconds - GRACE_MARGIN_SECONDS)
 
 
 class EngineConfig(_Model):
@@ -216,6 +239,10 @@ class RailsConfig(_Model):
     nvidia_smi: str = "nvidia-smi"
     command_timeout_seconds: float = Field(120.0, gt=0)
     drain_timeout_seconds: float = Field(60.0, gt=0, description="wait for in-flight requests before a restart")
+    max_unavailable: int = Field(1, ge=1, description="replicas of one model out of rotation at once"
+                                 " (rolling restarts, controller/fleet.py)")
+    quiet_wait_seconds: float = Field(60.0, gt=0, description="how long a restart waits for the rails (a free"
+                                      " slot, or a quiet moment of the last ready replica) before it is postponed")
 
 
 class IntervalsConfig(_Model):
@@ -273,6 +300,95 @@ class EventLogRetentionConfig(_Model):
         return parse_size(self.max_bytes, "max_bytes", decimal_si=False, min_bytes=1)
 
 
+_SCOPE = re.compile(r"^(all|engine:[A-Za-z0-9][A-Za-z0-9_.-]{0,63}|gpu:\d{1,3})$")
+_HHMM = re.compile(r"^([01]\d|2[0-3]):[0-5]\d$")
+WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+
+
+def check_scope(v: str) -> str:
+    """A pause scope: ``all``, ``engine:NAME`` or ``gpu:N``; ValueError naming the form otherwise."""
+    if not isinstance(v, str) or not _SCOPE.match(v):
+        raise ValueError(f"{v!r} is not a scope: all, engine:NAME or gpu:N")
+    return v
+
+
+class MaintenanceWindow(_Model):
+    """A time when automatic actions are paused (decisions still computed and logged as "would
+    have acted"). Either absolute ``start``/``end`` (ISO 8601 with a time zone), or weekly
+    ``days`` (mon..sun) with ``from_time``/``to_time`` ("HH:MM", UTC; ``to_time`` before
+    ``from_time`` crosses midnight)."""
+
+    scope: str = Field("all", description="all, engine:NAME or gpu:N")
+    reason: str = Field(..., min_length=1, max_length=200)
+    start: Any = Field(None, description="ISO 8601 start, e.g. 2026-03-01T02:00:00Z")
+    end: Any = Field(None, description="ISO 8601 end")
+    days: list[Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]] | None = None
+    from_time: str | None = Field(None, description="HH:MM UTC")
+    to_time: str | None = Field(None, description="HH:MM UTC")
+
+    @field_validator("scope")
+    @classmethod
+    def _scope(cls, v: str) -> str:
+        return check_scope(v)
+
+    @field_validator("start", "end")
+    @classmethod
+    def _when(cls, v: Any) -> Any:
+        import datetime as dt
+        if v is None:
+            return None
+        if isinstance(v, str):
+            try:
+                v = dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
+            except ValueError:
+                raise ValueError(f"{v!r} is not an ISO 8601 time such as 2026-03-01T02:00:00Z") from None
+        if not isinstance(v, dt.datetime) or v.tzinfo is None:
+            raise ValueError("needs a time zone (e.g. a trailing Z for UTC)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_form(self) -> "MaintenanceWindow":
+        absolute = self.start is not None or self.end is not None
+        weekly = self.days is not None or self.from_time is not None or self.to_time is not None
+        if absolute == weekly:
+            raise ValueError("give either start and end, or days with from_time and to_time")
+        if absolute:
+            if self.start is None or self.end is None or self.end <= self.start:
+                raise ValueError("end: must be after start (both required)")
+        else:
+            for name in ("from_time", "to_time"):
+                v = getattr(self, name)
+                if v is None or not _HHMM.match(v):
+                    raise ValueError(f"{name}: {v!r} must be HH:MM (00:00..23:59, UTC)")
+            if not self.days or self.from_time == self.to_time:
+                raise ValueError("days: at least one day, and from_time != to_time")
+        return self
+
+    def active(self, now: float) -> bool:
+        """Whether the window covers ``now`` (seconds since the epoch)."""
+        import datetime as dt
+        if self.start is not None:
+            return self.start.timestamp() <= now < self.end.timestamp()
+        t = dt.datetime.fromtimestamp(now, dt.timezone.utc)
+        minute = t.hour * 60 + t.minute
+        f = int(self.from_time[:2]) * 60 + int(self.from_time[3:])
+        to = int(self.to_time[:2]) * 60 + int(self.to_time[3:])
+        if f < to:
+            return WEEKDAYS[t.weekday()] in self.days and f <= minute < to
+        # crosses midnight: the part after midnight belongs to the previous day's window
+        prev = WEEKDAYS[(t.weekday() - 1) % 7]
+        return (WEEKDAYS[t.weekday()] in self.days and minute >= f) or (prev in self.days and minute < to)
+
+    def began(self, now: float) -> float:
+        """When the active occurrence began (seconds since the epoch); ``now`` if not active."""
+        if self.start is not None:
+            return self.start.timestamp() if self.active(now) else now
+        t = now - now % 60
+        while self.active(t - 60) and now - t < 8 * 86400:
+            t -= 60
+        return t if self.active(now) else now
+
+
 class ControllerConfig(_Model):
     """The whole controller configuration."""
 
@@ -289,6 +405,8 @@ class ControllerConfig(_Model):
     policies: PoliciesConfig = Field(default_factory=PoliciesConfig)
     rails: RailsConfig = Field(default_factory=RailsConfig)
     intervals: IntervalsConfig = Field(default_factory=IntervalsConfig)
+    maintenance: list[MaintenanceWindow] = Field(default_factory=list, description="times when automatic"
+                                                 " actions are paused (docs/policies.md 'Pause')")
 
     @model_validator(mode="after")
     def _unique_names(self) -> "ControllerConfig":

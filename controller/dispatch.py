@@ -23,6 +23,7 @@ from typing import Any, Callable, Mapping
 from inferctl.controller.actions import ActionResult, Actions
 from inferctl.controller.events import EventLog
 from inferctl.controller.exporter import Exporter
+from inferctl.controller.pause import decision_scopes
 from inferctl.controller.policies.base import Policy
 from inferctl.controller.state import ControllerState
 from inferctl.controller.types import Decision, GpuSnapshot
@@ -54,6 +55,8 @@ class Dispatcher:
         self.exporter = exporter
         self.state = state
         self.resetter = resetter
+        #: the pause board (controller.pause.PauseBoard), set by the loop; None: never paused
+        self.pause: Any = None
         self.clock = clock
         self.in_flight: set[tuple[str, str]] = set()
         self._pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="action")
@@ -123,7 +126,41 @@ class Dispatcher:
         if effect is not None:
             effect(d)
         if d.action:
+            # --- pause gate (issue 10 item 12, controller/pause.py): a paused scope records
+            # "would have acted" instead of executing; operator-driven decisions are never paused
+            held = self._paused(d, now)
+            if held is not None:
+                self._would_have_acted(d, held, now)
+                return
             self.submit(d)
+
+    # ------------------------------------------------------------------ pause gate
+    def _paused(self, d: Decision, now: float) -> Any:
+        """The pause (``controller.pause.Pause``) that stops ``d``'s action, or None."""
+        inputs = d.inputs or {}
+        if self.pause is None or inputs.get("operator") or inputs.get("who") or d.policy.startswith("operator"):
+            return None
+        reading = self.state.reading
+        snap = None if reading is None else reading.gpus.get(d.target)
+        return self.pause.gate(decision_scopes(d.target, self.state.engine_gpu, None if snap is None else snap.index),
+                               now)
+
+    def _would_have_acted(self, d: Decision, p: Any, now: float) -> None:
+        """Record ``d`` as "would have acted" (a ``refusal`` event naming the pause and who set
+        it), count it, and tell the deciding policy the action did not run (a failed dry run)."""
+        why = f"paused ({p.scope}, by {p.actor}: {p.reason})"
+        try:
+            self.event_log.append("refusal", d.policy, f"would have acted: {d.action} on {d.target}; {why}",
+                                  target=d.target, severity=d.severity, time=now,
+                                  inputs={**(d.inputs or {}), "would_have_acted": True, "paused_scope": p.scope,
+                                          "paused_by": p.actor, "pause_reason": p.reason, "pause_source": p.source},
+                                  outcome={"action": d.action, "executed": False})
+        except Exception:
+            log.exception("would-have-acted event of %s on %s not recorded", d.action, d.target)
+        self.exporter.inc("inferctl_automation_would_have_acted_total", policy=d.policy, action=d.action or "")
+        call = self._result_call(d, ActionResult(d.action or "", d.target, False, f"not executed: {why}"), now, True)
+        for f in (self.safe(d.policy, d.target, call) if call is not None else []):
+            self.handle(f, now)           # a follow-up with an action meets the same gate
 
     def _count_entry(self, d: Decision) -> None:
         self.exporter.count_entry(d, self.policy_of(d))

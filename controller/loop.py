@@ -45,7 +45,9 @@ from inferctl.controller.config import ControllerConfig
 from inferctl.controller.dispatch import Dispatcher
 from inferctl.controller.events import EventLog
 from inferctl.controller.exporter import Exporter
+from inferctl.controller import pause_actions
 from inferctl.controller.operator import OperatorActions
+from inferctl.controller.pause import PauseBoard
 from inferctl.controller.policies.base import observe_engine, observe_gpu
 from inferctl.controller.sources import SourceJob, Sources
 from inferctl.controller.state import ControllerState
@@ -108,10 +110,13 @@ class Controller:
                                resetter=resetter, counter=counter, clock=clock)
         self.dispatcher = Dispatcher(policies, self.gpu_policies, actions, event_log, self.exporter,
                                      self.state, resetter=resetter, clock=clock)
+        # operator pause and maintenance windows (controller/pause.py): the dispatcher's gate
+        self.pause_board = self.dispatcher.pause = PauseBoard(config.maintenance, clock=clock, metrics=metrics)
         self.status_builder = StatusBuilder(
             state=self.state, sources=self.sources, engines=engines, policies=policies,
             gpu_policies=self.gpu_policies, supervisors=self.supervisors, event_log=event_log,
             resetter=resetter, counter=counter, clock=clock, started_at=self.started_at)
+        self.status_builder.pause = self.pause_board
         self.operator = OperatorActions(
             engines=engines, policies=policies, gpu_policies=self.gpu_policies, actions=actions,
             dispatcher=self.dispatcher, state=self.state, exporter=self.exporter, event_log=event_log,
@@ -260,6 +265,14 @@ class Controller:
             in_flight = set(self.dispatcher.in_flight)
         return self.status_builder.build(ticks=self.ticks, running=self._scheduler is not None,
                                          in_flight=in_flight)
+
+    def pause(self, scope: str, reason: str, actor: str = "operator") -> dict:
+        """Pause automatic actions for ``scope`` (:func:`inferctl.controller.pause_actions.pause`)."""
+        return pause_actions.pause(self, scope, reason, actor)
+
+    def resume(self, scope: str, actor: str = "operator") -> dict:
+        """Resume automatic actions for ``scope`` (:func:`inferctl.controller.pause_actions.resume`)."""
+        return pause_actions.resume(self, scope, actor)
 
     def manual(self, action: str, engine: str, actor: str = "operator") -> ActionResult:
         """An operator's engine action (:meth:`OperatorActions.manual`)."""

@@ -135,15 +135,20 @@ CONTROLLER_METRICS: list[MetricSpec] = [
      "help": "1 if the hardware policy considers the GPU healthy.", "labels": ("gpu", "uuid")},
     {"name": "inferctl_gpu_resets_total", "type": "counter", "unit": "resets",
      "help": "GPU reset attempts, by outcome (success, failed, refused, dry_run).", "labels": ("gpu", "outcome")},
+    # operator pause and maintenance windows
+    {"name": "inferctl_automation_paused", "type": "gauge", "unit": "",
+     "help": "1 while automatic actions are paused for the scope (all, engine:NAME, gpu:N), by source "
+             "(operator, maintenance); decisions are still logged as 'would have acted'.",
+     "labels": ("scope", "source")},
+    {"name": "inferctl_automation_paused_seconds", "type": "gauge", "unit": "seconds",
+     "help": "Seconds the scope has been paused (0 when not paused), by source (operator, maintenance).",
+     "labels": ("scope", "source")},
+    {"name": "inferctl_automation_would_have_acted_total", "type": "counter", "unit": "actions",
+     "help": "Actions decided but not executed because automation was paused, by policy and action.",
+     "labels": ("policy", "action")},
     # the control loop itself
     {"name": "inferctl_events_total", "type": "counter", "unit": "events",
      "help": "Events appended to the event log, by kind (Grafana annotations read these).", "labels": ("kind",)},
-    {"name": "inferctl_poll_duration_seconds", "type": "histogram", "unit": "seconds",
-     "help": "Duration of one poll of a source or engine, by poller (gpu, or engine:NAME).", "labels": ("poller",),
-     "buckets": DURATION_BUCKETS},
-    {"name": "inferctl_poll_errors_total", "type": "counter", "unit": "errors",
-     "help": "Failed polls, by poller (gpu, or engine:NAME).", "labels": ("poller",)},
-]
     {"name": "inferctl_event_log_write_failures_total", "type": "counter", "unit": "failures",
      "help": ("Failed writes to the event log (disk full, read-only file system): the action went on, the "
               "events wait in memory."), "labels": ()},
@@ -158,6 +163,12 @@ CONTROLLER_METRICS: list[MetricSpec] = [
      "help": "Bytes of the event log's pages in use (free pages excluded: SQLite reuses them).", "labels": ()},
     {"name": "inferctl_event_log_retention_deleted_rows_total", "type": "counter", "unit": "rows",
      "help": "Event-log rows deleted by retention, by bound (age, rows, bytes).", "labels": ("reason",)},
+    {"name": "inferctl_poll_duration_seconds", "type": "histogram", "unit": "seconds",
+     "help": "Duration of one poll of a source or engine, by poller (gpu, or engine:NAME).", "labels": ("poller",),
+     "buckets": DURATION_BUCKETS},
+    {"name": "inferctl_poll_errors_total", "type": "counter", "unit": "errors",
+     "help": "Failed polls, by poller (gpu, or engine:NAME).", "labels": ("poller",)},
+]
 
 
 def build_registry(registry: CollectorRegistry | None = None) -> tuple[CollectorRegistry, dict]:

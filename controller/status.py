@@ -35,6 +35,8 @@ class StatusBuilder:
         self.counter = counter
         self.clock = clock
         self.started_at = started_at
+        #: the pause board (controller.pause.PauseBoard), set by the loop; None: no pause support
+        self.pause: Any = None
 
     def build(self, *, ticks: int, running: bool, in_flight: Iterable[tuple[str, str]]) -> dict:
         """The document: ``{"controller", "engines", "gpus", "rails", "invalid_samples"}``."""
@@ -49,6 +51,7 @@ class StatusBuilder:
                 "gpus": self._gpus(now),
                 "rails": None if self.resetter is None else self.resetter.state(),
                 "invalid_samples": None if self.counter is None else self.counter.snapshot(),
+                "automation": None if self.pause is None else self.pause.state(now),
             }
         return json_safe(doc)
 
@@ -80,7 +83,23 @@ class StatusBuilder:
             "poll": self.sources.jobs[f"engine:{name}"].state(),
             "policies": {k: policy_state(p, now) for k, p in self.policies.get(name, {}).items()},
             "routing": self._routing(name),
+            **self._lifecycle(name, snap, sup),
         }
+
+    def _lifecycle(self, name: str, snap: EngineSnapshot | None, sup: Any) -> dict:
+        """``lifecycle`` (a launched engine's: ``starting``, ``running``, ``stopped``, ``down``, or
+        the hold of a rolling action: ``draining``, ``restarting``, ``resetting``; None when not
+        launched here) and ``routable`` (False when that, a failed poll, a drain or the GPU's
+        routing verdict keeps traffic away; None before the first poll). The router started with
+        ``--controller`` reads both (router/probe.py)."""
+        lifecycle = getattr(sup, "lifecycle", None) if sup is not None else None
+        if lifecycle not in (None, "running") or not self._routing(name)["ready"]:
+            routable: bool | None = False
+        elif snap is None:
+            routable = None
+        else:
+            routable = bool(snap.ok) and snap.draining is not True
+        return {"lifecycle": lifecycle, "routable": routable}
 
     def _routing(self, name: str) -> dict:
         """Whether the router may send this engine traffic, as the GPU policies judge its GPU:

@@ -308,6 +308,16 @@ def _control_plane_alerts(t: Thresholds) -> list[AlertRule]:
             f"{spoken(t.event_log_unwritable_for)}: its event log file cannot be written (disk full or read-only). "
             "Actions still run; the events are written once the disk has room, and are lost if the buffer "
             "fills or the controller stops first."),
+        AlertRule(
+            "InferctlAutomationPausedTooLong",
+            f'max by (job, scope) (inferctl_automation_paused_seconds{{source="operator"}}) '
+            f'> {t.automation_paused_max_seconds:g}',
+            t.automation_paused_for, "warning",
+            "Automatic actions are paused for {{ $labels.scope }}.",
+            "An operator paused the controller's automatic actions for {{ $labels.scope }} (job {{ $labels.job }}) "
+            "{{ $value | humanizeDuration }} ago (threshold "
+            f"{t.automation_paused_max_seconds:g}s): faults are only logged as 'would have acted' until "
+            "`inferctl resume`."),
     ]
 
 
