@@ -5,10 +5,14 @@
 * ``degrade`` / ``rollback`` — engine admin precision call (``int8`` / ``full``), then
   confirmed through the engine's next polls (``precision`` in ``/stats``).
 * ``drain`` / ``undrain`` — stop / resume admitting (the engine finishes in-flight work).
-* ``drain_restart`` (and ``restart``) — drain, wait until the engine has no running or
-  waiting requests (``drain_timeout_seconds``), restart the engine process the controller
-  launched (:class:`EngineSupervisor`), and undrain. If in-flight work does not finish in
-  time, the restart is postponed and the engine undrained: nothing is dropped.
+* ``drain_restart`` (and ``restart``) — a rolling step (controller/fleet.py): take the replica
+  out of rotation when the rails allow it (at most ``rails.max_unavailable`` replicas of a
+  model out at once; never the last ready replica while it has work: wait up to
+  ``quiet_wait_seconds`` for a quiet moment; ``force`` skips both), drain, wait until the
+  engine has no running or waiting requests (``drain_timeout_seconds``), restart the engine
+  process the controller launched (:class:`EngineSupervisor`), wait for its ``/ready``, undrain
+  and put it back. If in-flight work does not finish in time, the restart is postponed and the
+  engine undrained: nothing is dropped. Each step is a ``step`` event (who, which replica, why).
 * ``route_light`` / ``route_main`` / ``probe`` — send a model's traffic to the lightweight
   model and back (engine ``/admin/route``; ``to: null`` clears the route). The engine routes
   whole models, so a half-open ``probe`` sends all new requests to the main model.
@@ -35,6 +39,7 @@ from typing import Any, Callable
 
 from inferctl.contract.precision import MODE_FOR_ACTION
 from inferctl.controller.events import EventLog, json_safe
+from inferctl.controller.fleet import FleetRail
 from inferctl.controller.reset import GpuResetter
 from inferctl.controller.state import ControllerState
 from inferctl.controller.supervisor import EngineSupervisor, engine_serve_argv
@@ -95,6 +100,12 @@ class Actions:
         confirm_timeout_seconds: wait for a precision switch to show in the engine's polls.
         state: the controller's last readings (:class:`~inferctl.controller.state.ControllerState`,
             the same object the :class:`~inferctl.controller.loop.Controller` is given).
+        max_unavailable: ``rails.max_unavailable`` (replicas of one model out at once).
+        quiet_wait_seconds: ``rails.quiet_wait_seconds``: how long a restart waits for the rails
+            (a free slot, a quiet moment) before it is postponed.
+        ready_timeout_seconds: how long a restarted engine may take to answer ``/ready`` 200.
+        rail: the fleet rails (default: over ``state``'s snapshots; without ``state`` there is
+            no fleet view and the rails let every action through).
     """
 
     def __init__(self, engines: dict[str, Any], supervisors: dict[str, EngineSupervisor] | None = None,
@@ -103,7 +114,9 @@ class Actions:
                  engine_gpus: dict[str, int | None] | None = None, drain_timeout_seconds: float = 60.0,
                  confirm_timeout_seconds: float = 5.0, poll_interval_seconds: float = 0.1,
                  light_models: dict[str, str | None] | None = None,
-                 state: ControllerState | None = None) -> None:
+                 state: ControllerState | None = None, max_unavailable: int = 1,
+                 quiet_wait_seconds: float = 60.0, ready_timeout_seconds: float = 60.0,
+                 rail: FleetRail | None = None) -> None:
         self.engines = engines
         self.supervisors = supervisors or {}
         self.resetter = resetter
@@ -117,6 +130,10 @@ class Actions:
         self.poll_interval_seconds = poll_interval_seconds
         self.light_models = light_models or {}
         self._engine_locks = {name: threading.Lock() for name in engines}
+        self.quiet_wait_seconds = quiet_wait_seconds
+        self.ready_timeout_seconds = ready_timeout_seconds
+        self.rail = rail or FleetRail(None if state is None else state.latest, max_unavailable=max_unavailable,
+                                      supervisors=self.supervisors, lock=None if state is None else state.lock)
 
     # ------------------------------------------------------------------ entry point
     def execute(self, decision: Decision, *, dry_run: bool | None = None) -> ActionResult | None:
@@ -217,9 +234,37 @@ class Actions:
                 return False, last
             time.sleep(self.poll_interval_seconds)
 
+    def _busy(self, client: Any) -> bool | None:
+        """A fresh reading: running + waiting > 0 (None: no answer or no queue reported)."""
+        try:
+            snap = client.poll(time.time())
+        except Exception:
+            return None
+        if not snap.ok or snap.running is None or snap.waiting is None:
+            return None
+        return (snap.running + snap.waiting) > 0
+
+    def _wait_ready(self, sup: Any) -> bool:
+        """The supervisor's ``wait_ready`` (a supervisor without one counts as ready)."""
+        wait = getattr(sup, "wait_ready", None)
+        return True if wait is None else bool(wait(self.ready_timeout_seconds))
+
+    def _step(self, decision: Decision, name: str, step: str, message: str, **outcome: Any) -> None:
+        """One step of a rolling action as a ``step`` event: who (the decision's policy or
+        operator), which replica, why (the decision's reason)."""
+        if self.event_log is None:
+            return
+        try:
+            self.event_log.append("step", decision.policy, f"engine {name}: {message}", target=name,
+                                  inputs={"action": decision.action, "step": step, "reason": decision.reason},
+                                  outcome=json_safe(outcome))
+        except Exception:   # a step's event never stops the action
+            pass
+
     def _drain_restart(self, name: str, decision: Decision, force: bool = False) -> ActionResult:
-        """Drain, wait for in-flight work, restart, undrain. ``force`` (a broken engine:
-        restart_engine) restarts even when in-flight work did not finish in time."""
+        """A rolling step (module docstring). ``force`` (a broken engine: restart_engine, or an
+        operator's ``force``) skips the fleet rails and restarts even when in-flight work did not
+        finish in time only for restart_engine."""
         action = decision.action or "drain_restart"
         client = self._client(name)
         sup = self.supervisors.get(name)
@@ -233,40 +278,70 @@ class Actions:
         try:
             if not sup.running:     # exited (e.g. the crash-loop guard gave up): nothing to drain
                 return self._start_dead(name, sup, decision)
+            forced = force or decision.inputs.get("force") is True
+            verdict = self.rail.wait_hold(name, "draining", self.quiet_wait_seconds, force=forced,
+                                          busy=lambda: self._busy(client), poll_seconds=self.poll_interval_seconds)
+            if not verdict.ok:
+                hint = "" if verdict.rail == "held" else " (an operator can force it: inferctl restart --force)"
+                self._step(decision, name, "postponed", f"not taken out of rotation: {verdict.reason}",
+                           rail=verdict.rail)
+                return ActionResult(action, name, False, f"engine {name}: restart postponed, the replica stays in"
+                                    f" rotation: {verdict.reason}{hint}", {"rail": verdict.rail}, refused=True)
+            self._step(decision, name, "out_of_rotation", f"out of rotation ({verdict.reason})", forced=forced)
             try:
-                client.drain(True)
-            except Exception as exc:
-                return ActionResult(action, name, False, f"engine {name}: drain before restart failed: {exc}")
-            self._inc("inferctl_engine_drains_total", engine=name)
-            idle, seen = self._wait_idle(client, self.drain_timeout_seconds)
-            if not idle and not force:
-                try:
-                    client.drain(False)
-                except Exception:
-                    pass
-                return ActionResult(action, name, False,
-                                    f"engine {name}: in-flight requests did not finish within"
-                                    f" {self.drain_timeout_seconds:g} s; restart postponed, engine undrained",
-                                    {"last_poll": seen}, refused=True)
-            old_pid = sup.pid
-            try:
-                sup.restart()
-            except RuntimeError as exc:
-                return ActionResult(action, name, False, f"engine {name}: restart failed: {exc}",
-                                    {"old_pid": old_pid})
-            self._inc("inferctl_engine_restarts_total", engine=name, reason=restart_reason(decision.policy))
-            if decision.policy.startswith("operator"):
-                sup.reset_crash_guard()
-            undrained = True
-            try:
-                client.drain(False)   # a fresh engine admits already; make sure
-            except Exception:
-                undrained = False
-            return ActionResult(action, name, True, f"engine {name} drained, restarted (pid {old_pid} →"
-                                f" {sup.pid}) and admitting", {"old_pid": old_pid, "new_pid": sup.pid,
-                                                               "undrained": undrained})
+                return self._rolled_restart(name, client, sup, decision, action, force)
+            finally:
+                self.rail.release(name)
         finally:
             lock.release()
+
+    def _rolled_restart(self, name: str, client: Any, sup: EngineSupervisor, decision: Decision, action: str,
+                        force: bool) -> ActionResult:
+        """Drain → in-flight work finishes → restart → ``/ready`` → undrain, the replica held."""
+        try:
+            client.drain(True)
+        except Exception as exc:
+            return ActionResult(action, name, False, f"engine {name}: drain before restart failed: {exc}")
+        self._inc("inferctl_engine_drains_total", engine=name)
+        idle, seen = self._wait_idle(client, self.drain_timeout_seconds)
+        if not idle and not force:
+            try:
+                client.drain(False)
+            except Exception:
+                pass
+            self._step(decision, name, "postponed", "in-flight work did not finish; undrained, back in rotation",
+                       last_poll=seen)
+            return ActionResult(action, name, False,
+                                f"engine {name}: in-flight requests did not finish within"
+                                f" {self.drain_timeout_seconds:g} s; restart postponed, engine undrained",
+                                {"last_poll": seen}, refused=True)
+        self._step(decision, name, "drained", "drained" + ("" if idle else " (in-flight work left: forced)"),
+                   idle=idle, last_poll=seen)
+        old_pid = sup.pid
+        self.rail.set(name, "restarting")
+        try:
+            sup.restart()
+        except RuntimeError as exc:
+            return ActionResult(action, name, False, f"engine {name}: restart failed: {exc}",
+                                {"old_pid": old_pid})
+        self._inc("inferctl_engine_restarts_total", engine=name, reason=restart_reason(decision.policy))
+        if decision.policy.startswith("operator"):
+            sup.reset_crash_guard()
+        self.rail.set(name, "starting")
+        self._step(decision, name, "restarted", f"restarted (pid {old_pid} → {sup.pid}); waiting for /ready",
+                   old_pid=old_pid, new_pid=sup.pid)
+        ready = self._wait_ready(sup)
+        undrained = True
+        try:
+            client.drain(False)   # a fresh engine admits already; make sure
+        except Exception:
+            undrained = False
+        self._step(decision, name, "in_rotation" if ready else "not_ready",
+                   "ready, back in rotation" if ready else f"not ready within {self.ready_timeout_seconds:g} s",
+                   ready=ready)
+        return ActionResult(action, name, ready, f"engine {name} drained, restarted (pid {old_pid} →"
+                            f" {sup.pid})" + (" and ready" if ready else "; not ready yet"),
+                            {"old_pid": old_pid, "new_pid": sup.pid, "undrained": undrained, "ready": ready})
 
     def _start_dead(self, name: str, sup: EngineSupervisor, decision: Decision) -> ActionResult:
         """Restart a launched engine whose process is not running, without a drain (there is no
@@ -380,6 +455,8 @@ class Actions:
         stopped: list[str] = []
         for name, sup in self.supervisors.items():
             if self.engine_gpus.get(name) == index and sup.running:
+                self.rail.set(name, "resetting")     # out of rotation before the drain
+                self._step(decision, name, "out_of_rotation", f"out of rotation for the reset of GPU {index}")
                 client = self.engines.get(name)
                 if client is not None:
                     try:
@@ -391,13 +468,20 @@ class Actions:
                 stopped.append(name)
         out = resetter.reset(index, reason=decision.reason, dry_run=False, actor=decision.policy)
         restarted = []
-        if stopped and not out.escalated:
+        try:
+            if stopped and not out.escalated:
+                for name in stopped:
+                    try:
+                        self.supervisors[name].restart()
+                        restarted.append(name)
+                    except RuntimeError:
+                        continue
+                    ready = self._wait_ready(self.supervisors[name])
+                    self._step(decision, name, "in_rotation" if ready else "not_ready",
+                               "restarted after the GPU reset" + (", ready" if ready else ", not ready"), ready=ready)
+        finally:
             for name in stopped:
-                try:
-                    self.supervisors[name].restart()
-                    restarted.append(name)
-                except RuntimeError:
-                    pass
+                self.rail.release(name)
         return self._reset_result(out, stopped, restarted)
 
     def _isolate(self, target: str, action: str, decision: Decision) -> ActionResult:

@@ -303,10 +303,11 @@ def _print_result(doc: dict, status_code: int) -> None:
 
 
 def _engine_action(action: str, url: Optional[str], token: Optional[str], engine: Optional[str],
-                   timeout: float = 30.0, token_file: Optional[str] = None) -> None:
+                   timeout: float = 30.0, token_file: Optional[str] = None, force: bool = False) -> None:
     tok = _token(token, token_file)
     name = _pick_engine(url, engine)
-    code, doc = _request("POST", url, f"/actions/{action}", token=tok, body={"engine": name},
+    body: dict[str, Any] = {"engine": name, "force": True} if force else {"engine": name}
+    code, doc = _request("POST", url, f"/actions/{action}", token=tok, body=body,
                          timeout=timeout, ok_statuses=(200, 409, 502), expect=("ok", "message"))
     _print_result(doc, code)
 
@@ -335,9 +336,12 @@ def restart(url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
             engine: Optional[str] = EngineOpt,
             timeout: float = typer.Option(300.0, "--timeout", min=1.0,
                                           help="Seconds to wait (drain + restart + health)."),
-            token_file: Optional[str] = TokenFileOpt) -> None:
-    """Drain, wait for in-flight requests, restart and undrain an engine the controller launched."""
-    _engine_action("restart", url, token, engine, timeout=timeout, token_file=token_file)
+            token_file: Optional[str] = TokenFileOpt,
+            force: bool = typer.Option(False, "--force", help="Skip the fleet rails (max_unavailable, never"
+                                       " the last ready replica while it has work).")) -> None:
+    """Take an engine the controller launched out of rotation (when the fleet rails allow), drain
+    it, wait for in-flight requests, restart it, wait for /ready and put it back."""
+    _engine_action("restart", url, token, engine, timeout=timeout, token_file=token_file, force=force)
 
 
 def unpin(url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
@@ -472,13 +476,13 @@ def _server_token(config, token: Optional[str], token_file: Optional[str]) -> tu
 
 
 def _run_config(config, token: Optional[str], engine_log_dir: Optional[str], token_file: Optional[str] = None,  # noqa: ANN001
-                allowed_hosts: tuple[str, ...] = ()) -> None:
+                allowed_hosts: tuple[str, ...] = (), router: Any = None) -> None:
     from inferctl.controller.up import serve
 
     tok, src = _server_token(config, token, token_file)
     code = serve(config, tok, token_source=src, echo=lambda s: typer.echo(s),
                  engine_log_dir=engine_log_dir, echo_error=lambda s: typer.echo(s, err=True),
-                 allowed_hosts=tuple(allowed_hosts))
+                 allowed_hosts=tuple(allowed_hosts), router=router)
     raise typer.Exit(code)
 
 
@@ -516,6 +520,11 @@ def up(model: Optional[str] = typer.Option(None, "--model", help="Model path (ll
                                            " default: the built-in demo model."),
        config: Optional[str] = typer.Option(None, "--config", "-c", help="YAML configuration (engines, GPU"
                                             " source, thresholds, holds, rails)."),
+       replicas: int = typer.Option(1, "--replicas", "-n", min=1, help="Engines to launch (main-0 … on ports"
+                                    " --engine-port + i) behind a router; 1: one engine named main, no router."),
+       router_port: int = typer.Option(8080, "--router-port", min=1, max=65535, help="The router's port."),
+       with_router: Optional[bool] = typer.Option(None, "--router/--no-router", help="Start the router"
+                                                  " (default: when --replicas > 1)."),
        memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Engine memory budget, e.g. 64MiB."),
        engine_port: Optional[int] = typer.Option(None, "--engine-port", min=1, max=65535),
        controller_port: Optional[int] = typer.Option(None, "--controller-port", min=0, max=65535),
@@ -523,45 +532,28 @@ def up(model: Optional[str] = typer.Option(None, "--model", help="Model path (ll
        token_file: Optional[str] = TokenFileOpt,
        allowed_host: list[str] = AllowedHostOpt,
        engine_log_dir: Optional[str] = typer.Option(None, "--engine-log-dir",
-                                                    help="Write the engine's output here (default: this terminal)."),
+                                                    help="Write the engines' (and router's) output here."),
        engine_arg: list[str] = typer.Option([], "--engine-arg", help="Extra `inferctl engine serve` argument"
                                             " (repeatable), e.g. --engine-arg=--max-num-seqs=32.")) -> None:
-    """Start the bundled engine and the controller; print their URLs; run until Ctrl-C.
+    """Start the bundled engine(s), the router and the controller; print their URLs (the router's
+    first: the one clients use); run until Ctrl-C.
 
-    Without --config: one bundled engine named "main" (launched here), the GPU source "auto"
-    (NVML, else the simulated GPU), default policies. With --config: that file, with --model,
-    --memory-budget and --engine-port applied to its first launched engine.
+    Without --config: --replicas bundled engines ("main", or main-0 … main-N-1), the GPU source
+    "auto" (NVML, else the simulated GPU), default policies. With --config: that file, with
+    --model, --memory-budget and --engine-port applied to its first launched engine.
     """
-    from inferctl.controller.config import ConfigError, parse_config
+    from inferctl.controller.config import ConfigError
+    from inferctl.controller.up import RouterSpec, up_config
 
-    cfg = _load(config)
-    data = cfg.model_dump()
-    launched = [e for e in data["engines"] if e.get("launch") is not None]
-    if not launched:
-        if config and data["engines"]:
-            pass   # a config that only watches engines: run it as is
-        else:
-            data["engines"].append({"name": "main", "kind": "bundled", "url": None,
-                                    "launch": {"port": 8000}})
-            launched = [data["engines"][-1]]
-    if launched:
-        first = launched[0]
-        for key, value in (("model", model), ("memory_budget", memory_budget), ("port", engine_port)):
-            if value is not None:
-                first["launch"][key] = value
-        if engine_arg:
-            first["launch"]["args"] = list(first["launch"].get("args") or []) + list(engine_arg)
-        if engine_port is not None or first.get("url") is None:
-            first["url"] = None            # derived from launch.host/port again
-    elif model or memory_budget or engine_port:
-        _die("--model/--memory-budget/--engine-port need an engine to launch; the config launches none", code=2)
-    if controller_port is not None:
-        data["listen"]["port"] = controller_port
     try:
-        final = parse_config(data)
+        final = up_config(_load(config), from_file=bool(config), replicas=replicas, model=model,
+                          memory_budget=memory_budget, engine_port=engine_port, engine_args=list(engine_arg),
+                          controller_port=controller_port)
     except ConfigError as exc:
         _die(str(exc), code=2)
-    _run_config(final, token, engine_log_dir, token_file, tuple(allowed_host))
+    router = RouterSpec(final.listen.host, router_port) if (replicas > 1 if with_router is None else with_router) \
+        else None
+    _run_config(final, token, engine_log_dir, token_file, tuple(allowed_host), router=router)
 
 
 def register(app: typer.Typer) -> None:

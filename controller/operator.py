@@ -69,9 +69,10 @@ class OperatorActions:
             for follow in self.dispatcher.safe(policy, engine, lambda: fn(now)):
                 self.dispatcher.handle(follow, now)
 
-    def manual(self, action: str, engine: str, actor: str = "operator") -> ActionResult:
+    def manual(self, action: str, engine: str, actor: str = "operator", force: bool = False) -> ActionResult:
         """Run an operator action now (synchronously). Raises ``KeyError`` for an unknown
-        engine and ``ValueError`` for an unknown action.
+        engine and ``ValueError`` for an unknown action. ``force`` (restart only): skip the fleet
+        rails (controller/fleet.py: max_unavailable, the last ready replica with work).
 
         For ``degrade``/``rollback`` the engine policy with ``operator_switch(now, mode, who)``
         (the precision policy) is told first; without one the policy sees the change in the
@@ -81,7 +82,8 @@ class OperatorActions:
             raise KeyError(engine)
         if action not in MANUAL_ACTIONS:
             raise ValueError(f"action: {action!r} is not one of {', '.join(MANUAL_ACTIONS)}")
-        d = Decision(actor, engine, action, None, None, f"{action} requested by {actor}", {})
+        d = Decision(actor, engine, action, None, None, f"{action} requested by {actor}"
+                     + (" (forced)" if force else ""), {"force": True} if force else {})
         switch = action in MODE_FOR_ACTION
         name, pol = _with(self.policies.get(engine, {}), "operator_switch") if switch else (None, None)
         if pol is not None:

@@ -196,10 +196,25 @@ class EngineSupervisor:
         self._log_file: Any = None
         self._lock = threading.RLock()
         self._stopping = False
+        #: the process's own state: ``starting``, ``running``, ``stopped`` (:attr:`lifecycle`)
+        self.process_state = "stopped"
+        #: set while an action holds the replica out of rotation (``draining``, ``restarting``,
+        #: ``starting``, ``resetting``: controller/fleet.py), else None
+        self.hold_state: str | None = None
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
+
+    @property
+    def lifecycle(self) -> str:
+        """What ``/status`` shows (``engines[NAME].lifecycle``): the hold of an action, else the
+        process's state; ``down`` when the process exited on its own."""
+        if self.hold_state is not None:
+            return self.hold_state
+        if self.process_state == "running" and not self.running:
+            return "down"
+        return self.process_state
 
     @property
     def running(self) -> bool:
@@ -229,6 +244,7 @@ class EngineSupervisor:
                 self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
                 out = self._log_file
             self._stopping = False
+            self.process_state = "starting"
             self.launch_token = secrets.token_hex(16)
             env[TOKEN_ENV] = self.launch_token
             if self.owner is not None:
@@ -242,6 +258,7 @@ class EngineSupervisor:
             info = read_process(self._proc.pid, self._procfs)
             self.start_ticks = None if info is None else info.start_ticks
         self.wait_healthy(self.health_timeout_seconds)
+        self.process_state = "running"
         if self.on_launch is not None:
             self.on_launch(self)
 
@@ -275,6 +292,7 @@ class EngineSupervisor:
                     self._proc = AdoptedProcess(info, self._procfs)
                     self._stopping = False
                     self.adopted = True
+                    self.process_state = "running"
                     self.launch_token = info.environ.get(TOKEN_ENV)
                     self.start_ticks = info.start_ticks
                     out["adopted"] = info.pid
@@ -336,11 +354,30 @@ class EngineSupervisor:
         raise RuntimeError(f"engine {self.name!r} not healthy at {self.base_url}/health within"
                            f" {timeout:g} s (last: {last})")
 
+    def wait_ready(self, timeout: float) -> bool:
+        """Poll ``GET /ready`` until 200 (an engine without ``/ready``, 404: ``/health`` 200);
+        True when ready within ``timeout`` seconds, False otherwise (never raises)."""
+        deadline = time.monotonic() + timeout
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                try:
+                    r = client.get(f"{self.base_url}/ready")
+                    if r.status_code == 404:
+                        r = client.get(f"{self.base_url}/health")
+                    if r.status_code == 200:
+                        return True
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() >= deadline or not self.running:
+                    return False
+                time.sleep(0.1)
+
     def stop(self) -> int | None:
         """Stop the process: SIGTERM, then SIGKILL after ``stop_timeout_seconds``. Returns its
         exit code (None if it was not started). Idempotent."""
         with self._lock:
             self._stopping = True
+            self.process_state = "stopped"
             proc = self._proc
             if proc is None:
                 return None
@@ -361,17 +398,29 @@ class EngineSupervisor:
 
 
 def engine_serve_argv(port: int, host: str = "127.0.0.1", model: str | None = None,
-                      memory_budget: str | None = None, extra: list[str] | None = None) -> list[str]:
+                      memory_budget: str | None = None, extra: list[str] | None = None,
+                      shutdown_grace_seconds: float | None = None) -> list[str]:
     """The argv that runs ``inferctl engine serve`` with this interpreter (no shell, no PATH).
 
     The supervised engine runs without uvicorn's access log: the controller polls it every
-    second, and those lines would bury everything else in ``inferctl up``'s terminal."""
+    second, and those lines would bury everything else in ``inferctl up``'s terminal.
+    ``shutdown_grace_seconds`` (None: the engine's default) becomes ``--shutdown-grace-seconds``
+    unless ``extra`` gives it (controller/config.py ``LaunchConfig.grace_seconds``: it fits
+    inside the supervisor's stop timeout)."""
     argv = [sys.executable, "-m", "inferctl", "engine", "serve", "--host", host, "--port", str(port),
             "--no-access-log"]
     if model:
         argv += ["--model", str(model)]
     if memory_budget:
         argv += ["--memory-budget", str(memory_budget)]
-    return argv + list(extra or [])
+    extra = list(extra or [])
+    given = any(a == GRACE_FLAG or a.startswith(GRACE_FLAG + "=") for a in extra)
+    if shutdown_grace_seconds is not None and not given:
+        argv += [GRACE_FLAG, f"{shutdown_grace_seconds:g}"]
+    return argv + extra
+
+
+#: the engine's flag for its SIGTERM drain (engine/cli.py)
+GRACE_FLAG = "--shutdown-grace-seconds"
 
 

@@ -24,7 +24,8 @@ from typing import Any, Callable
 
 from inferctl.controller.actions import Actions, EngineSupervisor, engine_serve_argv
 from inferctl.controller.api import create_app
-from inferctl.controller.config import ConfigError, ControllerConfig, check_files
+from inferctl.controller.config import (DEFAULT_ENGINE_PORT, ConfigError, ControllerConfig, check_files,
+                                        parse_config)
 from inferctl.controller.eventlog_retention import EventLogMaintenance, Retention
 from inferctl.controller.events import EventLog, EventLogError
 from inferctl.controller.lifecycle import adopt_engine, mark_unclean_shutdown, record_launch
@@ -35,6 +36,8 @@ from inferctl.controller.reset import GpuResetter
 from inferctl.controller.supervisor import owner_key
 
 TOKEN_BYTES = 24   # secrets.token_urlsafe(24): 32 characters, 192 bits
+#: where ``inferctl up --replicas N`` (N > 1) puts the router (``--router-port``)
+DEFAULT_ROUTER_PORT = 8080
 
 
 def generate_token() -> str:
@@ -209,7 +212,7 @@ def build_runtime(config: ControllerConfig, admin_token: str, *, engine_log_dir:
                 continue
             tokens[e.name] = tokens[e.name] or admin_token
             argv = engine_serve_argv(e.launch.port, e.launch.host, e.launch.model, e.launch.memory_budget,
-                                     e.launch.args)
+                                     e.launch.args, shutdown_grace_seconds=e.launch.grace_seconds())
             log_path = None if engine_log_dir is None else Path(engine_log_dir) / f"engine-{e.name}.log"
             owner = None if config.event_log == ":memory:" else owner_key(config.event_log, e.name)
             sup = EngineSupervisor(e.name, argv, e.url or "", env={"INFERCTL_ADMIN_TOKEN": tokens[e.name] or ""},
@@ -237,7 +240,10 @@ def build_runtime(config: ControllerConfig, admin_token: str, *, engine_log_dir:
         actions = Actions(clients, supervisors, resetter, event_log, metrics,
                           engine_gpus={e.name: e.gpu for e in config.engines},
                           drain_timeout_seconds=rails.drain_timeout_seconds, light_models=light,
-                          state=state)
+                          state=state, max_unavailable=rails.max_unavailable,
+                          quiet_wait_seconds=rails.quiet_wait_seconds,
+                          ready_timeout_seconds=max([e.launch.health_timeout_seconds for e in config.engines
+                                                     if e.launch is not None] or [60.0]))
         controller = Controller(config, clients, gpu_source, policies, actions, event_log, metrics,
                                 registry=registry, gpu_policies=gpu_policies, supervisors=supervisors,
                                 resetter=resetter, counter=counter, state=state)
@@ -249,6 +255,88 @@ def build_runtime(config: ControllerConfig, admin_token: str, *, engine_log_dir:
         raise
     return Runtime(config, admin_token, controller, app, event_log, supervisors, clients, gpu_source,
                    maintenance)
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    """The router ``inferctl up`` starts in front of its launched engines (``inferctl router`` as
+    a supervised subprocess: the controller never imports the router)."""
+
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_ROUTER_PORT
+
+
+#: ``inferctl up``'s replicas: names ``main-0`` … (``main`` alone for one), ports from the base on
+MAX_REPLICAS = 64
+
+
+def replica_names(n: int) -> list[str]:
+    """``["main"]`` for one replica, else ``["main-0", …, "main-<n-1>"]``."""
+    return ["main"] if n == 1 else [f"main-{i}" for i in range(n)]
+
+
+def up_config(cfg: ControllerConfig, *, from_file: bool, replicas: int = 1, model: str | None = None,
+              memory_budget: str | None = None, engine_port: int | None = None,
+              engine_args: list[str] | None = None, controller_port: int | None = None) -> ControllerConfig:
+    """The configuration ``inferctl up`` runs: ``cfg`` (a file's, or the defaults) with its
+    launched engines made from the flags. Without engines in ``cfg``: ``replicas`` bundled
+    engines (:func:`replica_names`, ports ``engine_port`` (8000) + i); ``model``,
+    ``memory_budget``, ``engine_args`` apply to each. With launched engines in ``cfg``: the flags
+    apply to the first (``replicas`` must be 1). Raises :class:`ConfigError` naming the flag or
+    field."""
+    if not 1 <= replicas <= MAX_REPLICAS:
+        raise ConfigError(f"--replicas: must be 1..{MAX_REPLICAS}, got {replicas}")
+    data = cfg.model_dump()
+    launched = [e for e in data["engines"] if e.get("launch") is not None]
+    if data["engines"] and replicas > 1:
+        raise ConfigError("--replicas: the configuration lists engines; list the replicas there"
+                          " (or leave its engines out)")
+    if not launched and not (from_file and data["engines"]):
+        base = DEFAULT_ENGINE_PORT if engine_port is None else engine_port
+        if base + replicas - 1 > 65535:
+            raise ConfigError(f"--engine-port: {base} + {replicas} replicas runs past port 65535")
+        for i, name in enumerate(replica_names(replicas)):
+            data["engines"].append({"name": name, "kind": "bundled", "url": None, "launch": {"port": base + i}})
+        launched = data["engines"][-replicas:]
+        engine_port = None
+    targets = launched if replicas > 1 else launched[:1]
+    if not targets and (model or memory_budget or engine_port or engine_args):
+        raise ConfigError("--model/--memory-budget/--engine-port need an engine to launch; the config launches none")
+    for e in targets:
+        for key, value in (("model", model), ("memory_budget", memory_budget), ("port", engine_port)):
+            if value is not None:
+                e["launch"][key] = value
+        if engine_args:
+            e["launch"]["args"] = list(e["launch"].get("args") or []) + list(engine_args)
+        if engine_port is not None or e.get("url") is None:
+            e["url"] = None            # derived from launch.host/port again
+    if controller_port is not None:
+        data["listen"]["port"] = controller_port
+    return parse_config(data)
+
+
+def router_argv(spec: RouterSpec, engines: list[tuple[str, str]], controller_url: str) -> list[str]:
+    """``python -m inferctl router`` in front of ``engines`` (name, URL), reading the
+    controller's ``/status`` (docs/router.md), logging warnings and errors only."""
+    argv = [sys.executable, "-m", "inferctl", "router", "--host", spec.host, "--port", str(spec.port)]
+    for name, url in engines:
+        argv += ["--engine", f"{name}={url}"]
+    return argv + ["--controller", controller_url, "--log-level", "warning"]
+
+
+def _start_router(spec: RouterSpec, config: ControllerConfig, controller_url: str,
+                  log_dir: str | Path | None) -> EngineSupervisor:
+    """Start the router (port checked free first) and wait for its ``/health``; RuntimeError
+    when it cannot start."""
+    _bind(spec.host, spec.port).close()      # a port in use is said here, not by a timeout
+    engines = [(e.name, e.url or "") for e in config.engines if e.launch is not None]
+    if not engines:
+        raise RuntimeError("router: no launched engine to route to")
+    log_path = None if log_dir is None else Path(log_dir) / "router.log"
+    sup = EngineSupervisor("router", router_argv(spec, engines, controller_url), _url(spec.host, spec.port),
+                           health_timeout_seconds=60.0, stop_timeout_seconds=10.0, log_path=log_path)
+    sup.start()
+    return sup
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -270,11 +358,14 @@ def _url(host: str, port: int) -> str:
 
 def serve(config: ControllerConfig, admin_token: str | None = None, *, token_source: str = "config",
           echo: Callable[[str], None] = print, engine_log_dir: str | Path | None = None,
-          echo_error: Callable[[str], None] | None = None, allowed_hosts: tuple[str, ...] = ()) -> int:
-    """Run the controller (and its launched engines) until SIGINT/SIGTERM. Returns 0 on a clean
-    stop, 2 when the configuration cannot be used (:class:`ConfigError`: the field is named),
-    1 when startup failed otherwise (a port in use, an engine that did not start). The reason
-    is one line through ``echo_error`` (default ``echo``), never raised."""
+          echo_error: Callable[[str], None] | None = None, allowed_hosts: tuple[str, ...] = (),
+          router: RouterSpec | None = None) -> int:
+    """Run the controller (and its launched engines, and with ``router`` the router in front of
+    them) until SIGINT/SIGTERM. Returns 0 on a clean stop, 2 when the configuration cannot be
+    used (:class:`ConfigError`: the field is named), 1 when startup failed otherwise (a port in
+    use, an engine or the router that did not start). The reason is one line through
+    ``echo_error`` (default ``echo``), never raised. The router's URL (the one clients use) is
+    printed first; on the way out the router stops last, after the engines drained."""
     echo_error = echo_error or echo
     import uvicorn
 
@@ -291,9 +382,13 @@ def serve(config: ControllerConfig, admin_token: str | None = None, *, token_sou
     token = admin_token or generate_token()
     runtime: Runtime | None = None
     sock: socket.socket | None = None
+    router_sup: EngineSupervisor | None = None
     try:
         sock = _bind(config.listen.host, config.listen.port)
         port = sock.getsockname()[1]
+        if router is not None:
+            router_sup = _start_router(router, config, _url(config.listen.host, port), engine_log_dir)
+            echo(f"router:     {router_sup.base_url}  (OpenAI API: {router_sup.base_url}/v1; the URL clients use)")
 
         def started(name: str, sup: EngineSupervisor) -> None:
             echo(f"engine:     {sup.base_url}  ({name}, pid {sup.pid})")
@@ -332,12 +427,14 @@ def serve(config: ControllerConfig, admin_token: str | None = None, *, token_sou
         for s in (signal.SIGINT, signal.SIGTERM):
             signal.signal(s, note)          # a second Ctrl-C must not break the shutdown
         if runtime is not None:
-            echo("stopping: controller, then engine(s)")
+            echo("stopping: controller, then engine(s)" + (", then the router" if router_sup else ""))
             runtime.close()
+        if router_sup is not None:
+            router_sup.stop()
         if sock is not None:
             sock.close()
         for s, h in old.items():
             signal.signal(s, h)
-        if runtime is not None:
+        if runtime is not None or router_sup is not None:
             echo("stopped")
         sys.stdout.flush()

@@ -1,0 +1,56 @@
+"""`inferctl up --replicas N` configuration, the router's argv, and the engine grace inside the stop timeout."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferctl.controller.config import ConfigError, parse_config
+from inferctl.controller.supervisor import engine_serve_argv
+from inferctl.controller.up import RouterSpec, replica_names, router_argv, up_config
+
+
+def test_replicas_get_names_and_consecutive_ports_and_the_model_each():
+    cfg = up_config(parse_config({}), from_file=False, replicas=3, model="/m.bin", engine_port=9100)
+    assert [e.name for e in cfg.engines] == ["main-0", "main-1", "main-2"]
+    assert [e.url for e in cfg.engines] == [f"http://127.0.0.1:{p}" for p in (9100, 9101, 9102)]
+    assert {e.launch.model for e in cfg.engines} == {"/m.bin"}
+
+
+def test_one_replica_keeps_the_engine_named_main():
+    cfg = up_config(parse_config({}), from_file=False, replicas=1)
+    assert [e.name for e in cfg.engines] == ["main"] and replica_names(1) == ["main"]
+
+
+def test_replicas_with_engines_in_the_config_is_an_error_naming_the_flag():
+    cfg = parse_config({"engines": [{"name": "a", "url": "http://127.0.0.1:9"}]})
+    with pytest.raises(ConfigError, match="--replicas"):
+        up_config(cfg, from_file=True, replicas=2)
+    with pytest.raises(ConfigError, match="--replicas: must be 1..64"):
+        up_config(parse_config({}), from_file=False, replicas=65)
+
+
+def test_router_argv_names_every_replica_and_the_controller():
+    argv = router_argv(RouterSpec("127.0.0.1", 8181), [("main-0", "http://h:1"), ("main-1", "http://h:2")],
+                       "http://127.0.0.1:8900")
+    assert argv[1:4] == ["-m", "inferctl", "router"]
+    assert argv[argv.index("--port") + 1] == "8181"
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--engine"] == ["main-0=http://h:1", "main-1=http://h:2"]
+    assert argv[argv.index("--controller") + 1] == "http://127.0.0.1:8900"
+
+
+def test_engine_grace_fits_inside_the_stop_timeout():
+    launch = parse_config({"engines": [{"name": "a", "launch": {}}]}).engines[0].launch
+    assert launch.stop_timeout_seconds == 30 and launch.grace_seconds() == 17   # 30 - (2 x 5 s flush + 3 s)
+    argv = engine_serve_argv(8000, shutdown_grace_seconds=launch.grace_seconds())
+    assert argv[argv.index("--shutdown-grace-seconds") + 1] == "17"
+    mine = engine_serve_argv(8000, extra=["--shutdown-grace-seconds=3"], shutdown_grace_seconds=17)
+    assert mine.count("--shutdown-grace-seconds=3") == 1 and "--shutdown-grace-seconds" not in mine
+    with pytest.raises(ConfigError, match="shutdown_grace_seconds.*stop_timeout_seconds"):
+        parse_config({"engines": [{"name": "a", "launch": {"stop_timeout_seconds": 10, "shutdown_grace_seconds": 30}}]})
+
+
+def test_rails_keys_have_defaults_and_limits():
+    rails = parse_config({}).rails
+    assert rails.max_unavailable == 1 and rails.quiet_wait_seconds == 60
+    with pytest.raises(ConfigError, match="rails.max_unavailable"):
+        parse_config({"rails": {"max_unavailable": 0}})
