@@ -7,7 +7,8 @@
 * ``GET /events?since_id=&limit=&kind=&target=`` — the event log (``limit`` 1..1000, default
   100; without ``since_id`` the latest events; with it the next ones after that id).
 * ``GET /health`` — ``{"status": "ok"}``.
-* ``POST /actions/degrade|rollback|drain|undrain|restart`` ``{"engine": "name"}``,
+* ``POST /actions/degrade|rollback|drain|undrain|restart`` ``{"engine": "name"}`` (restart also
+  ``"force": true``: skip the fleet rails),
   ``POST /actions/unpin`` ``{"engine": "name"}``,
   ``POST /actions/reset-gpu`` ``{"gpu": 0, "dry_run": false}`` (``dry_run`` omitted: the
   rails' default), ``POST /actions/release-gpu`` ``{"gpu": 0}`` (after a node reboot or a
@@ -73,6 +74,10 @@ class _Strict(BaseModel):
 
 class EngineActionBody(_Strict):
     engine: str
+
+
+class RestartBody(EngineActionBody):
+    force: bool = False     # skip the fleet rails (controller/fleet.py)
 
 
 class ResetGpuBody(_Strict):
@@ -265,9 +270,10 @@ def create_app(controller: Any, admin_token: str, *, bind_host: str | None = Non
     for action in ENGINE_ACTIONS:
         async def run_action(request: Request, action: str = action) -> Response:
             actor = auth(request)
-            body = await _body(request, EngineActionBody)
+            body = await _body(request, RestartBody if action == "restart" else EngineActionBody)
             name = _engine(body)
-            res = await run_in_threadpool(controller.manual, action, name, actor)
+            force = {"force": True} if getattr(body, "force", False) else {}
+            res = await run_in_threadpool(lambda: controller.manual(action, name, actor, **force))
             return _result(res)
 
         app.add_api_route(f"/actions/{action}", run_action, methods=["POST"], name=f"action_{action}")

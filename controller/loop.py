@@ -274,9 +274,9 @@ class Controller:
         """Resume automatic actions for ``scope`` (:func:`inferctl.controller.pause_actions.resume`)."""
         return pause_actions.resume(self, scope, actor)
 
-    def manual(self, action: str, engine: str, actor: str = "operator") -> ActionResult:
-        """An operator's engine action (:meth:`OperatorActions.manual`)."""
-        return self.operator.manual(action, engine, actor)
+    def manual(self, action: str, engine: str, actor: str = "operator", force: bool = False) -> ActionResult:
+        """An operator's engine action (:meth:`OperatorActions.manual`; ``force``: a restart skips the fleet rails)."""
+        return self.operator.manual(action, engine, actor, force=force)
 
     def reset_gpu(self, gpu: int, dry_run: bool | None = None, actor: str = "operator") -> ActionResult:
         """An operator's GPU reset through the rails (:meth:`OperatorActions.reset_gpu`)."""
