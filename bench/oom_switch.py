@@ -72,8 +72,9 @@ def measure(clients: int, trials: int, poll: float, max_tokens: int) -> dict:
     longs, shorts = load_passages(GUTENBERG, 660, 120, limit=400)
     work = Path(tempfile.mkdtemp(prefix="inferctl-bench-oom-"))
     conf = stack_config(str(STORIES_BIN), work, "1GiB", ["--max-num-seqs", str(clients)], HOLD_SECONDS, poll)
-    # repeated trials: no flap guard (no relapse window, no pinning)
-    conf["policies"]["precision"].update(max_switches_per_hour=10 * trials + 10, relapse_window_seconds=0)
+    # repeated trials: no flap guard (no relapse window, no pinning, no ping-pong cap)
+    conf["policies"]["precision"].update(max_switches_per_hour=10 * trials + 10, relapse_window_seconds=0,
+                                         max_switches_per_window=10 * trials + 10)
     stack = start_stack(conf, work)
     try:
         cfg = DrillConfig(clients=clients, baseline_clients=clients, max_tokens=max_tokens, poll_seconds=0.02)
