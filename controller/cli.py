@@ -6,7 +6,8 @@ Every command here but ``up`` and ``controller run`` talks to a running controll
 (``--url``, default ``$INFERCTL_URL`` or ``http://127.0.0.1:8900``; admin token ``--token`` or
 ``$INFERCTL_ADMIN_TOKEN``):
 
-* ``inferctl up`` — start an engine and the controller in the foreground (Ctrl-C stops both).
+* ``inferctl up`` — start an engine (``--replicas N``: N engines and the router in front) and the
+  controller in the foreground (Ctrl-C stops all).
 * ``inferctl controller run --config FILE`` — run the controller from a configuration file.
 * ``inferctl status`` / ``inferctl events`` — what the controller sees and did.
 * ``inferctl degrade|rollback|drain|undrain|restart|unpin [--engine NAME]`` — engine actions.

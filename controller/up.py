@@ -5,11 +5,13 @@ the engines the controller launches (:class:`~controller.actions.EngineSuperviso
 and healthy), engine clients for every engine (launched or only watched, e.g. a vLLM URL),
 the GPU source, the policies, the reset rails, the actions, the loop and the HTTP API.
 
-:func:`serve` runs it in the foreground: it binds the API socket, prints the engine and
-controller URLs, serves until SIGINT/SIGTERM, then shuts down in order — the API stops, the
-loop stops (running actions finish), each launched engine gets SIGTERM (SIGKILL after its
-``stop_timeout_seconds``). The controller never imports the engine: engines run as
-``python -m inferctl engine serve ...`` subprocesses and are reached over HTTP.
+:func:`serve` runs it in the foreground: it binds the API socket, starts the router when asked
+(``inferctl up --replicas N``: :class:`RouterSpec`, :func:`up_config`), prints the router's URL
+first, then the engine and controller URLs, serves until SIGINT/SIGTERM, then shuts down in
+order — the API stops, the loop stops (running actions finish), each launched engine gets
+SIGTERM (SIGKILL after its ``stop_timeout_seconds``), the router stops last. The controller
+never imports the engine or the router: they run as ``python -m inferctl engine serve ...`` /
+``python -m inferctl router ...`` subprocesses and are reached over HTTP.
 """
 
 from __future__ import annotations
