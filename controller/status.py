@@ -104,7 +104,8 @@ class StatusBuilder:
     def _routing(self, name: str) -> dict:
         """Whether the router may send this engine traffic, as the GPU policies judge its GPU:
         ``{"ready": bool, "reason": str | None, "gpu": uuid | None}`` (ready with no reason when
-        no GPU policy knows the engine's GPU). The router reads ``engines[NAME].routing.ready``."""
+        no GPU policy knows the engine's GPU); :meth:`_lifecycle` folds it into ``routable``, which the
+        router reads."""
         for pol in self.gpu_policies.values():
             verdicts = getattr(pol, "engine_routing", None)
             v = verdicts().get(name) if verdicts is not None else None
