@@ -188,6 +188,7 @@ def test_operator_restart_under_load_fails_no_request(up):
     assert r.returncode == 0, r.stderr + r.stdout
     assert _status(up)["main-1"]["pid"] != before
     total, failed = len(load.results), load.failed()
+    print(f"operator restart under {CLIENTS} clients: {total} requests, {len(failed)} failed")
     assert total >= 50, total
     assert failed == [], f"{len(failed)} of {total} failed: {failed[:3]}"
     steps = httpx.get(up.controller + "/events", params={"kind": "step", "target": "main-1"}).json()["events"]
@@ -205,6 +206,9 @@ def test_sigkill_of_a_replica_fails_only_streams_it_had_started(up):
         time.sleep(3)
     failed = load.failed()
     total = len(load.results)
+    cut = [r for r in load.results if r["replica"] == "main-2" and r["stream"]]
+    print(f"SIGKILL under {CLIENTS} clients: {total} requests, {len(failed)} failed"
+          f" (all streams main-2 had started; {len(cut)} streams went to main-2 in all)")
     assert total > n_before + 20, (total, n_before)
     for f in failed:     # a cut stream already under way on the killed replica, nothing else
         assert f["stream"] and f["started"] and f["replica"] == "main-2", f
