@@ -126,6 +126,7 @@ def service(t: Thresholds = THRESHOLDS) -> DashboardSpec:
 def gpu(t: Thresholds = THRESHOLDS) -> DashboardSpec:
     g = ("gpu",)
     eng = ("job", "instance")
+    mig = ("gpu", "gpu_instance_id", "profile")
     return DashboardSpec(
         "inferctl-gpu", "inferctl / GPU",
         "GPU memory, allocator fragmentation, utilisation, thermals, power and hardware faults.",
@@ -156,6 +157,14 @@ def gpu(t: Thresholds = THRESHOLDS) -> DashboardSpec:
                     T(q.gauge("inferctl_engine_memory_allocated_bytes", eng), "allocated {{instance}}"),
                     T(q.gauge("inferctl_engine_memory_weights_bytes", eng), "weights {{instance}}"),
                 ), "bytes"),
+                PanelSpec("MIG instance memory",
+                          "Used / free / total memory per MIG GPU instance, where the source reports it "
+                          "(no data on a GPU without MIG).", (
+                    T(q.gauge("inferctl_gpu_mig_memory_used_bytes", mig), "used gpu {{gpu}} gi {{gpu_instance_id}}"),
+                    T(q.gauge("inferctl_gpu_mig_memory_free_bytes", mig), "free gpu {{gpu}} gi {{gpu_instance_id}}"),
+                    T(q.gauge("inferctl_gpu_mig_memory_total_bytes", mig),
+                      "total gpu {{gpu}} gi {{gpu_instance_id}}"),
+                ), "bytes", width=24),
             )),
             ("Utilisation and thermals", (
                 PanelSpec("Memory-bandwidth utilisation", "DRAM / copy-engine utilisation where the GPU reports it.", (
@@ -186,7 +195,16 @@ def gpu(t: Thresholds = THRESHOLDS) -> DashboardSpec:
                 PanelSpec("GPU healthy / lost", "Hardware policy verdict per GPU; lost means reboot the node.", (
                     T(q.gauge("inferctl_gpu_healthy", g, how="min"), "healthy gpu {{gpu}}"),
                     T(q.gauge("inferctl_gpu_lost", g), "lost gpu {{gpu}}"),
-                ), "short", kind="state", width=24),
+                ), "short", kind="state", width=12),
+                PanelSpec("Standing hardware faults",
+                          "1 while a GPU carries a standing fault (uncorrectable ECC since driver load, pages "
+                          "pending retirement, pending or failed row remap): an OOM there is a hardware fault.", (
+                    T(q.gauge("inferctl_gpu_standing_fault", ("gpu", "kind")), "{{kind}} gpu {{gpu}}"),
+                ), "short", kind="state", width=12),
+                PanelSpec("Correctable ECC errors per second",
+                          "Correctable ECC error rate over the storm window: a storm is a warning, never a reset.", (
+                    T(q.gauge("inferctl_gpu_ecc_corrected_errors_per_second", g), "gpu {{gpu}}"),
+                ), "short", width=24),
             )),
         ))
 
@@ -305,6 +323,12 @@ def control_plane(t: Thresholds = THRESHOLDS) -> DashboardSpec:
                     T(q.gauge("inferctl_rollback_hold_seconds", e), "hold {{engine}}"),
                     T(q.gauge("inferctl_precision_pinned", e), "pinned {{engine}}"),
                 ), "s", width=8),
+                PanelSpec("Switches in window and cap",
+                          "Automatic precision switches within the ping-pong window, and the cap per window "
+                          "(at the cap a rollback is deferred).", (
+                    T(q.gauge("inferctl_precision_switches_in_window", e), "switches {{engine}}"),
+                    T(q.gauge("inferctl_precision_max_switches_per_window", e), "cap {{engine}}"),
+                ), "short", width=24),
             )),
             ("Actions", (
                 PanelSpec("Engine restarts and drains", "Restarts by reason and drains, per window.", (
@@ -355,6 +379,40 @@ def control_plane(t: Thresholds = THRESHOLDS) -> DashboardSpec:
                 ), "s", width=8),
                 PanelSpec("Invalid samples", "Samples rejected as invalid per second, by signal.", (
                     T(q.rate_sum("inferctl_invalid_samples_total", ("signal",), W), "{{signal}}"),
+                ), "short", width=8),
+            )),
+            ("Automation", (
+                PanelSpec("Automation paused",
+                          "1 while automatic actions are paused, by scope (all, engine:NAME, gpu:N) and source "
+                          "(operator, maintenance).", (
+                    T(q.gauge("inferctl_automation_paused", ("scope", "source")), "{{scope}} {{source}}"),
+                ), "short", kind="state", width=8),
+                PanelSpec("Paused for", "Seconds each scope has been paused.", (
+                    T(q.gauge("inferctl_automation_paused_seconds", ("scope", "source")), "{{scope}} {{source}}"),
+                ), "s", width=8),
+                PanelSpec("Would have acted", "Actions decided but not executed while paused, per window.", (
+                    T(q.window_increase("inferctl_automation_would_have_acted_total", ("policy", "action"), W),
+                      "{{action}} ({{policy}})"),
+                ), "short", width=8),
+            )),
+            ("Event log", (
+                PanelSpec("Event-log write failures and drops",
+                          "Failed writes per second (the action went on; the events wait in memory) and events "
+                          "lost per second (buffer full or unwritten at exit).", (
+                    T(q.rate_sum("inferctl_event_log_write_failures_total", ("instance",), W),
+                      "write failures {{instance}}"),
+                    T(q.rate_sum("inferctl_event_log_dropped_events_total", ("instance",), W),
+                      "dropped {{instance}}"),
+                ), "short", width=8),
+                PanelSpec("Events waiting in memory", "Events buffered because the log cannot be written now.", (
+                    T(q.gauge("inferctl_event_log_buffered_events", ("instance",)), "{{instance}}"),
+                ), "short", width=8),
+                PanelSpec("Event-log size and retention",
+                          "Rows and bytes in the log after retention; rows deleted per window by bound.", (
+                    T(q.gauge("inferctl_event_log_rows", ("instance",)), "rows {{instance}}"),
+                    T(q.gauge("inferctl_event_log_bytes", ("instance",)), "bytes {{instance}}"),
+                    T(q.window_increase("inferctl_event_log_retention_deleted_rows_total", ("reason",), W),
+                      "deleted ({{reason}})"),
                 ), "short", width=8),
             )),
         ))

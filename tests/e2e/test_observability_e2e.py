@@ -64,6 +64,16 @@ EMPTY_IN_SCENARIO: dict[tuple[str, str, str], str] = {
     ("inferctl-control-plane", "Breaker trips and TTFT P99", "C"):
         "the saturation flag comes from the breaker policy, off here",
     ("inferctl-control-plane", "Invalid samples", "A"): "no invalid sample in the scenario",
+    ("inferctl-gpu", "MIG instance memory", "A"): "the simulated GPU has no MIG instances",
+    ("inferctl-gpu", "MIG instance memory", "B"): "the simulated GPU has no MIG instances",
+    ("inferctl-gpu", "MIG instance memory", "C"): "the simulated GPU has no MIG instances",
+    ("inferctl-gpu", "Correctable ECC errors per second", "A"):
+        "the simulated GPU has no ECC counters, so no correctable-error rate",
+    ("inferctl-control-plane", "Automation paused", "A"):
+        "nobody pauses automation in the scenario (a scope's series exists only while it is paused)",
+    ("inferctl-control-plane", "Paused for", "A"): "nobody pauses automation in the scenario",
+    ("inferctl-control-plane", "Would have acted", "A"):
+        "automation is never paused, so no decision is held back (the counter is born by its first event)",
 }
 
 
