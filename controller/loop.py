@@ -2,9 +2,10 @@
 
 :class:`Controller` runs APScheduler (``BackgroundScheduler``) jobs:
 
-* one poll job per engine and one for the GPU source, each on its own interval, with
-  ``max_instances=1`` and ``coalesce=True``. Each call runs in the source's own worker thread
-  and is waited for at most ``call_timeout_seconds`` (shorter than the interval), so a slow or
+* one job polling every engine at once and one for the GPU source, each on its own interval,
+  with ``max_instances=1`` and ``coalesce=True``. The engines' HTTP polls are tasks on one
+  event loop (``controller/sources.py``), the GPU source's call runs in its own worker thread;
+  each call is bounded by ``call_timeout_seconds`` (shorter than the interval), so a slow or
   hung source never delays another. A failed or timed-out poll backs off exponentially
   (interval × 2^failures, capped at ``max_backoff_seconds``) and counts as a poll error;
   the first good poll clears the backoff.
@@ -49,7 +50,7 @@ from inferctl.controller import pause_actions
 from inferctl.controller.operator import OperatorActions
 from inferctl.controller.pause import PauseBoard
 from inferctl.controller.policies.base import observe_engine, observe_gpu
-from inferctl.controller.sources import SourceJob, Sources
+from inferctl.controller.sources import SETTLE_SECONDS, SourceJob, Sources
 from inferctl.controller.state import ControllerState
 from inferctl.controller.status import StatusBuilder
 from inferctl.controller.types import Decision, EngineSnapshot, GpuReading
@@ -135,11 +136,11 @@ class Controller:
         iv = self.config.intervals
         sched = BackgroundScheduler(
             job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": 30},
-            executors={"default": {"type": "threadpool", "max_workers": len(self.engines) + 4}})
+            executors={"default": {"type": "threadpool", "max_workers": 8}})
         now = dt.datetime.now()
-        for name in self.engines:
-            sched.add_job(self.poll_engine, "interval", seconds=iv.engine_poll_seconds, args=[name],
-                          id=f"engine:{name}", next_run_time=now)
+        # one job polls every engine at once (Sources.poll_engines: one event loop, per-call deadlines)
+        sched.add_job(self.poll_engines, "interval", seconds=iv.engine_poll_seconds, id="engines",
+                      next_run_time=now)
         sched.add_job(self.poll_gpu, "interval", seconds=iv.gpu_poll_seconds, id="gpu", next_run_time=now)
         sched.add_job(self.reconcile, "interval", seconds=iv.reconcile_seconds, id="reconcile")
         if self.supervisors:
@@ -169,6 +170,14 @@ class Controller:
             self.reconcile()
         return snap
 
+    def poll_engines(self, now: float | None = None, force: bool = False) -> int:
+        """Poll every engine at once (:meth:`Sources.poll_engines`), reconciling what came in
+        within ``SETTLE_SECONDS`` and again when the stragglers are in. Returns snapshots stored."""
+        stored = self.sources.poll_engines(now, force, settle_s=SETTLE_SECONDS, on_settle=self.reconcile)
+        if stored:
+            self.reconcile()
+        return stored
+
     def poll_gpu(self, now: float | None = None, force: bool = False) -> GpuReading | None:
         """Poll the GPU source (timeout + backoff; see :meth:`Sources.poll_gpu`)."""
         return self.sources.poll_gpu(now, force=force)
@@ -179,8 +188,7 @@ class Controller:
         now = self.clock() if now is None else now
         if poll:
             self.poll_gpu(now, force=True)
-            for name in self.engines:
-                self.poll_engine(name, now, reconcile=False, force=True)
+            self.sources.poll_engines(now, force=True)
         return self.reconcile(now)
 
     # ------------------------------------------------------------------ reconcile

@@ -1,22 +1,29 @@
 """The source jobs: polling every engine and the GPU source, each with a per-call timeout and
 an exponential backoff, and storing what they return in the controller's state.
 
-Each call runs in the source's own worker thread and is waited for at most
-``call_timeout_seconds`` (shorter than the interval), so a slow or hung source never delays
-another. A failed or timed-out poll backs off exponentially (interval × 2^failures, capped at
+Engines whose client speaks HTTP itself (``supports_async``: the bundled, vLLM, TGI and
+llama.cpp clients) are polled all at once on ONE event loop and ONE aiohttp connection pool
+(:class:`~inferctl.controller.scrape.aio.AsyncPoller`, :class:`AsyncSourceJob`): each call is a
+task bounded by ``asyncio.wait_for(call_timeout_seconds)`` and each result is stored as soon as
+it arrives (:meth:`Sources.poll_engines`). Other sources (the GPU source, test doubles) run in
+their own worker thread and are waited for at most ``call_timeout_seconds``
+(:class:`SourceJob`). Either way the timeout is shorter than the interval, so a slow or hung
+source never delays another. A failed or timed-out poll backs off exponentially (interval × 2^failures, capped at
 ``max_backoff_seconds``) and counts as a poll error; the first good poll clears the backoff.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures as cf
 import dataclasses
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from inferctl.controller.exporter import Exporter
 from inferctl.controller.reset import lost_evidence
+from inferctl.controller.scrape.aio import AsyncPoller
 from inferctl.controller.signals import clean_gpu_snapshot
 from inferctl.controller.state import ControllerState
 from inferctl.controller.types import EngineSnapshot, GpuReading, GpuSnapshot
@@ -82,6 +89,10 @@ class SourceJob:
             self._observe(time.monotonic() - t0)
             return self._fail(now, f"{type(exc).__name__}: {exc}")
         self._observe(time.monotonic() - t0)
+        return self._settle(now, result)
+
+    def _settle(self, now: float, result: Any) -> Any:
+        """A call that returned: clear the backoff when ``result.ok``, else back off."""
         self.polls += 1
         if getattr(result, "ok", True):
             self.failures = 0
@@ -121,6 +132,75 @@ class SourceJob:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
+class AsyncSourceJob(SourceJob):
+    """A :class:`SourceJob` whose call is a coroutine ``afn(now)`` run on ``poller``'s loop,
+    bounded by ``asyncio.wait_for(timeout)`` (the timed-out call is cancelled, not left running).
+
+    :meth:`arun` is the loop-side entry (one call at a time: a scheduled caller skips while a
+    call is in flight, a forced one waits for it, at most ``2 × timeout``); :meth:`run` is the
+    same from any other thread. Backoff, errors, metrics and :meth:`state` are SourceJob's.
+    """
+
+    def __init__(self, name: str, afn: Callable[[float], Awaitable[Any]], on_fail: Callable[[float, str], Any],
+                 interval: float, timeout: float, max_backoff: float, metrics: dict, poller: AsyncPoller,
+                 clock: Callable[[], float] = time.time) -> None:
+        super().__init__(name, afn, on_fail, interval, timeout, max_backoff, metrics, clock)
+        self.afn = afn
+        self.poller = poller
+        self._busy = False
+        self._idle: asyncio.Event | None = None
+
+    def run(self, now: float | None = None, force: bool = False) -> Any | None:
+        now = self.clock() if now is None else now
+        if not force and now < self.next_attempt:
+            return None
+        fut = self.poller.submit(self.arun(now, force))
+        try:   # arun ends within 2 × timeout (waiting its turn) + timeout (the call)
+            return fut.result(timeout=3 * self.timeout + 1.0)
+        except (cf.TimeoutError, cf.CancelledError):
+            fut.cancel()
+            return None
+
+    async def arun(self, now: float, force: bool = False) -> Any | None:
+        """Poll once on the loop unless backing off; the result, a failed one, or None (skipped)."""
+        if not force and now < self.next_attempt:
+            return None
+        if self._idle is None:
+            self._idle = asyncio.Event()
+            self._idle.set()
+        if self._busy:
+            if not force:
+                return None
+            try:
+                await asyncio.wait_for(self._idle.wait(), 2 * self.timeout)
+            except asyncio.TimeoutError:
+                return None
+            if self._busy:
+                return None
+        self._busy = True
+        self._idle.clear()
+        t0 = time.monotonic()
+        try:
+            result = await asyncio.wait_for(self.afn(now), self.timeout)
+        except asyncio.TimeoutError:
+            self._observe(time.monotonic() - t0)
+            return self._fail(now, f"timed out after {self.timeout:g} s")
+        except Exception as exc:
+            self._observe(time.monotonic() - t0)
+            return self._fail(now, f"{type(exc).__name__}: {exc}")
+        finally:
+            self._busy = False
+            self._idle.set()
+        self._observe(time.monotonic() - t0)
+        return self._settle(now, result)
+
+
+#: How long a scheduled round of engine polls waits for its answers before it reconciles the
+#: ones in (seconds); the stragglers are stored as they come and reconciled after them, so one
+#: hanging engine never delays the others' decisions by more than this.
+SETTLE_SECONDS = 0.1
+
+
 class Sources:
     """The poll jobs of every engine (``engine:NAME``) and of the GPU source (``gpu``).
 
@@ -134,20 +214,35 @@ class Sources:
         resetter: the GPU reset rails, told about every GPU a reading shows lost (or None).
         counter: the signals' ``InvalidSampleCounter`` (impossible GPU values are counted).
         clock: time source.
+        poller: the event loop and connection pool of the engines' HTTP polls (built on first
+            need, closed by :meth:`shutdown`, when not given).
     """
 
     def __init__(self, engines: dict[str, Any], gpu_source: Any, intervals: Any, state: ControllerState,
                  exporter: Exporter, metrics: dict, *, resetter: Any = None, counter: Any = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, poller: AsyncPoller | None = None) -> None:
         self.engines = engines
         self.gpu_source = gpu_source
         self.state = state
         self.exporter = exporter
         self.resetter = resetter
         self.counter = counter
+        self.clock = clock
         iv = intervals
+        self._own_poller = poller is None
+        self.poller = poller
+        self._sync_pool: cf.ThreadPoolExecutor | None = None
+        self._sync_lock = threading.Lock()
         self.jobs: dict[str, SourceJob] = {}
         for name, client in engines.items():
+            if getattr(client, "supports_async", False) and hasattr(client, "poll_async"):
+                if self.poller is None:
+                    self.poller = AsyncPoller("inferctl-poller")
+                self.jobs[f"engine:{name}"] = AsyncSourceJob(
+                    f"engine:{name}", lambda now, c=client: c.poll_async(self.poller, now), self._failed_engine(name),
+                    iv.engine_poll_seconds, iv.call_timeout_seconds, iv.max_backoff_seconds, metrics, self.poller,
+                    clock)
+                continue
             self.jobs[f"engine:{name}"] = SourceJob(
                 f"engine:{name}", client.poll, self._failed_engine(name), iv.engine_poll_seconds,
                 iv.call_timeout_seconds, iv.max_backoff_seconds, metrics, clock)
@@ -165,12 +260,71 @@ class Sources:
         """Poll one engine (timeout + backoff; ``force`` ignores the backoff), store the
         snapshot and export its gauges. None when skipped."""
         snap = self.jobs[f"engine:{name}"].run(now, force=force)
-        if snap is None:
-            return None
+        if snap is not None:
+            self._record_engine(name, snap)
+        return snap
+
+    def _record_engine(self, name: str, snap: EngineSnapshot) -> None:
         with self.state.lock:
             prev = self.state.record_engine(name, snap)
             self.exporter.export_engine(name, snap, prev)
-        return snap
+
+    def poll_engines(self, now: float | None = None, force: bool = False, *, settle_s: float | None = None,
+                     on_settle: Callable[[], Any] | None = None) -> int:
+        """Poll every engine at once (those backing off are skipped unless ``force``) and store
+        each snapshot as it arrives. Returns how many were stored.
+
+        HTTP clients run as tasks on the poller's loop, others in worker threads; every call is
+        bounded by its job's timeout, so this returns within about ``call_timeout_seconds``.
+        With ``on_settle``, it is called once after ``settle_s`` seconds if answers are still
+        outstanding (the caller reconciles what came in; the stragglers follow).
+        """
+        now = self.clock() if now is None else now
+        futs: dict[cf.Future, str] = {}
+        for name in self.engines:
+            job = self.jobs[f"engine:{name}"]
+            if not force and now < job.next_attempt:
+                continue
+            if isinstance(job, AsyncSourceJob):
+                futs[self.poller.submit(job.arun(now, force))] = name
+            else:
+                futs[self._threads().submit(job.run, now, force)] = name
+        if not futs:
+            return 0
+        pending = set(futs)
+        stored = 0
+
+        def collect(timeout: float) -> None:
+            nonlocal stored
+            try:
+                for fut in cf.as_completed(list(pending), timeout=timeout):
+                    pending.discard(fut)
+                    try:
+                        snap = fut.result()
+                    except (cf.CancelledError, RuntimeError):
+                        continue
+                    if snap is not None:
+                        self._record_engine(futs[fut], snap)
+                        stored += 1
+            except cf.TimeoutError:
+                pass
+
+        if on_settle is not None and settle_s is not None:
+            collect(settle_s)
+            if pending:
+                on_settle()
+        longest = max(self.jobs[f"engine:{n}"].timeout for n in futs.values())
+        collect(3 * longest + 1.0)
+        return stored
+
+    def _threads(self) -> cf.ThreadPoolExecutor:
+        """The pool that runs the thread-model jobs of :meth:`poll_engines` side by side."""
+        with self._sync_lock:
+            if self._sync_pool is None:
+                n = sum(1 for j in self.jobs.values() if not isinstance(j, AsyncSourceJob))
+                self._sync_pool = cf.ThreadPoolExecutor(max_workers=max(1, min(32, n)),
+                                                        thread_name_prefix="poll-batch")
+            return self._sync_pool
 
     def poll_gpu(self, now: float | None = None, force: bool = False) -> GpuReading | None:
         """Poll the GPU source (timeout + backoff). Impossible values in the reading (a string
@@ -215,6 +369,10 @@ class Sources:
         return dataclasses.replace(reading, gpus=clean)
 
     def shutdown(self) -> None:
-        """Stop every job's worker thread (a running call is abandoned)."""
+        """Stop every job's worker thread and the poller's loop (a running call is abandoned)."""
         for job in self.jobs.values():
             job.shutdown()
+        if self._sync_pool is not None:
+            self._sync_pool.shutdown(wait=False, cancel_futures=True)
+        if self.poller is not None and self._own_poller:
+            self.poller.close()

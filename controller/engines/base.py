@@ -1,7 +1,10 @@
 """The engine client interface: one snapshot per poll, whatever the engine.
 
-A client reaches its engine over HTTP only (httpx, with a timeout below the poll interval).
-``poll(now)`` never raises: a refused connection, a timeout, a 5xx or an unreadable body is
+A client reaches its engine over HTTP only, with a timeout below the poll interval: the
+controller's polls go through ``poll_async(poller, now)`` on the shared event loop and aiohttp
+connection pool (:class:`~inferctl.controller.scrape.aio.AsyncPoller`); ``poll(now)`` is the same
+poll over a synchronous ``httpx.Client`` (tests with an httpx transport, one-off calls).
+``poll``/``poll_async`` never raise: a refused connection, a timeout, a 5xx or an unreadable body is
 ``EngineSnapshot(ok=False, error=...)`` with every number ``None``. Admin calls (bundled engine
 only) raise :class:`EngineAdminError` with the HTTP status and the engine's message.
 """
@@ -9,14 +12,16 @@ only) raise :class:`EngineAdminError` with the HTTP status and the engine's mess
 from __future__ import annotations
 
 import abc
+import asyncio
 from typing import Any
 
 import httpx
 
+from inferctl.controller.scrape.aio import AsyncPoller
 from inferctl.controller.scrape.http import bounded_request
 from inferctl.controller.types import EngineSnapshot
 
-__all__ = ["EngineAdminError", "EngineClient", "failed_snapshot"]
+__all__ = ["EngineAdminError", "EngineClient", "describe_error", "failed_snapshot"]
 
 
 class EngineAdminError(RuntimeError):
@@ -53,12 +58,21 @@ class EngineClient(abc.ABC):
         self.name = name
         self.base_url = base_url.rstrip("/")
         self.timeout_s = float(timeout_s)
+        self._headers = dict(headers or {})
+        #: ``poll_async`` reaches the real network; a client given an httpx ``transport`` (a test
+        #: double) is polled through ``poll`` instead, so the transport is honoured.
+        self.supports_async = transport is None
         self._client = httpx.Client(base_url=self.base_url, timeout=self.timeout_s,
                                     headers=headers or {}, transport=transport)
 
     @abc.abstractmethod
     def poll(self, now: float) -> EngineSnapshot:
         """One snapshot of the engine at ``now`` (``time.time()``). Never raises."""
+
+    async def poll_async(self, poller: AsyncPoller, now: float) -> EngineSnapshot:
+        """:meth:`poll` on ``poller``'s loop and connection pool (same snapshot, never raises).
+        The default runs :meth:`poll` in a worker thread; the HTTP clients override it."""
+        return await asyncio.to_thread(self.poll, now)
 
     def _request(self, method: str, path: str, *, timeout_s: float | None = None,
                  **kwargs: Any) -> httpx.Response:
@@ -88,6 +102,13 @@ class EngineClient(abc.ABC):
 
     def route(self, model: str, to: str | None) -> dict[str, Any]:
         raise EngineAdminError(501, f"{self.kind} engines have no route admin API", path="/admin/route")
+
+
+def describe_error(exc: BaseException, deadline_s: float) -> str:
+    """A poll error in words: ``timed out after 0.8 s`` for a deadline, else ``Type: message``."""
+    if isinstance(exc, (asyncio.TimeoutError, httpx.TimeoutException)) and not str(exc):
+        return f"timed out after {deadline_s:g} s"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def failed_snapshot(client: EngineClient, now: float, error: str) -> EngineSnapshot:

@@ -8,6 +8,7 @@ also listed in ``snapshot.invalid``. Admin calls send ``Authorization: Bearer <a
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -16,8 +17,9 @@ from typing import Any
 import httpx
 
 from inferctl.contract.precision import check_precision_mode
-from inferctl.controller.engines.base import EngineAdminError, EngineClient, failed_snapshot
+from inferctl.controller.engines.base import EngineAdminError, EngineClient, describe_error, failed_snapshot
 from inferctl.controller.engines.promtext import CORE_FIELDS, histogram_from_samples, parse_prometheus_text
+from inferctl.controller.scrape.aio import SCRAPE_ERRORS, AsyncPoller
 from inferctl.controller.types import EngineSnapshot
 
 log = logging.getLogger(__name__)
@@ -55,24 +57,55 @@ class BundledEngineClient(EngineClient):
         try:
             resp = self._request("GET", "/stats")
         except httpx.HTTPError as exc:
-            return failed_snapshot(self, now, f"GET /stats: {type(exc).__name__}: {exc}")
-        if resp.status_code != 200:
-            return failed_snapshot(self, now, f"GET /stats: HTTP {resp.status_code}")
+            return failed_snapshot(self, now, f"GET /stats: {describe_error(exc, self.timeout_s)}")
+        snap = self._stats_snapshot(resp.status_code, resp.content, now)
+        if snap.ok and self.scrape_metrics:
+            left = self.timeout_s - (time.monotonic() - started)
+            if left > 0.05:
+                self._add_metric_histograms(snap, left)
+            snap.missing = [f for f in CORE_FIELDS if getattr(snap, f) is None]
+        return snap
+
+    async def poll_async(self, poller: AsyncPoller, now: float) -> EngineSnapshot:
+        """:meth:`poll` on the shared loop and connection pool (``GET /stats``, then
+        ``/metrics`` within what is left of ``timeout_s``). Never raises."""
+        started = time.monotonic()
         try:
-            doc = resp.json()
+            status, body = await poller.get(self.base_url + "/stats", deadline_s=self.timeout_s,
+                                            headers=self._headers)
+        except SCRAPE_ERRORS as exc:
+            return failed_snapshot(self, now, f"GET /stats: {describe_error(exc, self.timeout_s)}")
+        snap = await poller.offload(len(body), self._stats_snapshot, status, body, now)
+        if snap.ok and self.scrape_metrics:
+            left = self.timeout_s - (time.monotonic() - started)
+            if left > 0.05:
+                try:
+                    status, body = await poller.get(self.base_url + "/metrics", deadline_s=left,
+                                                    headers=self._headers)
+                except SCRAPE_ERRORS as exc:
+                    log.info("engine %s: GET /metrics failed (%s); latency histograms missing", self.name,
+                             describe_error(exc, left))
+                else:
+                    if status == 200:
+                        await poller.offload(len(body), self._apply_metrics, snap,
+                                             body.decode("utf-8", "replace"))
+            snap.missing = [f for f in CORE_FIELDS if getattr(snap, f) is None]
+        return snap
+
+    def _stats_snapshot(self, status: int, body: bytes, now: float) -> EngineSnapshot:
+        """``GET /stats``'s answer -> a snapshot (a failed one for a non-200 or a body that is
+        not a JSON object)."""
+        if status != 200:
+            return failed_snapshot(self, now, f"GET /stats: HTTP {status}")
+        try:
+            doc = json.loads(body)
         except ValueError as exc:
             return failed_snapshot(self, now, f"GET /stats: body is not JSON ({str(exc)[:200]})")
         except RecursionError:
             return failed_snapshot(self, now, "GET /stats: body is not JSON (nested too deeply)")
         if not isinstance(doc, dict):
             return failed_snapshot(self, now, "GET /stats: body is not a JSON object")
-        snap = snapshot_from_stats(doc, name=self.name, now=now)
-        if self.scrape_metrics:
-            left = self.timeout_s - (time.monotonic() - started)
-            if left > 0.05:
-                self._add_metric_histograms(snap, left)
-            snap.missing = [f for f in CORE_FIELDS if getattr(snap, f) is None]
-        return snap
+        return snapshot_from_stats(doc, name=self.name, now=now)
 
     def _add_metric_histograms(self, snap: EngineSnapshot, timeout_s: float) -> None:
         try:
@@ -82,7 +115,11 @@ class BundledEngineClient(EngineClient):
             return
         if resp.status_code != 200:
             return
-        samples, _ = parse_prometheus_text(resp.text)
+        self._apply_metrics(snap, resp.text)
+
+    def _apply_metrics(self, snap: EngineSnapshot, text: str) -> None:
+        """The latency histograms of a ``/metrics`` text into ``snap`` (fields still missing)."""
+        samples, _ = parse_prometheus_text(text)
         # TTFT by served model (the latency breaker judges the main model apart from the light
         # one): inferctl_engine_time_to_first_token_seconds{model=...}
         base = METRIC_HISTOGRAMS["ttft_histogram"]

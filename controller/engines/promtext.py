@@ -37,9 +37,10 @@ from typing import Any
 
 import httpx
 
-from inferctl.controller.engines.base import EngineClient, failed_snapshot
+from inferctl.controller.engines.base import EngineClient, describe_error, failed_snapshot
 # PromSample and parse_prometheus_text are re-exported (bundled.py and tests import them here).
 from inferctl.controller.scrape.promtext import PromSample, parse_prometheus_text
+from inferctl.controller.scrape.aio import SCRAPE_ERRORS, AsyncPoller
 from inferctl.controller.types import EngineSnapshot
 
 log = logging.getLogger(__name__)
@@ -286,11 +287,26 @@ class PromTextEngineClient(EngineClient):
         try:
             resp = self._request("GET", self.metrics_path)
         except httpx.HTTPError as exc:
-            return failed_snapshot(self, now, f"GET {self.metrics_path}: {type(exc).__name__}: {exc}")
-        if resp.status_code != 200:
-            return failed_snapshot(self, now, f"GET {self.metrics_path}: HTTP {resp.status_code}")
+            return failed_snapshot(self, now, f"GET {self.metrics_path}: {describe_error(exc, self.timeout_s)}")
+        return self._metrics_snapshot(resp.status_code, resp.text, now)
+
+    async def poll_async(self, poller: AsyncPoller, now: float) -> EngineSnapshot:
+        """:meth:`poll` on the shared loop and connection pool. Never raises."""
         try:
-            snap = snapshot_from_metrics_text(resp.text, name=self.name, flavor=self.kind, now=now)
+            status, body = await poller.get(self.base_url + self.metrics_path, deadline_s=self.timeout_s,
+                                            headers=self._headers)
+        except SCRAPE_ERRORS as exc:
+            return failed_snapshot(self, now, f"GET {self.metrics_path}: {describe_error(exc, self.timeout_s)}")
+        if status != 200:
+            return failed_snapshot(self, now, f"GET {self.metrics_path}: HTTP {status}")
+        return await poller.offload(len(body), self._metrics_snapshot, status, body.decode("utf-8", "replace"), now)
+
+    def _metrics_snapshot(self, status: int, text: str, now: float) -> EngineSnapshot:
+        """``GET /metrics``'s answer -> a snapshot (a failed one for a non-200 or a parser bug)."""
+        if status != 200:
+            return failed_snapshot(self, now, f"GET {self.metrics_path}: HTTP {status}")
+        try:
+            snap = snapshot_from_metrics_text(text, name=self.name, flavor=self.kind, now=now)
         except Exception as exc:  # a parser bug must not stop polling
             log.exception("engine %s: could not map /metrics", self.name)
             return failed_snapshot(self, now, f"/metrics not understood: {exc}")

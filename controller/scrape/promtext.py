@@ -1,13 +1,20 @@
 """Prometheus text exposition -> samples, tolerant of a damaged scrape.
 
-Parsing is prometheus-client's (``prometheus_client.parser.text_string_to_metric_families``);
-when a scrape does not parse as a whole (truncated, an excerpt with ``...``), it is parsed line
-by line and the lines that still fail are returned instead of failing the scrape. Used for
+Plain sample lines (``name{label="value",...} value [timestamp]`` with no escape in a label
+value: every line of a vLLM, TGI, llama.cpp or dcgm-exporter scrape) are read by one regular
+expression, with prometheus-client's own naming (a counter family's bare sample gets ``_total``);
+any other line is parsed by prometheus-client
+(``prometheus_client.parser.text_string_to_metric_families``) with its ``# TYPE`` line, and the
+lines that still fail are returned instead of failing the scrape (a truncated scrape, an excerpt
+with ``...``). Why: prometheus-client's parser reads character by character, about 30 µs a
+sample, the largest CPU cost of a poll at 1,024 engines; the regular expression is ~10× less.
+tests/unit/test_sources_promtext_fast.py checks both give the same samples. Used for
 engines' ``/metrics`` (vLLM, TGI, llama.cpp, the bundled engine) and dcgm-exporter.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -23,21 +30,27 @@ class PromSample:
     value: float
 
 
-def parse_prometheus_text(text: str) -> tuple[list[PromSample], list[str]]:
-    """Parse Prometheus text exposition with prometheus-client's parser.
+#: A plain sample line: metric name, optional label block, value, optional timestamp
+#: (https://prometheus.io/docs/instrumenting/exposition_formats/#text-format-details).
+_LINE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^{}\\]*)\})?[ \t]+([^ \t]+)(?:[ \t]+-?[0-9]+)?[ \t]*")
+#: One ``name="value"`` pair of a label block (no escapes: a block with a backslash is not fast).
+_LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"([^"]*)"[ \t]*(?:,|$)')
+#: Values prometheus-client reads (Go's ParseFloat: no ``_`` separators, no ``infinity`` words).
+_VALUE = re.compile(r"[+-]?(?:[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?|[0-9]+\.|Inf|NaN)")
 
-    Returns ``(samples, bad_lines)``. When the whole text does not parse (a truncated scrape,
-    an excerpt with ``...``), it is parsed line by line and the lines that still fail are
-    returned in ``bad_lines`` instead of failing the scrape. Counter samples keep the name the
-    parser gives them (prometheus-client appends ``_total`` to a counter family's bare samples).
+
+def parse_prometheus_text(text: str) -> tuple[list[PromSample], list[str]]:
+    """Parse Prometheus text exposition (see the module doc: a fast path for plain lines,
+    prometheus-client's parser for the rest).
+
+    Returns ``(samples, bad_lines)``: the lines neither reads are returned in ``bad_lines``
+    instead of failing the scrape. Counter samples keep the name prometheus-client gives them
+    (it appends ``_total`` to a counter family's bare samples).
     """
-    try:
-        return _samples(text_string_to_metric_families(text)), []
-    except (ValueError, TypeError, IndexError):
-        pass
     samples: list[PromSample] = []
     bad: list[str] = []
     type_lines: dict[str, str] = {}
+    counters: set[str] = set()
     for raw in text.splitlines():
         line = raw.strip()
         if not line:
@@ -46,6 +59,12 @@ def parse_prometheus_text(text: str) -> tuple[list[PromSample], list[str]]:
             parts = line.split()
             if len(parts) >= 4 and parts[1] == "TYPE":
                 type_lines[parts[2]] = line
+                if parts[3] == "counter" and not parts[2].endswith("_total"):
+                    counters.add(parts[2])
+            continue
+        sample = _fast_sample(line, counters)
+        if sample is not None:
+            samples.append(sample)
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
         header = ""
@@ -58,6 +77,29 @@ def parse_prometheus_text(text: str) -> tuple[list[PromSample], list[str]]:
         except (ValueError, TypeError, IndexError):
             bad.append(line)
     return samples, bad
+
+
+def _fast_sample(line: str, counters: set[str]) -> PromSample | None:
+    """``line`` as a sample when it is plain (see :data:`_LINE`), else None (the slow path)."""
+    m = _LINE.fullmatch(line)
+    if m is None:
+        return None
+    name, block, value = m.groups()
+    if _VALUE.fullmatch(value) is None:
+        return None
+    labels: dict[str, str] = {}
+    if block:
+        pos = 0
+        for lm in _LABEL.finditer(block):
+            if lm.start() != pos or lm.group(1) in labels:
+                return None
+            labels[lm.group(1)] = lm.group(2)
+            pos = lm.end()
+        if pos != len(block):
+            return None
+    if name in counters:
+        name += "_total"
+    return PromSample(name, labels, float(value))
 
 
 def _samples(families: Iterable[Any]) -> list[PromSample]:

@@ -1,0 +1,198 @@
+"""The engines' polls on one event loop (controller/scrape/aio.py, sources.AsyncSourceJob):
+every call keeps its own deadline and size bound, and a hanging, garbage or endless engine
+never holds back the others' readings."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import pytest
+from aiohttp import web
+
+from inferctl.controller.engines.bundled import BundledEngineClient
+from inferctl.controller.engines.promtext import PromTextEngineClient
+from inferctl.controller.scrape.aio import INLINE_PARSE_BYTES, AsyncPoller, BodyTooLarge
+from inferctl.controller.sources import AsyncSourceJob
+from tests.controller_helpers import FakeClock, make_controller
+
+STATS = {"engine": {"model": "m", "precision": "full", "draining": False},
+         "memory": {"budget_bytes": 8_000_000, "allocated_bytes": 100, "reserved_bytes": 200},
+         "scheduler": {"running": 3, "waiting": 1}, "faults": {"oom_total": 0, "recent": []}}
+VLLM = ('# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name="m"} 5\n'
+        '# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name="m"} 0.25\n')
+
+
+class FakeFleet:
+    """One aiohttp server in its own thread; each engine is a path prefix (``/good``,
+    ``/hang``, ...) whose ``/stats`` and ``/metrics`` behave as its name says."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.hits: dict[str, int] = {}
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.port = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
+
+    async def _start(self) -> int:
+        app = web.Application()
+        app.router.add_route("GET", "/{engine}/{what}", self._handle)
+        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        return site._server.sockets[0].getsockname()[1]
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        engine, what = request.match_info["engine"], request.match_info["what"]
+        self.hits[engine] = self.hits.get(engine, 0) + 1
+        if engine == "hang":
+            await asyncio.sleep(3600)
+        if engine == "garbage":
+            return web.Response(text="<html>not json</html>", content_type="text/html")
+        if engine == "hugegarbage":           # parsed off the loop (> INLINE_PARSE_BYTES)
+            return web.Response(body=b"[" * (INLINE_PARSE_BYTES * 4), content_type="application/json")
+        if engine == "endless":               # headers at once, then a body that never ends
+            resp = web.StreamResponse()
+            await resp.prepare(request)
+            try:
+                while True:
+                    await resp.write(b"x" * 1024)
+                    await asyncio.sleep(0.02)
+            except ConnectionError:           # the client gave up (its deadline or size bound)
+                return resp
+        if engine == "toolarge":
+            return web.Response(body=b"{}", headers={"Content-Length": str(64 * 1024 ** 2)})
+        if engine == "vllm":
+            return web.Response(text=VLLM)
+        if what == "metrics":
+            return web.Response(status=404)
+        return web.json_response(STATS)
+
+    def url(self, engine: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{engine}"
+
+    def close(self) -> None:
+        async def stop() -> None:
+            await self.runner.cleanup()
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.cancel()
+            await asyncio.sleep(0.05)
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    f = FakeFleet()
+    yield f
+    f.close()
+
+
+def test_bounded_get_reads_the_body_and_enforces_size_and_deadline(fleet):
+    poller = AsyncPoller()
+    try:
+        status, body = poller.submit(poller.get(fleet.url("good") + "/stats", deadline_s=2.0)).result(5)
+        assert status == 200 and json.loads(body)["scheduler"]["running"] == 3
+        with pytest.raises(BodyTooLarge):
+            poller.submit(poller.get(fleet.url("toolarge") + "/stats", deadline_s=2.0)).result(5)
+        with pytest.raises(BodyTooLarge):     # no Content-Length: counted while reading
+            poller.submit(poller.get(fleet.url("endless") + "/stats", deadline_s=5.0, max_bytes=8192)).result(10)
+        t0 = time.monotonic()
+        with pytest.raises(asyncio.TimeoutError):   # the deadline covers the whole body
+            poller.submit(poller.get(fleet.url("endless") + "/stats", deadline_s=0.3)).result(10)
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        poller.close()
+
+
+def test_a_bad_engine_never_holds_back_the_others_readings(tmp_path, fleet):
+    names = ["good", "hang", "garbage", "hugegarbage", "endless", "toolarge", "vllm"]
+    clients = {n: (PromTextEngineClient(n, fleet.url(n), "vllm", timeout_s=0.15) if n == "vllm"
+                   else BundledEngineClient(n, fleet.url(n), timeout_s=0.15)) for n in names}
+    assert all(c.supports_async for c in clients.values())
+    clock = FakeClock()
+    ctl, registry, log = make_controller(tmp_path, clients, clock=clock)
+    try:
+        assert all(isinstance(ctl._jobs[f"engine:{n}"], AsyncSourceJob) for n in names)
+        seen_at_settle: dict[str, bool] = {}
+
+        def on_settle() -> None:               # the good ones are stored while the bad ones still run
+            seen_at_settle.update({n: n in ctl.state.latest for n in names})
+
+        stored = ctl.sources.poll_engines(clock(), force=True, settle_s=0.1, on_settle=on_settle)
+        assert stored == len(names)
+        assert seen_at_settle["good"] and seen_at_settle["vllm"] and seen_at_settle["garbage"]
+        assert not seen_at_settle["hang"] and not seen_at_settle["endless"]
+        latest = ctl.state.latest
+        assert latest["good"].ok and latest["good"].running == 3 and latest["good"].waiting == 1
+        assert latest["vllm"].ok and latest["vllm"].running == 5 and latest["vllm"].kv_usage_ratio == 0.25
+        assert latest["hang"].ok is False and "timed out after 0.15 s" in latest["hang"].error
+        assert latest["endless"].ok is False and "timed out after 0.15 s" in latest["endless"].error
+        assert latest["garbage"].ok is False and "not JSON" in latest["garbage"].error
+        assert latest["hugegarbage"].ok is False and "not JSON" in latest["hugegarbage"].error
+        assert latest["toolarge"].ok is False and "BodyTooLarge" in latest["toolarge"].error
+        for bad in ("hang", "garbage", "hugegarbage", "endless", "toolarge"):   # missing = no data
+            assert latest[bad].running is None and latest[bad].memory_free_bytes is None
+            assert registry.get_sample_value("inferctl_engine_up", {"engine": bad}) == 0.0
+            assert ctl._jobs[f"engine:{bad}"].failures == 1
+        assert registry.get_sample_value("inferctl_engine_up", {"engine": "good"}) == 1.0
+        # a scheduled round skips the engines backing off and polls the rest
+        hits = dict(fleet.hits)
+        assert ctl.sources.poll_engines(clock()) == 2
+        assert fleet.hits["hang"] == hits["hang"] and fleet.hits["good"] == hits["good"] + 2   # /stats + /metrics
+    finally:
+        ctl.stop()
+        log.close()
+
+
+def test_scheduled_polls_keep_going_while_one_engine_hangs(tmp_path, fleet):
+    clients = {"good": BundledEngineClient("good", fleet.url("good"), timeout_s=0.15),
+               "hang": BundledEngineClient("hang", fleet.url("hang"), timeout_s=0.15)}
+    ctl, registry, log = make_controller(tmp_path, clients)
+    ctl.start()
+    try:
+        deadline = time.monotonic() + 10
+        while ctl._jobs["engine:good"].polls < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # 0.2 s interval: five good polls while the hanging engine times out and backs off
+        assert ctl._jobs["engine:good"].polls >= 5
+        assert ctl._jobs["engine:good"].failures == 0
+        assert ctl._jobs["engine:hang"].failures >= 1
+        assert registry.get_sample_value("inferctl_engine_up", {"engine": "good"}) == 1.0
+        assert registry.get_sample_value("inferctl_engine_up", {"engine": "hang"}) == 0.0
+    finally:
+        ctl.stop()
+        log.close()
+
+
+def test_a_forced_poll_waits_for_the_call_in_flight_instead_of_failing(fleet):
+    poller = AsyncPoller()
+    gate = asyncio.Event()
+    calls = []
+
+    async def afn(now):
+        calls.append(now)
+        if len(calls) == 1:
+            await gate.wait()
+        return type("R", (), {"ok": True})()
+
+    job = AsyncSourceJob("engine:x", afn, lambda now, err: None, interval=5.0, timeout=1.0, max_backoff=10.0,
+                         metrics={}, poller=poller)
+    try:
+        first = poller.submit(job.arun(1.0))
+        time.sleep(0.1)
+        assert job.run(2.0) is None                       # a scheduled caller skips
+        forced = poller.submit(job.arun(3.0, force=True))
+        time.sleep(0.1)
+        assert not forced.done()                         # ... a forced one waits its turn
+        poller.loop.call_soon_threadsafe(gate.set)
+        assert first.result(5).ok and forced.result(5).ok
+        assert calls == [1.0, 3.0] and job.failures == 0 and job.polls == 2
+    finally:
+        poller.close()

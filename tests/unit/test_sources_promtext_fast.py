@@ -1,0 +1,90 @@
+"""The fast path of the Prometheus text parser (controller/scrape/promtext.py) gives the same
+samples as prometheus-client's parser, on real captures and on the awkward corners of the format."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from inferctl.controller.scrape.promtext import _fast_sample, parse_prometheus_text
+
+FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
+
+
+def reference(text: str) -> list[tuple]:
+    return [(s.name, dict(s.labels), float(s.value)) for f in text_string_to_metric_families(text) for s in f.samples]
+
+
+def ours(text: str) -> list[tuple]:
+    samples, bad = parse_prometheus_text(text)
+    assert bad == []
+    return [(s.name, s.labels, s.value) for s in samples]
+
+
+def same(a: list[tuple], b: list[tuple]) -> bool:
+    norm = [[(n, sorted(lab.items()), "nan" if math.isnan(v) else v) for n, lab, v in x] for x in (a, b)]
+    return sorted(norm[0]) == sorted(norm[1])
+
+
+def captures() -> list[str]:
+    texts = []
+    vllm = FIXTURES / "vllm" / "metrics_samples.txt"
+    if vllm.exists():
+        texts += ["# SOURCE" + b for b in vllm.read_text().split("# SOURCE")[1:]]
+    dcgm = FIXTURES / "dcgm" / "metrics_samples.txt"
+    if dcgm.exists():
+        texts.append(dcgm.read_text())
+    good = []
+    for t in texts:
+        try:
+            reference(t)
+        except (ValueError, TypeError, IndexError):
+            continue                       # damaged excerpts: the line-by-line path, tested below
+        good.append(t)
+    return good
+
+
+def test_real_captures_parse_the_same_as_prometheus_client():
+    texts = captures()
+    if not texts:
+        pytest.skip("no captures in ../shared/fixtures")
+    for t in texts:
+        assert same(ours(t), reference(t)), t[:200]
+
+
+def test_a_prometheus_client_registry_parses_the_same():
+    reg = CollectorRegistry()
+    Counter("reqs", "r", ["model"], registry=reg).labels(model='a "quoted" \\ one\nline').inc(3)
+    Counter("done_total", "d", registry=reg).inc()
+    Gauge("kv:usage", "k", ["engine"], registry=reg).labels(engine="0").set(float("nan"))
+    h = Histogram("ttft_seconds", "t", ["model"], registry=reg)
+    h.labels(model="m").observe(0.3)
+    h.labels(model="m").observe(float("inf"))
+    text = generate_latest(reg).decode()
+    assert same(ours(text), reference(text))
+
+
+@pytest.mark.parametrize("line", [
+    'x{a="b",} 1 123', "y 1e3", "v +Inf", "w -Inf", "n NaN", 'z{a="1",b="2"} 0.5', "t 7 -1700000000",
+])
+def test_plain_lines_take_the_fast_path_with_the_reference_value(line):
+    fast = _fast_sample(line, set())
+    assert fast is not None
+    assert same([(fast.name, fast.labels, fast.value)], reference(line + "\n"))
+
+
+@pytest.mark.parametrize("line", [
+    'z{a="q\\"x"} 2', 'p{path="/{id}"} 1', "u 1_000", 'd{a="1",a="2"} 1', "bad{a=b} 1", "...", "x y",
+])
+def test_other_lines_are_left_to_prometheus_client(line):
+    assert _fast_sample(line, set()) is None
+
+
+def test_a_counter_family_bare_sample_gets_total_and_damaged_lines_are_returned():
+    samples, bad = parse_prometheus_text("# TYPE foo counter\nfoo 3\n...\nbar{a=\"1\"} 2\ngarbage {{{\n")
+    assert [(s.name, s.value) for s in samples] == [("foo_total", 3.0), ("bar", 2.0)]
+    assert bad == ["...", "garbage {{{"]
