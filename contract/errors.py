@@ -91,3 +91,20 @@ def validation_error_to_api_error(errors: list[dict]) -> APIError:
     first = errors[0]
     return APIError(400, "; ".join(parts), param=loc_to_param(_body_loc(first)),
                     code=str(first.get("type") or "invalid_value"))
+
+
+#: The OpenAI-style ``code`` for each body-refusal reason of :mod:`inferctl.contract.http`
+#: (``BodyRejected.reason``), shared by every API that renders those refusals (the engine, the
+#: router), so a client sees the same code wherever it sends a bad body.
+REJECTION_CODES: dict[str, str] = {
+    "bad_length": "invalid_header",
+    "too_large": "request_too_large",
+    "unsupported_media_type": "unsupported_media_type",
+    "disconnected": "client_disconnected",
+    "empty": "invalid_json",
+    "not_utf8": "invalid_json",
+    "invalid_json": "invalid_json",
+    "too_deep": "invalid_json",
+    "invalid_unicode": "invalid_unicode",
+    "not_object": "invalid_type",
+}

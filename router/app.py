@@ -33,7 +33,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from inferctl.contract.errors import APIError
+from inferctl.contract.errors import REJECTION_CODES, APIError
 from inferctl.contract.http import RequestRejected, read_json_body
 from inferctl.contract.openai import ChatCompletionRequest, CompletionRequest, ProtocolLimits, validate_model
 from inferctl.router.config import RouterConfig
@@ -43,20 +43,6 @@ from inferctl.router.probe import Prober
 from inferctl.router.proxy import Forwarder
 from inferctl.router.replicas import ReplicaSet
 
-#: The engine API's ``code`` for each refusal reason of :mod:`inferctl.contract.http` (the
-#: engine's ``REJECTION_CODES``; tests/unit/test_router_app.py checks they agree).
-REJECTION_CODES = {
-    "bad_length": "invalid_header",
-    "too_large": "request_too_large",
-    "unsupported_media_type": "unsupported_media_type",
-    "disconnected": "client_disconnected",
-    "empty": "invalid_json",
-    "not_utf8": "invalid_json",
-    "invalid_json": "invalid_json",
-    "too_deep": "invalid_json",
-    "invalid_unicode": "invalid_unicode",
-    "not_object": "invalid_type",
-}
 
 
 @dataclass

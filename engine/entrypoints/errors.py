@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from inferctl.contract.errors import APIError, validation_error_to_api_error
+from inferctl.contract.errors import REJECTION_CODES, APIError, validation_error_to_api_error
 from inferctl.contract.http import RequestRejected
 from inferctl.engine.entrypoints.state import ServedModel
 
@@ -29,19 +29,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: The engine API's ``code`` for each refusal reason of :mod:`inferctl.contract.http`.
-REJECTION_CODES = {
-    "bad_length": "invalid_header",
-    "too_large": "request_too_large",
-    "unsupported_media_type": "unsupported_media_type",
-    "disconnected": "client_disconnected",
-    "empty": "invalid_json",
-    "not_utf8": "invalid_json",
-    "invalid_json": "invalid_json",
-    "too_deep": "invalid_json",
-    "invalid_unicode": "invalid_unicode",
-    "not_object": "invalid_type",
-}
 
 
 def error_response(err: APIError) -> JSONResponse:

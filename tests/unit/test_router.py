@@ -15,7 +15,6 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from inferctl.contract.openai import ChatCompletionRequest, CompletionRequest, validate_model
-from inferctl.router.app import REJECTION_CODES
 from inferctl.router.balancer import ReplicaLoad, choose, least_loaded, load_score
 from inferctl.router.config import ConfigError, EngineSpec, RouterConfig, parse_engine
 from inferctl.router.keys import affinity_prefix, request_id
@@ -220,9 +219,13 @@ def test_catalog_names_follow_the_conventions():
     assert set(metrics) == set(names)
 
 
-def test_rejection_codes_match_the_engines():
-    from inferctl.engine.entrypoints.errors import REJECTION_CODES as ENGINE_CODES
-    assert REJECTION_CODES == ENGINE_CODES
+def test_rejection_codes_are_the_contracts_one_table():
+    import inferctl.engine.entrypoints.errors as engine_errors
+    import inferctl.router.app as router_app
+    from inferctl.contract.errors import REJECTION_CODES
+
+    assert engine_errors.REJECTION_CODES is REJECTION_CODES and router_app.REJECTION_CODES is REJECTION_CODES
+    assert REJECTION_CODES["unsupported_media_type"] == "unsupported_media_type"
 
 
 # ------------------------------------------------------------------ probe against fake replicas
