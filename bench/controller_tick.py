@@ -1,37 +1,51 @@
-"""Controller cost: one reconcile tick over 256 engines and 64 GPUs, and the /metrics render.
+"""Controller cost: one reconcile tick over N engines and N/4 GPUs, and the /metrics render.
 
-    python -m bench.controller_tick [--engines 256] [--gpus 64] [--ticks 20]
+    python -m bench.controller_tick [--engines 64,256,1024] [--ticks 10] [--models aiohttp,threads]
 
 The controller is assembled as ``inferctl up`` does (``controller.up.build_policies``: precision,
-fragmentation, breaker off, hardware), with engine clients that answer from recorded data
-instead of the network: half the engines parse a real bundled-engine ``/stats`` document
-(taken from an in-process stories260K engine after a few requests) through
-``snapshot_from_stats``, half parse the real vLLM ``/metrics`` captures of
-``../shared/fixtures/vllm/metrics_samples.txt`` (its four sources in turn) through
-``snapshot_from_metrics_text``; the GPU source replays the real 8×H100 ``nvidia-smi -q``
-capture (``../shared/fixtures/gpu/nvsmi_q_h100x8_535.161.08.txt``) cloned to ``--gpus`` GPUs
-with distinct UUIDs, indices and bus ids. Each engine runs on GPU ``i % gpus``.
+fragmentation, breaker off, hardware) over REAL engine clients polling over loopback HTTP: a
+fake fleet in a child process (``--serve``: one aiohttp server listening on one port per
+engine) answers with recorded data: half the engines are bundled engines whose ``/stats`` is a
+real document (taken from an in-process stories260K engine after a few requests; their
+``/metrics`` answers 404, so the latency histograms stay missing), half are vLLM engines whose
+``/metrics`` is one of the real captures of ``../shared/fixtures/vllm/metrics_samples.txt`` in
+turn. The GPU source replays the real 8×H100 ``nvidia-smi -q`` capture
+(``../shared/fixtures/gpu/nvsmi_q_h100x8_535.161.08.txt``) cloned to N/4 GPUs with distinct
+UUIDs, indices and bus ids. Each engine runs on GPU ``i % gpus``.
 
-One tick = ``Controller.tick(now)``: poll every source (each poll in its own worker thread,
-as in production) and reconcile (signals → policies → events). Measured: CPU time per tick
-(``time.process_time``, all threads of the process) and wall time, median and max over
-``--ticks`` ticks after 3 warm-up ticks; then the ``/metrics`` render
-(``prometheus_client.generate_latest`` of the controller registry) time and size.
-Target: a tick <= 100 ms CPU. Writes the section ``controller`` of docs/benchmarks.md.
+Polling models (``--models``): ``aiohttp`` = the controller's model (every engine's poll a task
+on one event loop with one aiohttp connection pool, controller/scrape/aio.py); ``threads`` = the
+model before it (each engine's poll in its own worker thread through its own ``httpx.Client``).
+
+One tick = ``Controller.tick(now)``: poll every source and reconcile (signals → policies →
+events). Measured in the controller's process only (the fleet's CPU is another process):
+CPU time per tick (``time.process_time``: every thread of the process, less disturbed by
+other load on the machine than wall time), best and median over ``--ticks`` ticks after 3
+warm-up ticks; then the ``/metrics`` render (``prometheus_client.generate_latest`` of the
+controller registry) CPU time and size. ``--probe N`` also times N raw GETs with each HTTP client
+(aiohttp, httpx ``AsyncClient``, httpx sync in threads). Target: a tick <= 250 ms CPU at 1,024
+engines, /metrics <= 100 ms. Writes the section ``controller`` of docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import copy
+import json
+import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from bench.common import FIXTURES, STORIES_BIN, machine_facts, md_table, section, write_section
 
-TARGET_TICK_CPU_SECONDS = 0.100
+TARGET_TICK_CPU_SECONDS = 0.250
+TARGET_RENDER_SECONDS = 0.100
+BASE_PORT = 23000
 #: The real 8×H100 ``nvidia-smi -q`` capture the GPU source replays.
 H100_CAPTURE = FIXTURES / "gpu" / "nvsmi_q_h100x8_535.161.08.txt"
 
@@ -52,22 +66,74 @@ def bundled_stats_doc() -> dict:
     return eng.stats()
 
 
-class RecordedEngine:
-    """An engine client that parses a recorded answer on every poll (no network)."""
+def raise_file_limit() -> None:
+    """One socket per engine on each side: lift the soft open-file limit to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
-    def __init__(self, name: str, kind: str, payload) -> None:
-        self.name, self.kind, self.payload = name, kind, payload
-        self.base_url = f"http://recorded/{name}"
 
-    def poll(self, now: float):
-        from inferctl.controller.engines import snapshot_from_metrics_text, snapshot_from_stats
+def payloads(n_engines: int) -> list[tuple[str, bytes]]:
+    """Per engine: (kind, body): bundled engines' ``/stats`` JSON, vLLM engines' ``/metrics``."""
+    stats = json.dumps(bundled_stats_doc()).encode()
+    vllm_text = (FIXTURES / "vllm" / "metrics_samples.txt").read_text()
+    blocks = ["# SOURCE" + b for b in vllm_text.split("# SOURCE")[1:]]
+    return [("bundled", stats) if i % 2 == 0 else ("vllm", blocks[(i // 2) % len(blocks)].encode())
+            for i in range(n_engines)]
 
-        if self.kind == "bundled":
-            return snapshot_from_stats(copy.deepcopy(self.payload), name=self.name, now=now)
-        return snapshot_from_metrics_text(self.payload, name=self.name, flavor=self.kind, now=now)
+
+def serve(n_engines: int, base_port: int, bodies_path: str) -> None:
+    """The fake fleet (child process): one aiohttp server on ports base_port..+n, each port one
+    engine answering its recorded body; prints ``ready`` when all listen."""
+    from aiohttp import web
+
+    raise_file_limit()
+    bodies = json.loads(Path(bodies_path).read_text())
+
+    async def main() -> None:
+        runners = []
+        for i in range(n_engines):
+            kind, body = bodies[i][0], bodies[i][1].encode()
+            app = web.Application()
+            if kind == "bundled":
+                app.router.add_get("/stats", lambda r, b=body: web.Response(body=b, content_type="application/json"))
+            else:
+                app.router.add_get("/metrics", lambda r, b=body: web.Response(body=b, content_type="text/plain"))
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", base_port + i, backlog=128).start()
+            runners.append(runner)
+        print("ready", flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+class Fleet:
+    """The fake fleet's child process (context manager)."""
+
+    def __init__(self, n_engines: int, workdir: Path, base_port: int = BASE_PORT) -> None:
+        self.kinds = payloads(n_engines)
+        bodies = workdir / "bodies.json"
+        bodies.write_text(json.dumps([[k, b.decode()] for k, b in self.kinds]))
+        self.urls = [f"http://127.0.0.1:{base_port + i}" for i in range(n_engines)]
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.controller_tick", "--serve", str(n_engines),
+                                      "--port", str(base_port), "--bodies", str(bodies)],
+                                     stdout=subprocess.PIPE, cwd=str(Path(__file__).resolve().parents[1]))
+        line = self.proc.stdout.readline()
+        if b"ready" not in line:
+            self.close()
+            raise RuntimeError(f"fake fleet did not start: {line!r}")
 
     def close(self) -> None:
-        pass
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def __enter__(self) -> "Fleet":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def gpu_reading(n: int):
@@ -86,10 +152,11 @@ def gpu_reading(n: int):
     return GpuReading(source="replay", ok=True, gpus=gpus, time=time.time())
 
 
-def build_controller(n_engines: int, n_gpus: int, workdir: Path):
-    """The controller over recorded engines and the replayed GPUs (see the module doc)."""
+def build_controller(fleet: Fleet, n_gpus: int, workdir: Path, model: str):
+    """The controller over the fleet's engines and the replayed GPUs (see the module doc)."""
     from inferctl.controller.actions import Actions
     from inferctl.controller.config import parse_config
+    from inferctl.controller.engines import make_engine_client
     from inferctl.controller.events import EventLog
     from inferctl.controller.gpu.replay import ReplayGpuSource
     from inferctl.controller.loop import Controller
@@ -98,21 +165,17 @@ def build_controller(n_engines: int, n_gpus: int, workdir: Path):
     from inferctl.controller.state import ControllerState
     from inferctl.controller.up import build_policies
 
-    stats = bundled_stats_doc()
-    vllm_text = (FIXTURES / "vllm" / "metrics_samples.txt").read_text()
-    blocks = ["# SOURCE" + b for b in vllm_text.split("# SOURCE")[1:]]
-    engines = []
-    for i in range(n_engines):
-        kind = "bundled" if i % 2 == 0 else "vllm"
-        engines.append({"name": f"e{i:03d}", "kind": kind, "url": f"http://127.0.0.1:{20000 + i}", "gpu": i % n_gpus})
+    engines = [{"name": f"e{i:04d}", "kind": kind, "url": url, "gpu": i % n_gpus}
+               for i, ((kind, _), url) in enumerate(zip(fleet.kinds, fleet.urls))]
     # the configuration names the real capture (a replay source needs a path); the loop gets
     # the source built below, which replays that capture cloned to ``n_gpus`` GPUs
     cfg = parse_config({"engines": engines, "gpu": {"kind": "replay", "options": {"path": str(H100_CAPTURE)}},
                         "event_log": str(workdir / "events.db"), "policies": {"breaker": {"enabled": False}}})
-    clients = {}
-    for i, e in enumerate(cfg.engines):
-        payload = stats if e.kind == "bundled" else blocks[(i // 2) % len(blocks)]
-        clients[e.name] = RecordedEngine(e.name, e.kind, payload)
+    timeout = cfg.intervals.call_timeout_seconds
+    clients = {e.name: make_engine_client(e.kind, e.name, e.url, timeout_s=timeout) for e in cfg.engines}
+    if model == "threads":            # the model before: a worker thread and an httpx.Client per engine
+        for c in clients.values():
+            c.supports_async = False
     registry, metrics = build_registry()
     log = EventLog(str(workdir / "events.db"), metrics=metrics)
     gpu_source = ReplayGpuSource(captures=[gpu_reading(n_gpus)], mode="step")
@@ -123,93 +186,177 @@ def build_controller(n_engines: int, n_gpus: int, workdir: Path):
                       state=state)
     ctl = Controller(cfg, clients, gpu_source, policies, actions, log, metrics, registry=registry,
                      gpu_policies=gpu_policies, counter=counter, state=state)
-    return ctl, registry, log
+    return ctl, registry, log, clients
 
 
-def measure(n_engines: int, n_gpus: int, ticks: int) -> dict:
-    """Tick and render numbers (seconds, bytes)."""
+def measure(fleet: Fleet, n_gpus: int, ticks: int, model: str, workdir: Path) -> dict:
+    """Tick and render numbers (seconds, bytes) for one polling model."""
     from prometheus_client import generate_latest
 
-    with tempfile.TemporaryDirectory() as tmp:
-        ctl, registry, log = build_controller(n_engines, n_gpus, Path(tmp))
-        try:
-            now = time.time()
-            for _ in range(3):
-                now += 1.0
-                ctl.tick(now)
-            cpu, wall, decisions = [], [], 0
-            for _ in range(ticks):
-                now += 1.0
-                c0, w0 = time.process_time(), time.perf_counter()
-                decisions += len(ctl.tick(now))
-                cpu.append(time.process_time() - c0)
-                wall.append(time.perf_counter() - w0)
-            poll_cpu, rec_cpu = [], []
-            for _ in range(ticks):
-                now += 1.0
-                c0 = time.process_time()
-                ctl.poll_gpu(now, force=True)
-                for name in ctl.engines:
-                    ctl.poll_engine(name, now, reconcile=False, force=True)
-                c1 = time.process_time()
-                decisions += len(ctl.reconcile(now))
-                poll_cpu.append(c1 - c0)
-                rec_cpu.append(time.process_time() - c1)
-            renders, size = [], 0
-            for _ in range(max(5, ticks // 2)):
-                w0 = time.perf_counter()
-                body = generate_latest(registry)
-                renders.append(time.perf_counter() - w0)
-                size = len(body)
-            series = sum(1 for line in body.decode().splitlines() if line and not line.startswith("#"))
-            status_t0 = time.perf_counter()
-            ctl.status()
-            status_s = time.perf_counter() - status_t0
-            return {"engines": n_engines, "gpus": n_gpus, "ticks": ticks, "decisions": decisions,
-                    "tick_cpu_median_s": statistics.median(cpu), "tick_cpu_max_s": max(cpu),
-                    "tick_wall_median_s": statistics.median(wall), "tick_wall_max_s": max(wall),
-                    "poll_cpu_median_s": statistics.median(poll_cpu),
-                    "reconcile_cpu_median_s": statistics.median(rec_cpu),
-                    "render_median_s": statistics.median(renders), "render_max_s": max(renders),
-                    "metrics_bytes": size, "metrics_series": series, "status_s": status_s,
-                    "events": log.last_id()}
-        finally:
-            ctl.stop()
-            log.close()
+    ctl, registry, log, clients = build_controller(fleet, n_gpus, workdir, model)
+    try:
+        now = time.time()
+        for _ in range(3):
+            now += 1.0
+            ctl.tick(now)
+        cpu, wall, decisions = [], [], 0
+        for _ in range(ticks):
+            now += 1.0
+            c0, w0 = time.process_time(), time.perf_counter()
+            decisions += len(ctl.tick(now))
+            cpu.append(time.process_time() - c0)
+            wall.append(time.perf_counter() - w0)
+        up = sum(1 for s in ctl.state.latest.values() if s.ok)
+        poll_cpu, rec_cpu = [], []
+        for _ in range(max(3, ticks // 2)):
+            now += 1.0
+            c0 = time.process_time()
+            ctl.poll_gpu(now, force=True)
+            ctl.sources.poll_engines(now, force=True)
+            c1 = time.process_time()
+            decisions += len(ctl.reconcile(now))
+            poll_cpu.append(c1 - c0)
+            rec_cpu.append(time.process_time() - c1)
+        renders, size = [], 0
+        for _ in range(max(5, ticks // 2)):
+            c0 = time.process_time()
+            body = generate_latest(registry)
+            renders.append(time.process_time() - c0)
+            size = len(body)
+        series = sum(1 for line in body.decode().splitlines() if line and not line.startswith("#"))
+        return {"model": model, "engines": len(fleet.urls), "gpus": n_gpus, "ticks": ticks, "up": up,
+                "decisions": decisions, "tick_cpu_best_s": min(cpu), "tick_cpu_median_s": statistics.median(cpu),
+                "tick_wall_median_s": statistics.median(wall), "poll_cpu_median_s": statistics.median(poll_cpu),
+                "reconcile_cpu_median_s": statistics.median(rec_cpu), "render_best_s": min(renders),
+                "render_median_s": statistics.median(renders), "metrics_bytes": size, "metrics_series": series,
+                "threads": len(__import__("threading").enumerate())}
+    finally:
+        ctl.stop()
+        log.close()
+        for c in clients.values():
+            c.close()
 
 
-def render(r: dict) -> str:
-    ok = r["tick_cpu_median_s"] <= TARGET_TICK_CPU_SECONDS
-    rows = [["reconcile tick (poll all + reconcile), CPU", f"{1000 * r['tick_cpu_median_s']:.1f} ms",
-             f"{1000 * r['tick_cpu_max_s']:.1f} ms"],
-            ["  of which: polls (parse every engine's answer, worker threads), CPU",
-             f"{1000 * r['poll_cpu_median_s']:.1f} ms", "-"],
-            ["  of which: reconcile (signals, policies, events, gauges), CPU",
-             f"{1000 * r['reconcile_cpu_median_s']:.1f} ms", "-"],
-            ["reconcile tick, wall", f"{1000 * r['tick_wall_median_s']:.1f} ms",
-             f"{1000 * r['tick_wall_max_s']:.1f} ms"],
-            ["/metrics render (generate_latest)", f"{1000 * r['render_median_s']:.1f} ms",
-             f"{1000 * r['render_max_s']:.1f} ms"],
-            ["/status document", f"{1000 * r['status_s']:.1f} ms", "-"]]
-    return (f"{r['engines']} engines (half bundled /stats, half vLLM /metrics captures), {r['gpus']} GPUs (replayed "
-            f"H100 capture), {r['ticks']} ticks after 3 warm-up ticks; {r['decisions']} decisions, "
-            f"{r['events']} events; /metrics {r['metrics_series']:,} series, {r['metrics_bytes'] / 1e6:.2f} MB.\n\n"
-            + md_table(["measure", "median", "max"], rows)
-            + f"\n\n- Tick CPU {1000 * r['tick_cpu_median_s']:.1f} ms (target ≤ 100 ms: "
-            f"{'met' if ok else 'NOT met'}).")
+def probe(fleet: Fleet, reps: int = 3) -> list[list[str]]:
+    """CPU of one GET to every fleet engine with each HTTP client (best of ``reps``)."""
+    import concurrent.futures as cf
+
+    import aiohttp
+    import httpx
+
+    urls = [u + ("/stats" if k == "bundled" else "/metrics") for (k, _), u in zip(fleet.kinds, fleet.urls)]
+
+    def best(fn) -> tuple[float, int]:
+        runs = []
+        for _ in range(reps + 1):            # the first run opens the connections
+            c0 = time.process_time()
+            errors = fn()
+            runs.append((time.process_time() - c0, errors))
+        return min(runs[1:])
+
+    rows = []
+    clients = [httpx.Client(timeout=10) for _ in urls]
+    pools = [cf.ThreadPoolExecutor(1) for _ in urls]
+
+    def threads() -> int:
+        futs = [p.submit(lambda c=c, u=u: c.get(u).content) for p, c, u in zip(pools, clients, urls)]
+        return sum(1 for f in futs if f.exception() is not None)
+    cpu, err = best(threads)
+    rows.append(["httpx sync, one thread + client per engine (before)", f"{1000 * cpu:.0f} ms", str(err)])
+    for c in clients:
+        c.close()
+    for p in pools:
+        p.shutdown()
+    loop = asyncio.new_event_loop()
+
+    async def hx_round(client) -> int:
+        res = await asyncio.gather(*(client.get(u) for u in urls), return_exceptions=True)
+        return sum(1 for r in res if isinstance(r, Exception))
+    hx = httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_connections=None, max_keepalive_connections=None))
+    cpu, err = best(lambda: loop.run_until_complete(hx_round(hx)))
+    rows.append(["httpx AsyncClient, one event loop", f"{1000 * cpu:.0f} ms", str(err)])
+    loop.run_until_complete(hx.aclose())
+
+    async def ah_round(session) -> int:
+        async def one(u):
+            async with session.get(u) as r:
+                return await r.read()
+        res = await asyncio.gather(*(one(u) for u in urls), return_exceptions=True)
+        return sum(1 for r in res if isinstance(r, Exception))
+
+    async def mk():
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+    session = loop.run_until_complete(mk())
+    cpu, err = best(lambda: loop.run_until_complete(ah_round(session)))
+    rows.append(["aiohttp, one event loop (chosen)", f"{1000 * cpu:.0f} ms", str(err)])
+    loop.run_until_complete(session.close())
+    loop.close()
+    return rows
+
+
+def render(results: list[dict], probe_rows: list[list[str]] | None, probe_n: int) -> str:
+    rows = []
+    for r in results:
+        rows.append([f"{r['engines']:,} / {r['gpus']}", r["model"], f"{r['up']}/{r['engines']}",
+                     f"{1000 * r['tick_cpu_best_s']:.0f} ms", f"{1000 * r['tick_cpu_median_s']:.0f} ms",
+                     f"{1000 * r['poll_cpu_median_s']:.0f} ms", f"{1000 * r['reconcile_cpu_median_s']:.0f} ms",
+                     f"{1000 * r['tick_wall_median_s']:.0f} ms", str(r["threads"]),
+                     f"{1000 * r['render_best_s']:.0f} ms",
+                     f"{r['metrics_series']:,} / {r['metrics_bytes'] / 1e6:.2f} MB"])
+    out = ("Engines polled over loopback HTTP (half bundled `/stats`, half vLLM `/metrics` captures) from a fake fleet "
+           "in a child process; GPUs: the replayed H100 capture. CPU is the controller process's only "
+           f"(`time.process_time`). {results[0]['ticks']} ticks after 3 warm-up ticks per row.\n\n"
+           + md_table(["engines / GPUs", "polling model", "engines up", "tick CPU best", "tick CPU median",
+                       "of which polls", "of which reconcile", "tick wall", "threads", "/metrics render CPU best",
+                       "series / size"], rows))
+    big = [r for r in results if r["model"] == "aiohttp"]
+    if big:
+        r = max(big, key=lambda x: x["engines"])
+        out += (f"\n\n- Tick CPU at {r['engines']:,} engines: {1000 * r['tick_cpu_best_s']:.0f} ms best, "
+                f"{1000 * r['tick_cpu_median_s']:.0f} ms median (target ≤ {1000 * TARGET_TICK_CPU_SECONDS:.0f} ms: "
+                f"{'met' if r['tick_cpu_median_s'] <= TARGET_TICK_CPU_SECONDS else 'NOT met'}); /metrics render "
+                f"{1000 * r['render_best_s']:.0f} ms (target ≤ {1000 * TARGET_RENDER_SECONDS:.0f} ms: "
+                f"{'met' if r['render_best_s'] <= TARGET_RENDER_SECONDS else 'NOT met'}).")
+    if probe_rows:
+        out += (f"\n\nHTTP clients alone: one GET to each of {probe_n} fleet engines, CPU of the client process, "
+                "best of 3 after a warm-up round:\n\n" + md_table(["client", "CPU", "errors"], probe_rows))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--engines", type=int, default=256)
-    ap.add_argument("--gpus", type=int, default=64)
-    ap.add_argument("--ticks", type=int, default=20)
+    ap.add_argument("--engines", default="64,256,1024", help="comma-separated engine counts (GPUs = engines / 4)")
+    ap.add_argument("--ticks", type=int, default=10)
+    ap.add_argument("--models", default="aiohttp,threads",
+                    help="polling models: aiohttp (one event loop), threads (a thread + httpx.Client per engine)")
+    ap.add_argument("--threads-max", type=int, default=256, help="largest fleet the threads model is run on")
+    ap.add_argument("--probe", type=int, default=256, help="engines for the raw HTTP client probe (0: skip)")
     ap.add_argument("--quick", action="store_true", help="smoke test: no doc write")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, default=BASE_PORT, help=argparse.SUPPRESS)
+    ap.add_argument("--bodies", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.serve:
+        serve(a.serve, a.port, a.bodies)
+        return 0
+    raise_file_limit()
     facts = machine_facts()
-    r = measure(a.engines, a.gpus, a.ticks)
-    body = render(r)
+    sizes = [int(x) for x in a.engines.split(",") if x.strip()]
+    models = [m.strip() for m in a.models.split(",") if m.strip()]
+    results, probe_rows = [], None
+    for n in sizes:
+        with tempfile.TemporaryDirectory() as tmp, Fleet(n, Path(tmp)) as fleet:
+            for model in models:
+                if model == "threads" and n > a.threads_max:
+                    continue
+                r = measure(fleet, max(1, n // 4), a.ticks, model, Path(tmp) / model)
+                print(json.dumps(r), flush=True)
+                results.append(r)
+            if a.probe and n == a.probe:
+                probe_rows = probe(fleet)
+                print(probe_rows, flush=True)
+    body = render(results, probe_rows, a.probe)
     print(body)
     if not (a.quick or a.no_write):
         write_section("controller", section("controller", "Controller: reconcile tick and /metrics render", body,
