@@ -55,6 +55,8 @@ class Thresholds:
     engine_job: str = "inferctl-engine"
     #: Prometheus ``job`` of the controller's /metrics.
     controller_job: str = "inferctl-controller"
+    #: Prometheus ``job`` of the router's /metrics (deploy/kubernetes/base/monitoring.yaml).
+    router_job: str = "inferctl-router"
     #: Prefix of every alert's ``runbook_url`` (``<base><AlertName>.md``; ends with "/").
     runbook_base_url: str = "https://github.com/inferctl/inferctl/blob/main/runbooks/"
 
@@ -164,6 +166,52 @@ class Thresholds:
     automation_paused_max_seconds: float = 14400.0
     automation_paused_for: str = "5m"
 
+    # --- router (issue 9) ---------------------------------------------------------------
+    #: ``for:`` of "no ready replica" (the router answers 503 to every request meanwhile).
+    router_no_ready_for: str = "1m"
+    #: Retries / requests over ``router_retry_window`` above which the retry-storm warning
+    #: fires (operator default: one request in ten needs a second attempt), with its ``for:``.
+    router_retry_ratio: float = 0.1
+    router_retry_window: str = "5m"
+    router_retry_for: str = "10m"
+    #: One replica's share of the router's requests over ``router_imbalance_window`` above
+    #: which the imbalance warning fires, only with at least ``router_imbalance_min_replicas``
+    #: replicas ready (with one or two, a large share is normal). Operator defaults.
+    router_imbalance_ratio: float = 0.8
+    router_imbalance_min_replicas: int = 3
+    #: ... and at least this many requests in the window (a trickle lands anywhere).
+    router_imbalance_min_requests: int = 100
+    router_imbalance_window: str = "15m"
+    router_imbalance_for: str = "15m"
+
+    # --- saturation and SLOs (issue 10: items 9, 10) -------------------------------------
+    #: KV-cache usage (max over an engine's series, never a sum) above which the saturation
+    #: warning fires; its ``for:`` is long so a signal hovering at the threshold does not flap
+    #: (operator defaults; vLLM preempts as usage nears 1).
+    kv_cache_usage_ratio: float = 0.9
+    kv_cache_usage_for: str = "15m"
+    #: Requests waiting (max per engine) above which the backlog warning fires, with its ``for:``.
+    request_backlog: int = 32
+    request_backlog_for: str = "15m"
+    #: ``for:`` of the "histogram buckets too low" warning (quantiles in +Inf, or the mean above
+    #: the top finite bucket), over ``latency_rate_window``.
+    histogram_saturated_for: str = "30m"
+    #: SLO objectives over ``slo_window`` (defaults from issue 10): 99.9 % of finished requests
+    #: succeed; 99 % of successful requests get their first token within ``slo_ttft_seconds``
+    #: (must be a bucket bound of the TTFT histogram: the SLI reads its ``le`` bucket).
+    slo_availability_objective: float = 0.999
+    slo_ttft_objective: float = 0.99
+    slo_ttft_seconds: float = 1.0
+    slo_window: str = "30d"
+    #: Multi-window, multi-burn-rate alerts: (severity, burn-rate factor, long window, short
+    #: window, ``for:``). Source: Google SRE workbook, "Alerting on SLOs", recommendation
+    #: table (2 % of a 30-day budget in 1 h pages, 5 % in 6 h pages, 10 % in 3 d tickets).
+    slo_burn_alerts: tuple[tuple[str, float, str, str, str], ...] = (
+        ("critical", 14.4, "1h", "5m", "2m"),
+        ("critical", 6.0, "6h", "30m", "15m"),
+        ("warning", 1.0, "3d", "6h", "1h"),
+    )
+
     # --- meta ---------------------------------------------------------------------------
     #: ``for:`` of the always-firing ``Watchdog``.
     watchdog_for: str = "1m"
@@ -194,7 +242,22 @@ class Thresholds:
         for name in ("precision_max_switches", "precision_pin_after_class_relapses",
                      "ecc_correctable_storm_per_second"):
             _check_number(name, getattr(self, name), 0.0, None, strict_min=True)
-        for name in ("engine_job", "controller_job"):
+        for name in ("slo_availability_objective", "slo_ttft_objective"):
+            _check_number(name, getattr(self, name), 0.0, 1.0, strict_min=True)
+            if getattr(self, name) >= 1.0:
+                raise ValueError(f"{name}: must be < 1 (an objective of 100 % leaves no error budget)")
+        for name in ("router_imbalance_min_replicas", "router_imbalance_min_requests", "request_backlog"):
+            _check_number(name, getattr(self, name), 0.0, None, strict_min=True)
+        for i, burn in enumerate(self.slo_burn_alerts):
+            if len(burn) != 5 or burn[0] not in ("critical", "warning"):
+                raise ValueError(f"slo_burn_alerts[{i}]: want (severity critical|warning, factor, long window, "
+                                 f"short window, for), got {burn!r}")
+            _check_number(f"slo_burn_alerts[{i}] factor", burn[1], 0.0, None, strict_min=True)
+            for d in burn[2:]:
+                duration_seconds(d, f"slo_burn_alerts[{i}]")
+            if duration_seconds(burn[3]) >= duration_seconds(burn[2]):
+                raise ValueError(f"slo_burn_alerts[{i}]: short window {burn[3]} must be shorter than {burn[2]}")
+        for name in ("engine_job", "controller_job", "router_job"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ValueError(f"{name}: must be a non-empty string")
         if not self.runbook_base_url.endswith("/"):

@@ -360,6 +360,41 @@ def _gpu_alerts(t: Thresholds) -> list[AlertRule]:
     ]
 
 
+def _router_alerts(t: Thresholds) -> list[AlertRule]:
+    """The router's alerts (issue 9): no ready replica, retry storm, one replica taking most traffic."""
+    req = "inferctl_router_requests_total"
+    retry = q.ratio(q.rate_sum("inferctl_router_retries_total", ("job",), t.router_retry_window),
+                    q.rate_sum(req, ("job",), t.router_retry_window))
+    w = t.router_imbalance_window
+    share = (f"{q.rate_sum(req, ('job', 'replica'), w)} / ignoring (replica) group_left () "
+             f"({q.rate_sum(req, ('job',), w)} > 0)")
+    guards = (f"min by (job) (inferctl_router_replicas_ready) >= {t.router_imbalance_min_replicas} and on (job) "
+              f"{q.rate_sum(req, ('job',), w, fn='increase')} >= {t.router_imbalance_min_requests}")
+    return [
+        AlertRule(
+            "InferctlRouterNoReadyReplica", "max by (job, instance) (inferctl_router_replicas_ready) == 0",
+            t.router_no_ready_for, "critical",
+            "Router {{ $labels.instance }} has no ready replica.",
+            "Router {{ $labels.instance }} (job {{ $labels.job }}) has had no replica it may send to for "
+            f"{spoken(t.router_no_ready_for, one='a ')}: every request is answered 503 (no_ready_replica)."),
+        AlertRule(
+            "InferctlRouterRetryStorm", f"{retry} > {t.router_retry_ratio:g}", t.router_retry_for, "warning",
+            "The router retries many requests.",
+            "Retries are {{ $value | humanizePercentage }} of the requests of router job {{ $labels.job }} over "
+            f"the last {spoken(t.router_retry_window)} (threshold {t.router_retry_ratio:.0%}): replicas refuse "
+            "or fail before the first byte, and every retry adds latency."),
+        AlertRule(
+            "InferctlRouterReplicaImbalance",
+            f"({share}) > {t.router_imbalance_ratio:g} and ignoring (replica) ({guards})",
+            t.router_imbalance_for, "warning",
+            "Replica {{ $labels.replica }} takes most of the router's traffic.",
+            "Replica {{ $labels.replica }} answered {{ $value | humanizePercentage }} of the requests of router "
+            f"job {{{{ $labels.job }}}} over the last {spoken(w)} (threshold {t.router_imbalance_ratio:.0%}) "
+            f"while at least {t.router_imbalance_min_replicas} replicas are ready: the others are idle or "
+            "refused."),
+    ]
+
+
 def _meta_alerts(t: Thresholds) -> list[AlertRule]:
     return [AlertRule(
         "Watchdog", "vector(1)", t.watchdog_for, "none",
@@ -382,6 +417,7 @@ def rule_groups(thresholds: Thresholds | None = None, for_override: str | None =
         RuleGroup("inferctl-engine.alerts", tuple(_latency_alerts(t) + _quality_alerts(t) + _availability_alerts(t))),
         RuleGroup("inferctl-controller.alerts", tuple(_control_plane_alerts(t))),
         RuleGroup("inferctl-gpu.alerts", tuple(_gpu_alerts(t))),
+        RuleGroup("inferctl-router.alerts", tuple(_router_alerts(t))),
         RuleGroup("inferctl-meta.alerts", tuple(_meta_alerts(t))),
     ]
     if for_override is not None:

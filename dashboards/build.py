@@ -1,6 +1,6 @@
 """Grafana dashboard JSON, built with grafana-foundation-sdk from the panel specs.
 
-The five dashboards are declared as data in :mod:`dashboards.panels` (:class:`PanelSpec`);
+The six dashboards are declared as data in :mod:`dashboards.panels` (:class:`PanelSpec`);
 :func:`build_dashboard` turns one into SDK builders and :func:`render_dashboards` serialises
 them with the SDK's own ``JSONEncoder`` (sorted keys, 2-space indent, trailing newline) so the
 committed JSON is byte-stable.

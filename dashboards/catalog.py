@@ -1,8 +1,8 @@
 """The metric catalog as the generators see it: both sides' lists merged, plus exposed series.
 
-Dashboards and rules may only name series that this module knows. It reads the two catalog
-modules (``engine.metrics.ENGINE_METRICS`` and ``controller.metrics.CONTROLLER_METRICS``) and
-nothing else of the engine or the controller.
+Dashboards and rules may only name series that this module knows. It reads the three catalog
+modules (``engine.metrics.ENGINE_METRICS``, ``controller.metrics.CONTROLLER_METRICS`` and
+``router.metrics.ROUTER_METRICS``) and nothing else of the engine, the controller or the router.
 
 A catalog entry is a plain dict ``{"name", "type", "unit", "help", "labels", "buckets"?}``
 (see ``docs/architecture.md``, "Metric catalogs"). On the wire a histogram ``x`` is the three
@@ -21,6 +21,7 @@ from typing import Mapping
 from inferctl.contract.thresholds import THRESHOLDS
 from inferctl.controller.metrics import CONTROLLER_METRICS
 from inferctl.engine.metrics import ENGINE_METRICS
+from inferctl.router.metrics import ROUTER_METRICS
 
 #: Labels Prometheus attaches to every scraped series (target labels).
 TARGET_LABELS: tuple[str, ...] = ("job", "instance")
@@ -33,6 +34,7 @@ SYNTHETIC_SERIES: Mapping[str, tuple[str, ...]] = MappingProxyType({"up": ()})
 #: :data:`inferctl.contract.thresholds.THRESHOLDS`; defined there, only named here).
 ENGINE_JOB = THRESHOLDS.engine_job
 CONTROLLER_JOB = THRESHOLDS.controller_job
+ROUTER_JOB = THRESHOLDS.router_job
 
 _METRIC_TYPES = ("counter", "gauge", "histogram")
 
@@ -50,14 +52,16 @@ class Series:
 
 
 def metric_catalog() -> dict[str, dict]:
-    """Both catalogs merged by name: ``{name: spec}``.
+    """The three catalogs merged by name: ``{name: spec}`` (``spec["side"]``: engine,
+    controller or router).
 
     Raises:
         ValueError: a name appears twice, an entry lacks a field, or its type is not one of
             counter, gauge, histogram (the catalog would be ambiguous to generate from).
     """
     merged: dict[str, dict] = {}
-    for side, specs in (("engine", ENGINE_METRICS), ("controller", CONTROLLER_METRICS)):
+    for side, specs in (("engine", ENGINE_METRICS), ("controller", CONTROLLER_METRICS),
+                        ("router", ROUTER_METRICS)):
         for spec in specs:
             for field in ("name", "type", "unit", "help", "labels"):
                 if field not in spec:
@@ -78,7 +82,7 @@ def scraped_label(label: str) -> str:
 
 
 def exposed_series(catalog: Mapping[str, dict] | None = None) -> dict[str, Series]:
-    """Every series name a scrape of the engine or controller can carry, plus ``up``.
+    """Every series name a scrape of the engine, controller or router can carry, plus ``up``.
 
     Returns ``{series_name: Series}``; a histogram contributes ``_bucket``, ``_sum``,
     ``_count``.

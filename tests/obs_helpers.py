@@ -137,8 +137,9 @@ class WebhookReceiver:
 
 
 def prometheus_config(path: Path, rules: Path, alertmanager_port: int, engine_port: int,
-                      controller_port: int, interval: str = "1s") -> Path:
-    """A Prometheus configuration with the two scrape jobs of docs/observability.md."""
+                      controller_port: int, interval: str = "1s", router_port: int | None = None) -> Path:
+    """A Prometheus configuration with the scrape jobs of docs/observability.md (the router's
+    only with ``router_port``)."""
     cfg = {
         "global": {"scrape_interval": interval, "evaluation_interval": interval, "scrape_timeout": "900ms"},
         "rule_files": [str(rules)],
@@ -148,6 +149,9 @@ def prometheus_config(path: Path, rules: Path, alertmanager_port: int, engine_po
             {"job_name": "inferctl-controller", "static_configs": [{"targets": [f"127.0.0.1:{controller_port}"]}]},
         ],
     }
+    if router_port is not None:
+        cfg["scrape_configs"].append(
+            {"job_name": "inferctl-router", "static_configs": [{"targets": [f"127.0.0.1:{router_port}"]}]})
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
 

@@ -24,7 +24,8 @@ from inferctl.dashboards.generate import render_all, stale_files
 from inferctl.dashboards.promql_lint import analyze, check_expression
 
 ROOT = Path(__file__).resolve().parents[2]
-UIDS = {"inferctl-service", "inferctl-gpu", "inferctl-batching", "inferctl-model-health", "inferctl-control-plane"}
+UIDS = {"inferctl-service", "inferctl-gpu", "inferctl-batching", "inferctl-model-health", "inferctl-control-plane",
+        "inferctl-router"}
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +119,11 @@ def _titles(doc) -> str:
                            "kv cache usage", "kv cache waste"]),
     ("inferctl-model-health", ["repetition", "degenerate-output rate by prompt length", "perplexity"]),
     ("inferctl-control-plane", ["precision mode", "precision switches", "rollbacks", "restarts", "gpu resets",
-                                "breaker state"]),
+                                "breaker state", "switches in window and cap", "automation paused",
+                                "event-log write failures"]),
+    ("inferctl-router", ["requests per second by replica", "share of requests per replica", "retries per second",
+                         "routing decisions by reason", "upstream time to first byte p50 / p99",
+                         "router overhead p50 / p99", "replicas ready"]),
 ])
 def test_required_panels_exist(committed, uid, needles):
     titles = _titles(committed[uid])
@@ -192,12 +197,12 @@ def test_render_is_deterministic():
     assert render_dashboards() == render_dashboards()
 
 
-ALLOWED_INTERNAL = {"inferctl.engine.metrics", "inferctl.controller.metrics"}
+ALLOWED_INTERNAL = {"inferctl.engine.metrics", "inferctl.controller.metrics", "inferctl.router.metrics"}
 
 
 def _internal_imports(path: Path) -> list[str]:
-    """Modules of the engine/controller packages that ``path`` imports (dotted names)."""
-    parts = ("inferctl.engine", "inferctl.controller")
+    """Modules of the engine/controller/router packages that ``path`` imports (dotted names)."""
+    parts = ("inferctl.engine", "inferctl.controller", "inferctl.router")
     found = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
@@ -211,7 +216,7 @@ def _internal_imports(path: Path) -> list[str]:
     return found
 
 
-def test_dashboards_package_imports_only_the_two_catalogs():
+def test_dashboards_package_imports_only_the_three_catalogs():
     files = sorted((ROOT / "dashboards").glob("*.py"))
     assert len(files) >= 8
     seen = set()

@@ -1,7 +1,8 @@
 """End to end: real Prometheus + Alertmanager with the generated rules and config, the bundled
 engine on stories260K and the controller, a webhook receiver in the test.
 
-Scenario: steady client traffic; an out-of-memory fault injected into the engine
+Scenario: steady client traffic through the router (``inferctl router`` in front of the one
+engine, scraped as job ``inferctl-router``); an out-of-memory fault injected into the engine
 (``POST /admin/fault {"kind": "oom"}``; the next step really runs out of memory); the
 controller degrades the engine to int8; ``InferctlEngineDegradedToInt8`` must reach the pager
 webhook as a critical alert with its runbook link; after the rollback hold the controller
@@ -47,7 +48,7 @@ WINDOW = "5s"      # stands in for Grafana's $__rate_interval / $__interval (4 x
 STEP = 2.0         # range-query step, as a panel ~60 points wide over the scenario would use
 
 #: Queries that are legitimately empty in this scenario (CPU, simulated GPU, no light model,
-#: no restarts/resets/Xids): (dashboard uid, panel title, refId) -> why.
+#: no restarts/resets/Xids, no pause, no router rejection or retry): (dashboard uid, panel title, refId) -> why.
 EMPTY_IN_SCENARIO: dict[tuple[str, str, str], str] = {
     ("inferctl-gpu", "Memory-bandwidth utilisation", "A"): "the simulated GPU reports no bandwidth (no data, never 0)",
     ("inferctl-gpu", "SM utilisation", "A"): "the simulated GPU reports no utilisation",
@@ -74,6 +75,12 @@ EMPTY_IN_SCENARIO: dict[tuple[str, str, str], str] = {
     ("inferctl-control-plane", "Paused for", "A"): "nobody pauses automation in the scenario",
     ("inferctl-control-plane", "Would have acted", "A"):
         "automation is never paused, so no decision is held back (the counter is born by its first event)",
+    ("inferctl-router", "Requests answered by the router", "A"):
+        "every request is valid and the one replica stays routable: the router rejects none",
+    ("inferctl-router", "Retries per second", "A"): "the one replica never refuses or fails, so nothing is retried",
+    ("inferctl-router", "Streams cut and client disconnects", "A"):
+        "no stream is cut after its first byte (the OOM re-queues the batch)",
+    ("inferctl-router", "Streams cut and client disconnects", "B"): "the test's client reads every answer to its end",
 }
 
 
@@ -123,7 +130,7 @@ def _traffic(engine: str, stop: threading.Event, counts: dict) -> None:
 def stack(tmp_path_factory, stories_dir):
     prometheus, alertmanager = need("prometheus"), need("prometheus-alertmanager")
     tmp = tmp_path_factory.mktemp("obs-e2e")
-    ports = {k: free_port() for k in ("prom", "am", "engine", "controller")}
+    ports = {k: free_port() for k in ("prom", "am", "engine", "controller", "router")}
     receiver = WebhookReceiver()
     rules = tmp / "rules.yaml"
     rules.write_text(dump_yaml(rules_document(rule_groups(for_override="1s")), "alerts.py"))
@@ -146,7 +153,8 @@ def stack(tmp_path_factory, stories_dir):
             "--log-level", "warning"),
             tmp / "engine.log", env={"OMP_NUM_THREADS": "1"}, cwd=ROOT))
         procs[0].wait_http(f"http://127.0.0.1:{ports['am']}/-/ready", 30)   # before Prometheus sends anything
-        prom_cfg = prometheus_config(tmp / "prometheus.yml", rules, ports["am"], ports["engine"], ports["controller"])
+        prom_cfg = prometheus_config(tmp / "prometheus.yml", rules, ports["am"], ports["engine"], ports["controller"],
+                                     router_port=ports["router"])
         procs.append(Proc("prometheus", [prometheus, f"--config.file={prom_cfg}", f"--storage.tsdb.path={tmp / 'tsdb'}",
                                          f"--web.listen-address=127.0.0.1:{ports['prom']}",
                                          "--rules.alert.resend-delay=2s"], tmp / "prometheus.log"))
@@ -159,10 +167,16 @@ def stack(tmp_path_factory, stories_dir):
         s = Stack(prom=f"http://127.0.0.1:{ports['prom']}", am=f"http://127.0.0.1:{ports['am']}", engine=engine,
                   controller=f"http://127.0.0.1:{ports['controller']}", receiver=receiver, procs=procs, traffic=counts)
         procs[3].wait_http(f"{s.controller}/status", 60)
+        # the router in front of the engine (its panels need traffic through it)
+        procs.append(Proc("router", python_cli(
+            "router", "--port", str(ports["router"]), "--host", "127.0.0.1", "--engine", f"main={engine}",
+            "--controller", s.controller), tmp / "router.log", cwd=ROOT))
+        router = f"http://127.0.0.1:{ports['router']}"
+        procs[4].wait_http(f"{router}/ready", 60)
         procs[2].wait_http(f"{s.prom}/-/ready", 30)
-        wait_until(lambda: len([r for r in prom_query(s.prom, "up == 1")]) == 2, 30,
-                   what=f"both targets up\n{s.logs()}")
-        thread = threading.Thread(target=_traffic, args=(engine, stop, counts), daemon=True)
+        wait_until(lambda: len([r for r in prom_query(s.prom, "up == 1")]) == 3, 30,
+                   what=f"the three targets up\n{s.logs()}")
+        thread = threading.Thread(target=_traffic, args=(router, stop, counts), daemon=True)
         thread.start()
         wait_until(lambda: counts["ok"] >= 5, 30, what="first completions")
         yield s
@@ -297,6 +311,12 @@ def test_every_dashboard_query_returns_data(stack: Stack, oom_scenario: dict):
     # The latency panels show the stories260K traffic: P99 TTFT in (0, 5 s), P50 <= P99.
     ttft = panels[("inferctl-service", "Time to first token P50 / P90 / P99", "C")]
     assert 0.0 < max(float(v) for v in _values(ttft)) < 5.0
+    # All traffic went through the router to its one replica: share 1, one replica ready.
+    share = panels[("inferctl-router", "Share of requests per replica", "A")]
+    assert {s["metric"]["replica"] for s in share} == {"main"}
+    assert {round(float(v), 6) for v in _values(share)} == {1.0}
+    ready = panels[("inferctl-router", "Replicas ready", "A")]
+    assert max(float(v) for v in _values(ready)) == 1.0
 
 
 def test_every_rule_evaluates_without_errors(stack: Stack):

@@ -41,7 +41,7 @@ ALLOWED = {
     "engine": {"contract"},
     "controller": {"contract"},
     "router": {"contract"},
-    "dashboards": {"contract", "engine.metrics", "controller.metrics"},
+    "dashboards": {"contract", "engine.metrics", "controller.metrics", "router.metrics"},
     "tools": {"contract", "engine", "controller", "router", "dashboards"},
     "inferctl": {"contract", "engine", "controller", "router", "dashboards", "tools"},
 }
