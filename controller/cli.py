@@ -103,6 +103,10 @@ def _request(method: str, url: Optional[str], path: str, *, token: Optional[str]
              f" controller's (a {type(doc).__name__}, not an object): is --url the controller?")
     if resp.status_code == 401:
         _die(f"unauthorized: {_message(doc)} (pass --token or set ${TOKEN_ENV})")
+    if resp.status_code == 404 and path in ("/status", "/events"):
+        # every controller serves these: a 404 is another server, most often an engine
+        _die(f"{base}: this looks like an engine ({method} {path} 404): the controller listens on another port"
+             f" (default {DEFAULT_URL.rsplit(':', 1)[1]})")
     if resp.status_code not in ok_statuses:
         _die(f"{_message(doc)} (HTTP {resp.status_code})")
     missing = [k for k in expect if k not in doc]
@@ -141,13 +145,17 @@ def _token(token: Optional[str], token_file: Optional[str] = None) -> str:
     return tok
 
 
+#: Console width for a pipe or a file: wide enough that no row is cut or folded (rich's default is 80)
+PIPE_WIDTH = 10_000
+
+
 def _console():  # noqa: ANN202 - rich Console, imported lazily so --help stays fast
     import sys
 
     from rich.console import Console
 
-    # a pipe or a file gets wide lines rather than rich's 80-column default
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    # a pipe or a file (`| cat`, `| tee`, a log) gets full rows rather than rich's 80-column cut
+    return Console(highlight=False, width=None if sys.stdout.isatty() else PIPE_WIDTH)
 
 
 def _when(t: Any) -> str:
@@ -477,13 +485,14 @@ def _server_token(config, token: Optional[str], token_file: Optional[str]) -> tu
 
 
 def _run_config(config, token: Optional[str], engine_log_dir: Optional[str], token_file: Optional[str] = None,  # noqa: ANN001
-                allowed_hosts: tuple[str, ...] = (), router: Any = None) -> None:
+                allowed_hosts: tuple[str, ...] = (), router: Any = None,
+                port_flags: Optional[dict[str, str]] = None) -> None:
     from inferctl.controller.up import serve
 
     tok, src = _server_token(config, token, token_file)
     code = serve(config, tok, token_source=src, echo=lambda s: typer.echo(s),
                  engine_log_dir=engine_log_dir, echo_error=lambda s: typer.echo(s, err=True),
-                 allowed_hosts=tuple(allowed_hosts), router=router)
+                 allowed_hosts=tuple(allowed_hosts), router=router, port_flags=port_flags)
     raise typer.Exit(code)
 
 
@@ -517,7 +526,18 @@ def controller_run(config: str = typer.Option(..., "--config", "-c", help="YAML 
     _run_config(_load(config), token, engine_log_dir, token_file, tuple(allowed_host))
 
 
-def up(model: Optional[str] = typer.Option(None, "--model", help="Model path (llama2.c .bin or HF dir);"
+def model_argument(positional: Optional[str], option: Optional[str], flag: str = "--model") -> Optional[str]:
+    """The model of a command that takes it as ``MODEL`` (vLLM's habit) or ``--model``: either
+    one; both only when they are the same (else exit 2 naming both)."""
+    if positional is not None and option is not None and positional != option:
+        _die(f"{flag}: the model is given twice ({positional!r} as MODEL and {option!r} as {flag}); give one",
+             code=2)
+    return option if option is not None else positional
+
+
+def up(model_arg: Optional[str] = typer.Argument(None, metavar="[MODEL]", show_default=False,
+                                                 help="Model path (same as --model, vLLM style)."),
+       model: Optional[str] = typer.Option(None, "--model", help="Model path (llama2.c .bin or HF dir);"
                                            " default: the built-in demo model."),
        config: Optional[str] = typer.Option(None, "--config", "-c", help="YAML configuration (engines, GPU"
                                             " source, thresholds, holds, rails)."),
@@ -544,8 +564,9 @@ def up(model: Optional[str] = typer.Option(None, "--model", help="Model path (ll
     --model, --memory-budget and --engine-port applied to its first launched engine.
     """
     from inferctl.controller.config import ConfigError
-    from inferctl.controller.up import RouterSpec, up_config
+    from inferctl.controller.up import UP_PORT_FLAGS, RouterSpec, up_config
 
+    model = model_argument(model_arg, model)
     try:
         final = up_config(_load(config), from_file=bool(config), replicas=replicas, model=model,
                           memory_budget=memory_budget, engine_port=engine_port, engine_args=list(engine_arg),
@@ -554,7 +575,8 @@ def up(model: Optional[str] = typer.Option(None, "--model", help="Model path (ll
         _die(str(exc), code=2)
     router = RouterSpec(final.listen.host, router_port) if (replicas > 1 if with_router is None else with_router) \
         else None
-    _run_config(final, token, engine_log_dir, token_file, tuple(allowed_host), router=router)
+    _run_config(final, token, engine_log_dir, token_file, tuple(allowed_host), router=router,
+                port_flags=UP_PORT_FLAGS)
 
 
 def register(app: typer.Typer) -> None:

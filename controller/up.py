@@ -35,7 +35,7 @@ from inferctl.controller.loop import Controller
 from inferctl.controller.state import ControllerState
 from inferctl.controller.metrics import build_registry
 from inferctl.controller.reset import GpuResetter
-from inferctl.controller.supervisor import owner_key
+from inferctl.controller.supervisor import find_owned, owner_key
 
 TOKEN_BYTES = 24   # secrets.token_urlsafe(24): 32 characters, 192 bits
 #: where ``inferctl up --replicas N`` (N > 1) puts the router (``--router-port``)
@@ -354,6 +354,39 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+#: ``inferctl up``'s flags for each server's port (:func:`check_ports_free`)
+UP_PORT_FLAGS = {"controller": "--controller-port", "engine": "--engine-port", "router": "--router-port"}
+
+
+def check_ports_free(config: ControllerConfig, router: RouterSpec | None = None,
+                     flags: dict[str, str] | None = None) -> None:
+    """Raise :class:`ConfigError` ``port P (ROLE) is in use on HOST; choose another with FIX`` for
+    the first port the controller, a launched engine or the router would listen on that cannot be
+    bound now. ``flags`` maps a role (controller, engine, router) to the flag that changes its
+    port (``inferctl up``: :data:`UP_PORT_FLAGS`); without one the configuration key is named.
+    Port 0 (any free port) and an engine a previous controller left running (it is adopted or
+    stopped: :func:`~controller.supervisor.find_owned`) are not checked."""
+    flags = flags or {}
+    checks = [(config.listen.host, config.listen.port, "controller",
+               flags.get("controller", "listen.port in the configuration"))]
+    for i, e in enumerate(config.engines):
+        if e.launch is None or (config.event_log != ":memory:" and find_owned(owner_key(config.event_log, e.name))):
+            continue
+        role = "engine" if e.name == "main" else f"engine {e.name}"
+        checks.append((e.launch.host, e.launch.port, role,
+                       flags.get("engine", f"engines[{i}].launch.port in the configuration")))
+    if router is not None:
+        checks.append((router.host, router.port, "router", flags.get("router", "--router-port")))
+    for host, port, role, fix in checks:
+        if not port:
+            continue
+        try:
+            _bind(host, port).close()
+        except RuntimeError:
+            raise ConfigError(f"port {port} ({role}) is in use on {host}; choose another with {fix}"
+                              + (" N" if fix.startswith("--") else "")) from None
+
+
 def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
@@ -361,13 +394,14 @@ def _url(host: str, port: int) -> str:
 def serve(config: ControllerConfig, admin_token: str | None = None, *, token_source: str = "config",
           echo: Callable[[str], None] = print, engine_log_dir: str | Path | None = None,
           echo_error: Callable[[str], None] | None = None, allowed_hosts: tuple[str, ...] = (),
-          router: RouterSpec | None = None) -> int:
+          router: RouterSpec | None = None, port_flags: dict[str, str] | None = None) -> int:
     """Run the controller (and its launched engines, and with ``router`` the router in front of
     them) until SIGINT/SIGTERM. Returns 0 on a clean stop, 2 when the configuration cannot be
     used (:class:`ConfigError`: the field is named), 1 when startup failed otherwise (a port in
     use, an engine or the router that did not start). The reason is one line through
     ``echo_error`` (default ``echo``), never raised. The router's URL (the one clients use) is
-    printed first; on the way out the router stops last, after the engines drained."""
+    printed first; on the way out the router stops last, after the engines drained. A port in
+    use is said first, before anything starts (:func:`check_ports_free` with ``port_flags``: exit 2)."""
     echo_error = echo_error or echo
     import uvicorn
 
@@ -386,6 +420,7 @@ def serve(config: ControllerConfig, admin_token: str | None = None, *, token_sou
     sock: socket.socket | None = None
     router_sup: EngineSupervisor | None = None
     try:
+        check_ports_free(config, router, port_flags)
         sock = _bind(config.listen.host, config.listen.port)
         port = sock.getsockname()[1]
         if router is not None:

@@ -103,6 +103,24 @@ def admin_token_option(token: Optional[str], token_file: Optional[str]) -> Optio
     return None
 
 
+def port_in_use(host: str, port: int) -> bool:
+    """True when ``host:port`` cannot be bound now (another process listens there); port 0 (any
+    free port) is never in use. Same socket options as uvicorn (``SO_REUSEADDR``)."""
+    import socket
+
+    if not port:
+        return False
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        return True
+    finally:
+        sock.close()
+    return False
+
+
 def _load(spec: Optional[str], tokenizer: Optional[str], device: str, dtype: str = "auto",
           name: Optional[str] = None):  # noqa: ANN202
     """Load a model bundle on its device and dtype (the engine uses the model where it is).
@@ -148,6 +166,8 @@ def _build_engine(bundle, config, precision: str):  # noqa: ANN001, ANN202
 
 
 def serve(
+    model_arg: Optional[str] = typer.Argument(None, metavar="[MODEL]", show_default=False,
+                                              help="Model path (same as --model, vLLM style)."),
     model: Optional[str] = typer.Option(None, "--model",
                                         help="llama2.c .bin, Hugging Face directory, or 'demo' (default)."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer",
@@ -217,6 +237,11 @@ def serve(
     from inferctl.engine.entrypoints.lifecycle import DEFAULT_FLUSH_SECONDS, GracefulServer
     from inferctl.engine.server import create_app
 
+    if model_arg is not None and model is not None and model_arg != model:
+        _die(f"--model: the model is given twice ({model_arg!r} as MODEL and {model!r} as --model); give one")
+    model = model if model is not None else model_arg
+    if port_in_use(host, port):
+        _die(f"port {port} (engine) is in use on {host}; choose another with --port N")
     if kv_cache_dtype not in ("auto", "int8"):
         _die(f"--kv-cache-dtype: must be auto or int8, got {kv_cache_dtype!r}")
     if precision not in ("full", "int8"):
@@ -329,5 +354,7 @@ def register(app: typer.Typer) -> None:
     engine_app = typer.Typer(name="engine", help="The bundled inference engine.", no_args_is_help=True)
     engine_app.command("serve")(serve)
     app.add_typer(engine_app, name="engine")
+    # vLLM's habit: `vllm serve MODEL` → `inferctl serve MODEL`, the same command
+    app.command("serve", help="Same as `inferctl engine serve` (vLLM's `vllm serve MODEL`).")(serve)
     app.command("generate")(generate)
 

@@ -1,4 +1,4 @@
-"""``inferctl drill oom``: the typer command (:func:`register` adds it to an app)."""
+"""``inferctl drill oom`` and ``drill fleet``: the typer commands (:func:`register` adds them to an app)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 from inferctl.tools.drill.config import DrillConfig, DrillError
+from inferctl.tools.drill.fleet_cli import register as register_fleet
 from inferctl.tools.drill.passages import load_passages
 from inferctl.tools.drill.plot import plot_report
 from inferctl.tools.drill.scenario import run_drill
 from inferctl.tools.drill.stack import discover, stack_config, start_stack
-from inferctl.tools.drill.view import live_table, summary_table
+from inferctl.tools.drill.view import console, live_table, stop_live, summary_table
 
 
 def register(app: Any) -> None:
@@ -23,6 +24,7 @@ def register(app: Any) -> None:
     drill_app = typer.Typer(help="Game-day drills against a running (or self-started) stack.",
                             no_args_is_help=True)
     app.add_typer(drill_app, name="drill")
+    register_fleet(drill_app)
 
     @drill_app.command("oom")
     def oom(
@@ -56,10 +58,9 @@ def register(app: Any) -> None:
     ) -> None:
         """OOM game day: load, memory pressure until an OOM, int8 switch, recovery, rollback.
         Exit 1 if a request failed or was lost or the stack did not return to full precision."""
-        from rich.console import Console
         from rich.live import Live
 
-        err = Console(stderr=True)
+        err = console(stderr=True)
 
         def die(msg: str, code: int) -> None:
             err.print(f"error: {msg}", markup=False, highlight=False, soft_wrap=True)
@@ -98,7 +99,7 @@ def register(app: Any) -> None:
                                    engine_name=engine_name, live=view)
             finally:
                 if view is not None:
-                    live_ctx.stop()
+                    stop_live(live_ctx)
         except DrillError as exc:
             die(str(exc), 1)
         finally:
@@ -118,7 +119,7 @@ def register(app: Any) -> None:
             sys.stdout.write(json.dumps(summary | {"report": str(json_path), "plot": str(png),
                                                    "notes": report.notes}, indent=1) + "\n")
         else:
-            Console().print(summary_table(report))
+            console().print(summary_table(report))
         for n in report.notes:
             err.print(f"note: {n}", markup=False, highlight=False, soft_wrap=True)
         err.print(f"wrote {json_path} and {png}", highlight=False, soft_wrap=True)

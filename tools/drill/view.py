@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -14,6 +15,28 @@ def _mb(x: Any) -> str:
 
 def _s(x: Any, digits: int = 2) -> str:
     return "-" if x is None else f"{x:.{digits}f} s"
+
+
+#: Console width for a pipe or a file: wide enough that no row is cut (rich's default is 80)
+PIPE_WIDTH = 10_000
+
+
+def console(stderr: bool = False) -> Any:
+    """A rich Console on stdout (``stderr``: stderr): the terminal's width on a terminal, else
+    :data:`PIPE_WIDTH` so ``| cat`` / ``| tee`` / a log get full rows, with no ``…`` cut."""
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    tty = hasattr(stream, "isatty") and stream.isatty()
+    return Console(stderr=stderr, highlight=False, width=None if tty else PIPE_WIDTH)
+
+
+def stop_live(live: Any) -> None:
+    """Stop a rich ``Live``; on a pipe or a file, end its last frame's line (rich leaves it open,
+    and the next line — the drill's ``wrote …`` — would be glued onto the table's border)."""
+    live.stop()
+    if not live.console.is_terminal:
+        live.console.line()
 
 
 def live_table(run: Any) -> Any:

@@ -48,10 +48,10 @@ def register(app: Any) -> None:
     ) -> None:
         """Process a book longer than the context in overlapping chunks; perplexity by position
         and repetition of the outputs. Prints the per-chunk table and saves CSV + JSON."""
-        from rich.console import Console
+        from inferctl.tools.drill.view import console as make_console
 
-        console = Console()
-        err = Console(stderr=True)
+        console = make_console()
+        err = make_console(stderr=True)
         try:
             cfg = LongTextConfig(chunk_size=DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size,
                                  overlap=overlap, max_new_tokens=max_new_tokens,
