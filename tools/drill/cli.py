@@ -17,6 +17,16 @@ from inferctl.tools.drill.stack import discover, stack_config, start_stack
 from inferctl.tools.drill.view import console, live_table, stop_live, summary_table
 
 
+def _budget(value: Any) -> str:
+    """A budget as the config holds it (bytes or ``512MiB``) in binary units for people."""
+    from inferctl.contract.units import SizeError, format_bytes, parse_size
+
+    try:
+        return format_bytes(parse_size(str(value), "memory_budget")) if value is not None else "none"
+    except SizeError:
+        return str(value)
+
+
 def register(app: Any) -> None:
     """Add ``inferctl drill oom`` to the typer ``app`` (as the sub-app ``drill``)."""
     import typer
@@ -82,7 +92,7 @@ def register(app: Any) -> None:
                     die(f"--model: {model} does not exist", 2)
                 conf = stack_config(model, workdir, memory_budget, engine_arg, hold_seconds, controller_poll)
                 err.print(f"starting inferctl up (model {model or 'demo'}, budget "
-                          f"{conf['engines'][0]['launch'].get('memory_budget')}; log {workdir})",
+                          f"{_budget(conf['engines'][0]['launch'].get('memory_budget'))}; log {workdir})",
                           highlight=False, soft_wrap=True)
                 stack = start_stack(conf, workdir)
                 engine_name, engine_url, ctl_url, tok = "main", stack.engine_url, stack.controller_url, stack.token
