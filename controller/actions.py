@@ -53,7 +53,7 @@ PRECISION_FOR = MODE_FOR_ACTION
 #: (fragmentation: allocator fragmentation or recurring fragmentation OOMs; hardware: a sticky
 #: CUDA error / Xid), ``operator`` for every manual restart (whoever the operator is — a label
 #: value never comes from a request), ``crash`` for a launched engine that exited on its own.
-RESTART_REASONS = ("fragmentation", "hardware", "operator", "crash")
+RESTART_REASONS = ("fragmentation", "hardware", "operator", "crash", "liveness")
 
 
 def restart_reason(policy: str) -> str:

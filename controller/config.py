@@ -207,14 +207,17 @@ class PoliciesConfig(_Model):
     fragmentation: PolicySection = Field(default_factory=PolicySection)
     breaker: PolicySection = Field(default_factory=PolicySection)
     hardware: HardwarePolicySection = Field(default_factory=HardwarePolicySection)
+    liveness: PolicySection = Field(default_factory=PolicySection)
 
     @model_validator(mode="after")
     def _validate_with_the_policies(self) -> "PoliciesConfig":
         from inferctl.controller.policies import (BreakerConfig, FragmentationConfig, HardwareConfig,
                                          PrecisionConfig)
         from inferctl.controller.policies.common import config_from_mapping
+        from inferctl.controller.policies.liveness import LivenessConfig
 
-        checks = [("precision", PrecisionConfig, self.precision),
+        checks = [("liveness", LivenessConfig, self.liveness),
+                  ("precision", PrecisionConfig, self.precision),
                   ("fragmentation", FragmentationConfig, self.fragmentation),
                   ("hardware", HardwareConfig, self.hardware)]
         if self.breaker_active():

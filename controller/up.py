@@ -140,6 +140,7 @@ def build_policies(config: ControllerConfig, counter: Any) -> tuple[dict[str, di
     from inferctl.controller.gpu.xid import XidCatalog
     from inferctl.controller.policies import (FragmentationPolicy, HardwarePolicy, LatencyBreaker,
                                      PrecisionPolicy)
+    from inferctl.controller.policies.liveness import EngineLiveness, GpuTelemetryLiveness
 
     pc = config.policies
     per_engine: dict[str, dict[str, Any]] = {}
@@ -154,8 +155,13 @@ def build_policies(config: ControllerConfig, counter: Any) -> tuple[dict[str, di
                                                 fragmentation=frag, counter=counter)
         if pc.breaker_active() and e.kind == "bundled":
             pols["breaker"] = LatencyBreaker(pc.breaker.options(), engine=e.name, counter=counter)
+        if pc.liveness.enabled:   # down/up, restarts, hangs (a hang restarts only what we launched)
+            pols["liveness"] = EngineLiveness(pc.liveness.options(), engine=e.name,
+                                              can_restart=e.kind == "bundled" and e.launch is not None)
         per_engine[e.name] = pols
     gpu_policies: dict[str, Any] = {}
+    if pc.liveness.enabled:
+        gpu_policies["telemetry"] = GpuTelemetryLiveness()
     if pc.hardware.enabled:
         gpu_engines: dict[str, list[str]] = {}
         for e in config.engines:

@@ -16,11 +16,13 @@ from inferctl.controller.policies.base import Policy
 from inferctl.controller.policies.breaker import LatencyBreaker
 from inferctl.controller.policies.fragmentation import FragmentationPolicy
 from inferctl.controller.policies.hardware import HardwarePolicy
+from inferctl.controller.policies.liveness import EngineLiveness, GpuTelemetryLiveness
 from inferctl.controller.policies.precision import PrecisionPolicy
 
 #: The documented policies, by their ``NAME``.
 POLICIES: dict[str, type[Policy]] = {cls.NAME: cls for cls in (
-    PrecisionPolicy, HardwarePolicy, FragmentationPolicy, LatencyBreaker)}
+    PrecisionPolicy, HardwarePolicy, FragmentationPolicy, LatencyBreaker, EngineLiveness,
+    GpuTelemetryLiveness)}
 
 _BLOCK = re.compile(r"(<!-- transitions:(\w+) -->\n)(.*?)(<!-- /transitions -->)", re.DOTALL)
 

@@ -78,8 +78,9 @@ def test_first_event_is_an_increase_from_zero(tmp_path):
 
 
 def test_restart_reason_labels_are_a_fixed_set():
-    assert RESTART_REASONS == ("fragmentation", "hardware", "operator", "crash")
+    assert RESTART_REASONS == ("fragmentation", "hardware", "operator", "crash", "liveness")
     assert restart_reason("fragmentation") == "fragmentation"
+    assert restart_reason("liveness") == "liveness"     # a hang restart (controller/policies/liveness.py)
     assert restart_reason("hardware") == "hardware"
     # an operator's name (from a request header) never becomes a label value
     assert restart_reason("alice") == "operator" and restart_reason("operator") == "operator"
