@@ -51,6 +51,13 @@ def test_engine_and_gpu_outages_are_one_event_pair_each_in_the_log(tmp_path):
     up = [e for e in log.query(limit=200) if e["source"] == "liveness" and e["kind"] == "transition"
           and e["outcome"]["to"] == "up"][0]
     assert up["inputs"]["downtime_seconds"] == 6.0 and up["target"] == "main"
+    # a restart faster than a poll (its steps counter starts again): one observation, then quiet
+    client.steps = 0
+    for _ in range(3):
+        t += 2
+        ctl.tick(t)
+    restarts = [e for e in log.query(kind="observation", limit=200) if e["source"] == "liveness"]
+    assert len(restarts) == 1 and restarts[0]["inputs"]["evidence"][0]["signal"] == "steps_total"
 
 
 def test_a_hang_through_the_loop_is_one_critical_transition_and_a_restart_engine_action(tmp_path):
