@@ -303,7 +303,9 @@ class Actions:
         except Exception as exc:
             return ActionResult(action, name, False, f"engine {name}: drain before restart failed: {exc}")
         self._inc("inferctl_engine_drains_total", engine=name)
-        idle, seen = self._wait_idle(client, self.drain_timeout_seconds)
+        # a hung engine never finishes its in-flight work: waiting for it only prolongs the outage
+        wait = 0.0 if decision.inputs.get("skip_drain_wait") is True else self.drain_timeout_seconds
+        idle, seen = self._wait_idle(client, wait)
         if not idle and not force:
             try:
                 client.drain(False)

@@ -272,7 +272,8 @@ class EngineLiveness(PerEnginePolicy):
                 else "restart_hung is off: record only")
         return [self._move(now, Liveness.HUNG, "hang", "restart_engine" if restart else None,
                            f"engine {self.engine} hung: {what} with {work} requests queued; {tail}",
-                           {**evidence, "force": restart, "evidence": what}, "critical")]
+                           {**evidence, "force": restart, "skip_drain_wait": restart, "evidence": what},
+                           "critical")]
 
     def _still_hung(self, now: float, stalled: float) -> list[Decision]:
         h = self._hang or {}

@@ -196,3 +196,20 @@ def test_precision_switch_stays_immediate_without_a_drain(fleet):
     assert acts.execute(decision("degrade", "a", "precision")).ok
     assert clients["a"].calls == [("precision", "int8")]
     assert acts.rail.held() == {}
+
+
+def test_a_hung_engine_is_restarted_without_waiting_for_work_that_never_finishes(fleet):
+    """The liveness policy's restart of a hung engine carries ``skip_drain_wait``: the drain is
+    still sent, but the restart does not wait ``drain_timeout_seconds`` for in-flight work the
+    hung engine will never finish (without it: ~200 polls over the 2 s timeout here)."""
+    acts, clients, sups, _, log = fleet
+    clients["a"].stuck = True
+    polls = []
+    inner = clients["a"].poll
+    clients["a"].poll = lambda now: (polls.append(now), inner(now))[1]
+    res = acts.execute(decision("restart_engine", "a", "liveness", force=True, skip_drain_wait=True))
+    assert res.ok, res.message
+    assert sups["a"].restarts == 1 and clients["a"].calls[0] == ("drain", True)
+    assert len(polls) <= 2                     # the rail's look and one idle check, no wait loop
+    drained = [e for e in log.query(kind="step") if e["inputs"]["step"] == "drained"]
+    assert drained and drained[0]["outcome"]["idle"] is False
