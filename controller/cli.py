@@ -535,7 +535,7 @@ def model_argument(positional: Optional[str], option: Optional[str], flag: str =
     return option if option is not None else positional
 
 
-def up(model_arg: Optional[str] = typer.Argument(None, metavar="[MODEL]", show_default=False,
+def up(model_arg: Optional[str] = typer.Argument(None, metavar="MODEL", show_default=False,
                                                  help="Model path (same as --model, vLLM style)."),
        model: Optional[str] = typer.Option(None, "--model", help="Model path (llama2.c .bin or HF dir);"
                                            " default: the built-in demo model."),
@@ -546,9 +546,16 @@ def up(model_arg: Optional[str] = typer.Argument(None, metavar="[MODEL]", show_d
        router_port: int = typer.Option(8080, "--router-port", min=1, max=65535, help="The router's port."),
        with_router: Optional[bool] = typer.Option(None, "--router/--no-router", help="Start the router"
                                                   " (default: when --replicas > 1)."),
-       memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Engine memory budget, e.g. 64MiB."),
-       engine_port: Optional[int] = typer.Option(None, "--engine-port", min=1, max=65535),
-       controller_port: Optional[int] = typer.Option(None, "--controller-port", min=0, max=65535),
+       memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Engine memory budget, e.g."
+                                                   " 512MiB or 2GiB (binary units; default: what the model needs"
+                                                   " on CPU, gpu_memory_utilization of the GPU on CUDA)."),
+       engine_port: Optional[int] = typer.Option(None, "--engine-port", min=1, max=65535, show_default=False,
+                                                 help="The engine's port (default 8000; replicas on 8000,"
+                                                      " 8001, …; with --config, its first launched engine's)."),
+       controller_port: Optional[int] = typer.Option(None, "--controller-port", min=0, max=65535,
+                                                     show_default=False,
+                                                     help="The controller's API port (default 8900, or the"
+                                                          " config's listen.port; 0: any free port)."),
        token: Optional[str] = ServerTokenOpt,
        token_file: Optional[str] = TokenFileOpt,
        allowed_host: list[str] = AllowedHostOpt,
@@ -582,8 +589,9 @@ def up(model_arg: Optional[str] = typer.Argument(None, metavar="[MODEL]", show_d
 def register(app: typer.Typer) -> None:
     """Add the controller's commands to the ``inferctl`` typer ``app``: ``controller run``,
     ``status``, ``events``, the engine actions, ``restart``, ``unpin``, ``reset-gpu``,
-    ``release-gpu`` and ``up``. typer lists an app's commands in the order they are added (and
+    ``release-gpu`` (``up`` first). typer lists an app's commands in the order they are added (and
     its command groups, such as ``controller``, after them)."""
+    app.command()(up)         # first: the command a newcomer starts with
     controller_app = typer.Typer(help="Run the controller.", no_args_is_help=True)
     controller_app.command("run")(controller_run)
     app.add_typer(controller_app, name="controller")
@@ -597,4 +605,3 @@ def register(app: typer.Typer) -> None:
     app.command("release-gpu")(release_gpu)
     app.command()(pause)
     app.command()(resume)
-    app.command()(up)

@@ -47,6 +47,19 @@ def generate_token() -> str:
     return secrets.token_urlsafe(TOKEN_BYTES)
 
 
+def describe_exit(code: int | None) -> str:
+    """A process's end for people: ``0`` → ``exit code 0, clean stop``; ``-15`` (Python's
+    ``Popen.returncode`` for a signal) → ``ended by SIGTERM``; None → ``still running``."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"ended by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"ended by signal {-code}"
+    return f"exit code {code}" + (", clean stop" if code == 0 else "")
+
+
 @dataclass
 class Runtime:
     """Everything :func:`build_runtime` made; :meth:`close` undoes it (idempotent)."""
@@ -77,7 +90,7 @@ class Runtime:
                 self.maintenance.stop()
             for name, sup in self.supervisors.items():
                 code = sup.stop()
-                self.event_log.append("lifecycle", "supervisor", f"engine {name} stopped (exit code {code})",
+                self.event_log.append("lifecycle", "supervisor", f"engine {name} stopped ({describe_exit(code)})",
                                       target=name, outcome={"exit_code": code})
             for client in self.clients.values():
                 close = getattr(client, "close", None)

@@ -166,7 +166,7 @@ def _build_engine(bundle, config, precision: str):  # noqa: ANN001, ANN202
 
 
 def serve(
-    model_arg: Optional[str] = typer.Argument(None, metavar="[MODEL]", show_default=False,
+    model_arg: Optional[str] = typer.Argument(None, metavar="MODEL", show_default=False,
                                               help="Model path (same as --model, vLLM style)."),
     model: Optional[str] = typer.Option(None, "--model",
                                         help="llama2.c .bin, Hugging Face directory, or 'demo' (default)."),
@@ -178,9 +178,9 @@ def serve(
     light_name: Optional[str] = typer.Option(None, "--light-served-model-name",
                                              help="Name of the light model (default: its file name)."),
     host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)."),
-    port: int = typer.Option(8000, "--port", min=0, max=65535),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on (0: any free port)."),
     memory_budget: Optional[str] = typer.Option(None, "--memory-budget",
-                                                help="Main engine's memory budget: bytes or 64MiB, 1GiB, ..."),
+                                                help="Main engine's memory budget: bytes or 512MiB, 1GiB, ..."),
     light_memory_budget: Optional[str] = typer.Option(None, "--light-memory-budget",
                                                       help="Light engine's memory budget."),
     light_memory_fraction: float = typer.Option(0.2, "--light-memory-fraction", min=0.01, max=0.99,

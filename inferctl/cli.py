@@ -11,7 +11,10 @@ in the project imports it (``python -m inferctl`` and the ``inferctl`` console s
 - observability (``inferctl.dashboards.cli``): ``dashboards build|check``;
 - the tools: ``drill oom`` (``inferctl.tools.drill``) and ``longtext`` (``inferctl.tools.longtext``).
 
-The order of the calls is the order ``inferctl --help`` lists the commands.
+The order of the calls is the order ``inferctl --help`` lists the commands (``up`` first: the
+controller registers it first). Help is plain click text (``rich_markup_mode=None``): paragraphs
+rewrapped to the terminal, flags without a ``<bool>`` placeholder. ``inferctl --version`` prints
+the installed package's version.
 """
 
 from __future__ import annotations
@@ -28,14 +31,32 @@ from inferctl.tools.longtext.cli import register as register_longtext
 __all__ = ["app", "build_app", "main"]
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"inferctl {version('inferctl')}")
+        except PackageNotFoundError:
+            typer.echo("inferctl (not installed: run `pip install -e .`)")
+        raise typer.Exit(0)
+
+
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Operations control plane for LLM inference: engine, controller, admin commands. Start with
+    `inferctl up` (an engine and the controller), then `inferctl status`."""
+
+
 def build_app() -> typer.Typer:
     """A new root ``inferctl`` typer app with every part's commands attached."""
     root = typer.Typer(
         name="inferctl",
-        help="Operations control plane for LLM inference: engine, controller, admin commands.",
         no_args_is_help=True,
         add_completion=False,
+        rich_markup_mode=None,
     )
+    root.callback()(_root)
     for register in (register_controller, register_engine, register_router, register_dashboards, register_drill,
                      register_longtext):
         register(root)

@@ -72,3 +72,49 @@ def test_up_positional_model_is_used(tmp_path):
     res = _run("up", str(missing), "--engine-port", str(free_port()), "--controller-port", str(free_port()))
     assert res.exit_code == 2
     assert str(missing) in res.output and "unexpected extra argument" not in res.output
+
+
+# ------------------------------------------------------------------ item 6: help
+def test_help_flags_have_no_bool_placeholder_and_version_and_up_first():
+    status_help = _run("status", "--help").output
+    assert "--json" in status_help and "<bool>" not in status_help
+    assert "<bool>" not in _run("up", "--help").output
+    root = _run("--help").output
+    commands = root.split("Commands:")[1].split()
+    assert commands[0] == "up"
+    version = _run("--version")
+    assert version.exit_code == 0 and version.output.startswith("inferctl 0.")
+
+
+def test_help_paragraphs_are_rewrapped_not_ragged():
+    out = CliRunner().invoke(app, ["reset-gpu", "--help"], terminal_width=100).output
+    para = out.split("\n\n")[1]                       # the command's description
+    lines = [ln.strip() for ln in para.splitlines()]
+    # the docstring breaks after "one at a time,": rewrapped, no line but the last is short
+    assert all(len(ln) > 50 for ln in lines[:-1]), lines
+
+
+def test_port_options_say_their_defaults():
+    up_help = " ".join(CliRunner().invoke(app, ["up", "--help"], terminal_width=200).output.split())
+    assert "--engine-port <int range> The engine's port (default 8000" in up_help
+    assert "--controller-port <int range> The controller's API port (default 8900" in up_help
+    assert "--router-port <int range> The router's port. [default: 8080" in up_help
+    serve_help = " ".join(CliRunner().invoke(app, ["engine", "serve", "--help"], terminal_width=200).output.split())
+    assert "--port <int range> Port to listen on (0: any free port). [default: 8000" in serve_help
+
+
+def test_the_help_budget_example_fits_both_bundled_models(stories_dir):
+    import torch
+
+    from inferctl.contract.units import parse_size
+    from inferctl.engine.config import EngineConfig
+    from inferctl.engine.engine import LLMEngine
+    from inferctl.engine.loader import load_model
+
+    up_help = " ".join(CliRunner().invoke(app, ["up", "--help"], terminal_width=200).output.split())
+    example = up_help.split("--memory-budget <str> Engine memory budget, e.g. ")[1].split()[0]
+    budget = parse_size(example, "--memory-budget")
+    for spec in (None, str(stories_dir / "stories260K.bin")):
+        bundle = load_model(spec, device="cpu", dtype=torch.float32)
+        engine = LLMEngine(bundle, EngineConfig(memory_budget_bytes=budget))   # raises when it does not fit
+        assert engine is not None

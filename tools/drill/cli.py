@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -65,6 +66,9 @@ def register(app: Any) -> None:
         out: Path = typer.Option(Path("out/drill"), "--out", help="Folder for drill-oom.json and drill-oom.png."),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON (stdout)."),
         no_live: bool = typer.Option(False, "--no-live", help="No live view."),
+        keep_logs: bool = typer.Option(False, "--keep-logs", help="Keep the started stack's temporary folder"
+                                       " (config, event log, logs); by default it is deleted after a passing"
+                                       " drill (a failing drill keeps it and says where)."),
     ) -> None:
         """OOM game day: load, memory pressure until an OOM, int8 switch, recovery, rollback.
         Exit 1 if a request failed or was lost or the stack did not return to full precision."""
@@ -85,11 +89,12 @@ def register(app: Any) -> None:
         except DrillError as exc:
             die(str(exc), 2)
         stack = None
-        workdir = Path(tempfile.mkdtemp(prefix="inferctl-drill-"))
+        workdir = None
         try:
             if url is None:
                 if model is not None and not Path(model).exists():
                     die(f"--model: {model} does not exist", 2)
+                workdir = Path(tempfile.mkdtemp(prefix="inferctl-drill-"))
                 conf = stack_config(model, workdir, memory_budget, engine_arg, hold_seconds, controller_poll)
                 err.print(f"starting inferctl up (model {model or 'demo'}, budget "
                           f"{_budget(conf['engines'][0]['launch'].get('memory_budget'))}; log {workdir})",
@@ -118,13 +123,20 @@ def register(app: Any) -> None:
                 if code not in (0, None):
                     err.print(f"note: inferctl up exited with code {code} (log {stack.log})",
                               highlight=False, soft_wrap=True)
+        summary = report.summary()
+        keep = keep_logs or not summary["ok"]      # a failed drill keeps its stack's logs to read
         if stack is not None:
-            report.stack = {"started_by_drill": True, "log": str(stack.log), "workdir": str(workdir)}
+            report.stack = {"started_by_drill": True, "log": str(stack.log), "workdir": str(workdir),
+                            "kept": keep}
         out.mkdir(parents=True, exist_ok=True)
         json_path = out / "drill-oom.json"
         json_path.write_text(json.dumps(report.to_dict(), indent=1, default=str), encoding="utf-8")
         png = plot_report(report, out / "drill-oom.png")
-        summary = report.summary()
+        if workdir is not None:
+            if keep:
+                err.print(f"note: the started stack's logs are kept in {workdir}", highlight=False, soft_wrap=True)
+            else:
+                shutil.rmtree(workdir, ignore_errors=True)
         if as_json:
             sys.stdout.write(json.dumps(summary | {"report": str(json_path), "plot": str(png),
                                                    "notes": report.notes}, indent=1) + "\n")

@@ -10,7 +10,7 @@ PHASES = ("baseline", "pressure", "int8", "recovery", "after")
 #: The stack ``drill oom`` starts for stories260K when no ``--url`` is given: a memory budget
 #: and engine limits measured on the real engine (tests/e2e/test_up_e2e.py) so that 16 concurrent
 #: ~400-token prompts run out of memory in full precision and fit in int8: int8 weights
-#: 284,496 B + KV pool 200 blocks × 20,480 B + the int8 run's peak step activations (~4.27 MB)
+#: 284,496 B + KV pool 200 blocks × 20,480 B + the int8 run's peak step activations (~4.07 MiB)
 #: + ~106 KB; full precision needs 755,632 B more for its weights.
 STORIES_BUDGET = 8_760_000
 STORIES_ENGINE_ARGS = ["--max-num-batched-tokens", "128", "--num-kv-blocks", "200", "--max-num-seqs", "16",

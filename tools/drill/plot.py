@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from inferctl.contract.units import MiB
 from inferctl.tools.drill.report import DrillReport
 
 
@@ -24,8 +25,8 @@ def plot_report(report: DrillReport, path: str | Path) -> Path:
     ax1.set_yticks([0, 1], ["full", "int8"])
     ax1.set_ylabel("precision")
     for name, key in (("allocated", "allocated_bytes"), ("reserved", "reserved_bytes"), ("budget", "budget_bytes")):
-        ax2.plot(ts, [(getattr(s, key) or math.nan) / 1e6 for s in report.samples], label=name)
-    ax2.set_ylabel("memory (MB)")
+        ax2.plot(ts, [(getattr(s, key) or math.nan) / MiB for s in report.samples], label=name)
+    ax2.set_ylabel("memory (MiB)")
     ax2.legend(loc="upper left", fontsize="small")
     ok = [r for r in report.requests if r.outcome == "ok" and r.end is not None]
     bad = [r for r in report.requests if r.outcome != "ok"]

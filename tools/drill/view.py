@@ -6,11 +6,13 @@ import sys
 import time
 from typing import Any
 
+from inferctl.contract.units import format_bytes
 from inferctl.tools.drill.report import DrillReport
 
 
 def _mb(x: Any) -> str:
-    return "-" if x is None else f"{x / 1e6:.2f} MB"
+    """Bytes in binary units (``8.35 MiB``), as everywhere a person reads memory; ``-``: no data."""
+    return "-" if x is None else format_bytes(x)
 
 
 def _s(x: Any, digits: int = 2) -> str:

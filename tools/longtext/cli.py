@@ -42,9 +42,11 @@ def register(app: Any) -> None:
         concurrency: int = typer.Option(8, "--concurrency", help="Requests in flight."),
         max_model_len: Optional[int] = typer.Option(None, "--max-model-len",
                                                     help="For the engine this command starts."),
-        out: Optional[Path] = typer.Option(None, "--out", help="Output prefix (default"
-                                           " out/longtext/longtext-<book>): .csv and .json."),
+        out: Optional[Path] = typer.Option(None, "--out", help="Output prefix (default out/longtext/longtext-<book>-"
+                                           "<model>-<YYYYmmdd-HHMMSS>): .csv and .json."),
         quiet: bool = typer.Option(False, "--quiet", help="Summary only (no per-chunk table)."),
+        keep_logs: bool = typer.Option(False, "--keep-logs", help="Keep the started engine's log (deleted after a"
+                                       " successful run by default)."),
     ) -> None:
         """Process a book longer than the context in overlapping chunks; perplexity by position
         and repetition of the outputs. Prints the per-chunk table and saves CSV + JSON."""
@@ -63,11 +65,18 @@ def register(app: Any) -> None:
             err.print(f"error: --{exc.field.replace('_', '-')}: {exc.message}" if exc.field and exc.field != "book"
                       else f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(2)
+        if url is None and model is None:
+            err.print("error: --model: give the model to measure (a llama2.c .bin or a Hugging Face directory),"
+                      " or --url of a running engine; without either, longtext would measure the random demo"
+                      " model (--model demo does that on purpose)", markup=False, highlight=False, soft_wrap=True)
+            raise typer.Exit(2)
         sup = None
         backend = None
+        log = None
+        ok = False
         try:
             if url is None:
-                sup, url = _start_engine(model, max_model_len, err)
+                sup, url, log = _start_engine(model, max_model_len, err)
             backend = HttpBackend(url, model=model if sup is None else None)
             if chunk_size is None and cfg.chunk_size > backend.max_window:
                 # over HTTP a scored window is at most max_model_len - 1 tokens (max_tokens 1)
@@ -83,6 +92,7 @@ def register(app: Any) -> None:
                     err.print(f"{stage}: {done}/{total} windows", highlight=False, soft_wrap=True)
 
             report = run_longtext(text, backend, cfg, progress)
+            ok = True
         except LongTextError as exc:
             err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(2)
@@ -94,18 +104,36 @@ def register(app: Any) -> None:
                 backend.close()
             if sup is not None:
                 sup.stop()
+            if log is not None:
+                if ok and not keep_logs:
+                    log.unlink(missing_ok=True)
+                else:
+                    err.print(f"note: the engine's log is kept: {log}", markup=False, highlight=False,
+                              soft_wrap=True)
         tables = render_tables(report)
         for t in (tables[1:] if quiet else tables):
             console.print(t)
         for note in report.notes:
             err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
-        prefix = out if out is not None else Path("out") / "longtext" / f"longtext-{book.stem}"
+        prefix = out if out is not None else Path("out") / "longtext" / output_name(book, model or backend.model)
         csv_path, json_path = write_outputs(report, prefix)
         err.print(f"wrote {csv_path} and {json_path}", markup=False, highlight=False, soft_wrap=True)
 
 
-def _start_engine(model: str | None, max_model_len: int | None, err: Any) -> tuple[Any, str]:
-    """Start ``inferctl engine serve`` on a free loopback port; returns (supervisor, url)."""
+def output_name(book: Path, model: str | None, when: float | None = None) -> str:
+    """``longtext-<book>-<model>-<YYYYmmdd-HHMMSS>`` (local time; the model's file or folder name,
+    characters other than letters, digits, ``.``, ``_`` and ``-`` replaced): runs of other models
+    or at other times do not overwrite each other."""
+    import re
+
+    name = Path(model.rstrip("/")).name if model else "model"
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", name) or "model"
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if when is None else when))
+    return f"longtext-{book.stem}-{name}-{stamp}"
+
+
+def _start_engine(model: str | None, max_model_len: int | None, err: Any) -> tuple[Any, str, Path]:
+    """Start ``inferctl engine serve`` on a free loopback port; returns (supervisor, url, log path)."""
     import socket
     import tempfile
 
@@ -122,4 +150,4 @@ def _start_engine(model: str | None, max_model_len: int | None, err: Any) -> tup
     err.print(f"starting an engine for {model or 'the demo model'} on {url} (log: {log})", highlight=False,
               soft_wrap=True)
     sup.start()
-    return sup, url
+    return sup, url, log

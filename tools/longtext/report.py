@@ -55,12 +55,35 @@ def render_tables(report: LongTextReport) -> list[Any]:
         p.add_column(col, justify="right")
     for b in report.positions:
         p.add_row(f"{b.lo}-{b.hi - 1}", str(b.tokens), _fmt(b.ppl))
-    s = Table(title="summary")
+    s = Table(title=f"summary: {Path(report.book['path']).name}, {report.engine.get('backend', '?')}")
     s.add_column("measure")
     s.add_column("value", justify="right")
     for k, v in report.summary().items():
-        s.add_row(k, _fmt(v, 4) if isinstance(v, float) else str(v))
+        s.add_row(SUMMARY_LABELS.get(k, k), "no data" if v is None else _fmt(v, 4) if isinstance(v, float) else str(v))
+    sample = next((c for c in report.chunks if c.gen_text.strip()), None)
+    if sample is not None:
+        s.add_row(f"sample output (chunk {sample.chunk}, {sample.gen_tokens} tokens)", _sample(sample.gen_text))
     return [t, p, s]
+
+
+#: The summary's keys (:meth:`LongTextReport.summary`, the JSON's) as a person reads them
+SUMMARY_LABELS = {
+    "chunks_processed": "windows processed", "chunks_total": "windows in the book",
+    "book_tokens": "book tokens", "scored_tokens": "tokens scored (new in their window)",
+    "ppl": "book perplexity (teacher-forced)", "generated_tokens": "tokens generated",
+    **{f"seq_rep_{k}": f"repetition seq-rep-{k} (share of repeated {k}-grams, mean)" for k in SEQ_REP_NS},
+    "degenerate_outputs": "degenerate outputs (seq-rep-4 >= 0.5)",
+    "gen_ppl_mean": "perplexity of the outputs (mean)",
+}
+
+#: Characters of generated text shown in the summary
+SAMPLE_CHARS = 160
+
+
+def _sample(text: str) -> str:
+    """One line of generated text, at most :data:`SAMPLE_CHARS` characters (``…`` when cut)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= SAMPLE_CHARS else flat[:SAMPLE_CHARS - 1] + "…"
 
 
 def write_outputs(report: LongTextReport, prefix: str | Path) -> tuple[Path, Path]:
