@@ -28,12 +28,13 @@ too; recording-rule names carry their window (``..._rate5m``) so they follow it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Mapping
+from dataclasses import replace
 
 from inferctl.contract.precision import INT8
 from inferctl.contract.thresholds import THRESHOLDS, Thresholds
 from inferctl.dashboards import promql as q
+from inferctl.dashboards.rules import AlertRule, RecordingRule, RuleGroup, spoken
+from inferctl.dashboards.slo import saturation_alerts, saturation_recordings, slo_alerts
 
 #: Where ``runbook_url`` points by default (``THRESHOLDS.runbook_base_url``).
 DEFAULT_RUNBOOK_BASE_URL = THRESHOLDS.runbook_base_url
@@ -44,20 +45,6 @@ LATENCY_HISTOGRAMS = {
     "ttft": "inferctl_engine_time_to_first_token_seconds",
     "itl": "inferctl_engine_inter_token_latency_seconds",
 }
-_UNIT_WORDS = {"ms": "millisecond", "s": "second", "m": "minute", "h": "hour", "d": "day", "w": "week", "y": "year"}
-
-
-def spoken(duration: str, one: str = "") -> str:
-    """A Prometheus duration in words for alert texts: ``"5m"`` -> ``"5 minutes"``; a single
-    unit -> ``one`` + the unit (``"1h"`` -> ``"hour"``, with ``one="a "``: ``"a day"``); a
-    compound duration (``"1h30m"``) is returned as is."""
-    unit = duration.lstrip("0123456789")
-    count = duration[:len(duration) - len(unit)]
-    if unit not in _UNIT_WORDS or not count:
-        return duration
-    if count == "1":
-        return f"{'an ' if one == 'a ' and unit == 'h' else one}{_UNIT_WORDS[unit]}"
-    return f"{count} {_UNIT_WORDS[unit]}s"
 
 
 def latency_record(histogram: str, t: Thresholds = THRESHOLDS) -> str:
@@ -78,52 +65,6 @@ def degenerate_record(t: Thresholds = THRESHOLDS) -> str:
 def perplexity_record(t: Thresholds = THRESHOLDS) -> str:
     """Name of the recorded mean perplexity of outputs."""
     return f"job_model:inferctl_engine_output_perplexity:avg_rate{t.perplexity_window}"
-
-
-@dataclass(frozen=True)
-class RecordingRule:
-    """``record``: the output name; ``labels``: the label names the output carries (for the
-    lint of expressions that read it); ``static``: constant labels added by the rule."""
-
-    record: str
-    expr: str
-    labels: tuple[str, ...]
-    static: Mapping[str, str] = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        out: dict = {"record": self.record, "expr": self.expr}
-        if self.static:
-            out["labels"] = dict(self.static)
-        return out
-
-
-@dataclass(frozen=True)
-class AlertRule:
-    name: str
-    expr: str
-    for_: str
-    severity: str
-    summary: str
-    description: str
-
-    def to_dict(self, runbook_base_url: str) -> dict:
-        return {
-            "alert": self.name,
-            "expr": self.expr,
-            "for": self.for_,
-            "labels": {"severity": self.severity},
-            "annotations": {
-                "summary": self.summary,
-                "description": self.description,
-                "runbook_url": f"{runbook_base_url}{self.name}.md",
-            },
-        }
-
-
-@dataclass(frozen=True)
-class RuleGroup:
-    name: str
-    rules: tuple[RecordingRule | AlertRule, ...]
 
 
 def _latency_recordings(t: Thresholds) -> list[RecordingRule]:
@@ -162,7 +103,7 @@ def _quality_recordings(t: Thresholds) -> list[RecordingRule]:
 
 def recording_rules(thresholds: Thresholds = THRESHOLDS) -> list[RecordingRule]:
     """Every recording rule, in evaluation order (windows and quantiles from ``thresholds``)."""
-    return _latency_recordings(thresholds) + _quality_recordings(thresholds)
+    return _latency_recordings(thresholds) + _quality_recordings(thresholds) + saturation_recordings(thresholds)
 
 
 def recorded_series(thresholds: Thresholds = THRESHOLDS) -> dict[str, frozenset[str]]:
@@ -418,6 +359,8 @@ def rule_groups(thresholds: Thresholds | None = None, for_override: str | None =
         RuleGroup("inferctl-controller.alerts", tuple(_control_plane_alerts(t))),
         RuleGroup("inferctl-gpu.alerts", tuple(_gpu_alerts(t))),
         RuleGroup("inferctl-router.alerts", tuple(_router_alerts(t))),
+        RuleGroup("inferctl-saturation.alerts", tuple(saturation_alerts(t))),
+        RuleGroup("inferctl-slo.alerts", tuple(slo_alerts(t))),
         RuleGroup("inferctl-meta.alerts", tuple(_meta_alerts(t))),
     ]
     if for_override is not None:

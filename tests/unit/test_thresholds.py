@@ -4,6 +4,7 @@ dashboards and the policy / quality defaults all follow it."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -76,3 +77,39 @@ def test_spoken_durations():
     assert spoken("1d", one="a ") == "a day"
     assert spoken("1h", one="a ") == "an hour"
     assert spoken("1h30m") == "1h30m"
+
+
+def test_slo_defaults_are_the_issue_numbers_and_the_workbook_table():
+    t = THRESHOLDS
+    assert (t.slo_availability_objective, t.slo_ttft_objective, t.slo_ttft_seconds, t.slo_window) == (
+        0.999, 0.99, 1.0, "30d")
+    assert [(sev, f, lw, sw) for sev, f, lw, sw, _for in t.slo_burn_alerts] == [
+        ("critical", 14.4, "1h", "5m"), ("critical", 6.0, "6h", "30m"), ("warning", 1.0, "3d", "6h")]
+    assert t.router_job == "inferctl-router"
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("slo_availability_objective", 1.0, "slo_availability_objective"),
+    ("slo_ttft_objective", 0.0, "slo_ttft_objective"),
+    ("slo_burn_alerts", (("critical", 14.4, "5m", "1h", "2m"),), "short window"),
+    ("slo_burn_alerts", (("page", 14.4, "1h", "5m", "2m"),), "slo_burn_alerts[0]"),
+    ("router_imbalance_min_replicas", 0, "router_imbalance_min_replicas"),
+    ("router_job", "", "router_job"),
+])
+def test_invalid_slo_and_router_values_name_the_field(field, value, needle):
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        dataclasses.replace(THRESHOLDS, **{field: value})
+
+
+def test_slo_objective_and_bucket_reach_the_burn_rules():
+    from inferctl.dashboards.slo import le_matcher, top_finite_bucket
+    t = dataclasses.replace(THRESHOLDS, slo_availability_objective=0.99, slo_ttft_seconds=0.5)
+    burn = [r for r in alert_rules(rule_groups(t)) if r.name == "InferctlErrorBudgetBurn"]
+    assert [r.expr.split(" > ")[1].split(" ")[0] for r in burn] == ["0.144", "0.06", "0.01"]
+    slow = [r.expr for g in rule_groups(t) for r in g.rules
+            if getattr(r, "record", "").endswith("_slow:ratio_rate5m")]
+    assert len(slow) == 1 and 'le=~"0.5|0.5"' not in slow[0] and 'le="0.5"' in slow[0]
+    assert le_matcher(1.0) == 'le=~"1|1.0"' and le_matcher(0.25) == 'le="0.25"'
+    assert top_finite_bucket("inferctl_engine_e2e_request_latency_seconds") == 600.0
+    with pytest.raises(ValueError, match="slo_ttft_seconds: 0.7 is not a bucket bound"):
+        rule_groups(dataclasses.replace(THRESHOLDS, slo_ttft_seconds=0.7))
