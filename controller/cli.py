@@ -535,6 +535,21 @@ def model_argument(positional: Optional[str], option: Optional[str], flag: str =
     return option if option is not None else positional
 
 
+def _check_up_flags(model: Optional[str], memory_budget: Optional[str]) -> None:
+    """``up``'s --model and --memory-budget checked before anything, naming the flag (exit 2)."""
+    from inferctl.contract.units import SizeError, parse_size
+    from inferctl.controller.config import looks_like_hub_id
+
+    if model and model != "demo" and looks_like_hub_id(model):
+        _die(f"--model: {model!r} looks like a Hugging Face hub id: hub ids are not downloaded; give a local path"
+             " (a llama2.c .bin or a Hugging Face directory)", code=2)
+    if memory_budget is not None:
+        try:
+            parse_size(memory_budget, "--memory-budget", min_bytes=1)
+        except SizeError as exc:
+            _die(str(exc), code=2)
+
+
 def up(model_arg: Optional[str] = typer.Argument(None, metavar="MODEL", show_default=False,
                                                  help="Model path (same as --model, vLLM style)."),
        model: Optional[str] = typer.Option(None, "--model", help="Model path (llama2.c .bin or HF dir);"
@@ -574,6 +589,7 @@ def up(model_arg: Optional[str] = typer.Argument(None, metavar="MODEL", show_def
     from inferctl.controller.up import UP_PORT_FLAGS, RouterSpec, up_config
 
     model = model_argument(model_arg, model)
+    _check_up_flags(model, memory_budget)
     try:
         final = up_config(_load(config), from_file=bool(config), replicas=replicas, model=model,
                           memory_budget=memory_budget, engine_port=engine_port, engine_args=list(engine_arg),

@@ -1,7 +1,7 @@
 """The controller's configuration (``inferctl up --config`` / ``inferctl controller run``).
 
 Pydantic models loaded from YAML; unknown keys are errors (a typo never goes unnoticed) and
-every error names the field (``engines.0.url: ...``). Times are seconds, ratios 0..1. See
+every error names the field as the YAML reads (``engines[0].url: ...``). Times are seconds, ratios 0..1. See
 ``docs/configuration.md`` and ``examples/inferctl.yaml``.
 """
 
@@ -45,12 +45,27 @@ class LaunchConfig(_Model):
                                                 "none = built-in demo model")
     port: int = Field(DEFAULT_ENGINE_PORT, ge=1, le=65535)
     host: str = "127.0.0.1"
-    memory_budget: str | None = Field(None, description="--memory-budget passed to the engine, e.g. 8MB")
+    memory_budget: str | None = Field(None, description="--memory-budget passed to the engine, e.g. 512MiB")
     args: list[str] = Field(default_factory=list, description="extra `inferctl engine serve` arguments")
     health_timeout_seconds: float = Field(60.0, gt=0)
     stop_timeout_seconds: float = Field(30.0, gt=0, description="SIGTERM to SIGKILL")
     shutdown_grace_seconds: float | None = Field(None, ge=0, description="the engine's --shutdown-grace-seconds;"
                                                  " None: stop_timeout_seconds - 13 (at least 0)")
+
+    @field_validator("memory_budget", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        """Checked at load (the engine would refuse it only after its start)."""
+        from inferctl.contract.units import SizeError, parse_size
+
+        if v is None:
+            return None
+        try:
+            parse_size(str(v), "memory_budget", min_bytes=1)
+        except SizeError:
+            raise ValueError(f"{v!r} is not a size: bytes or a number with a unit, e.g. 512MiB, 2GiB"
+                             " (KiB/MiB/GiB powers of 1024, KB/MB/GB of 1000)") from None
+        return str(v)
 
     @model_validator(mode="after")
     def _grace_fits(self) -> "LaunchConfig":
@@ -427,10 +442,26 @@ class ControllerConfig(_Model):
         return self.admin_token or os.environ.get(self.admin_token_env) or None
 
 
+def user_path(loc: tuple | list) -> str:
+    """A field's path as the user's YAML reads: ``("engines", 0, "launch", "model")`` →
+    ``engines[0].launch.model``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def looks_like_hub_id(model: str) -> bool:
+    """True for ``org/name`` (a Hugging Face hub id) that is no local path: one ``/``, no
+    leading ``.``, ``/`` or ``~``, no model file suffix (``.bin``, ``.gguf`` …), nothing there on disk."""
+    return bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", model)) and not Path(model).exists() \
+        and Path(model).suffix.lower() not in (".bin", ".gguf", ".pt", ".pth", ".safetensors", ".json")
+
+
 def _format(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"])
+        loc = user_path(e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling; see docs/configuration.md)"
@@ -488,12 +519,16 @@ def check_files(config: ControllerConfig) -> None:
     ``gpu.options.path`` and ``policies.hardware.xid_catalog_dir`` (with ``xid_catalog.csv``).
 
     Raises:
-        ConfigError: naming the field, e.g. ``engines.0.launch.model: /m.bin does not exist``.
+        ConfigError: naming the field, e.g. ``engines[0].launch.model: /m.bin does not exist``.
     """
     for i, e in enumerate(config.engines):
         model = None if e.launch is None else e.launch.model
         if model and model != "demo" and not Path(model).exists():
-            raise ConfigError(f"engines.{i}.launch.model: {model} does not exist (a llama2.c .bin,"
+            if looks_like_hub_id(model):
+                raise ConfigError(f"engines[{i}].launch.model: {model!r} looks like a Hugging Face hub id: hub ids"
+                                  " are not downloaded; give a local path (a llama2.c .bin or a Hugging Face"
+                                  " directory)")
+            raise ConfigError(f"engines[{i}].launch.model: {model} does not exist (a llama2.c .bin,"
                               " a Hugging Face directory, or leave it out for the demo model)")
     path = config.gpu.options.get("path") if config.gpu.kind == "replay" else None
     if isinstance(path, str) and not Path(path).is_file():

@@ -121,6 +121,16 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
+def looks_like_hub_id(model: str) -> bool:
+    """True for ``org/name`` (a Hugging Face hub id) that is no local path: one ``/``, no leading
+    ``.``, ``/`` or ``~``, nothing there on disk (the engine never downloads)."""
+    import re
+    from pathlib import Path
+
+    return bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", model)) and not Path(model).exists() \
+        and Path(model).suffix.lower() not in (".bin", ".gguf", ".pt", ".pth", ".safetensors", ".json")
+
+
 def _load(spec: Optional[str], tokenizer: Optional[str], device: str, dtype: str = "auto",
           name: Optional[str] = None):  # noqa: ANN202
     """Load a model bundle on its device and dtype (the engine uses the model where it is).
@@ -132,6 +142,9 @@ def _load(spec: Optional[str], tokenizer: Optional[str], device: str, dtype: str
 
     from inferctl.engine.loader import load_model
 
+    if spec and spec != "demo" and looks_like_hub_id(spec):
+        _die(f"--model: {spec!r} looks like a Hugging Face hub id: hub ids are not downloaded; give a local path"
+             " (a llama2.c .bin or a Hugging Face directory)")
     dev = device
     if dev == "auto":
         dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -151,7 +164,7 @@ def _load(spec: Optional[str], tokenizer: Optional[str], device: str, dtype: str
         _die(str(exc))
 
 
-def _build_engine(bundle, config, precision: str):  # noqa: ANN001, ANN202
+def _build_engine(bundle, config, precision: str, budget_flag: str = "--memory-budget"):  # noqa: ANN001, ANN202
     from inferctl.engine.async_engine import AsyncLLMEngine
     from inferctl.engine.config import ConfigError
     from inferctl.engine.engine import LLMEngine
@@ -159,7 +172,8 @@ def _build_engine(bundle, config, precision: str):  # noqa: ANN001, ANN202
     try:
         llm = LLMEngine(bundle, config)
     except (ConfigError, ValueError) as exc:
-        _die(str(exc))
+        # the engine's field name → the flag the user typed
+        _die(str(exc).replace("memory_budget_bytes:", f"{budget_flag}:", 1))
     if precision != "full":
         llm.request_precision(precision)
     return AsyncLLMEngine(llm)
@@ -281,7 +295,7 @@ def serve(
             name = f"{name}-light"
         engines[name] = _build_engine(light_bundle, _config(
             **common, memory_budget_bytes=light_budget, gpu_memory_utilization=light_util,
-            served_model_name=name), precision)
+            served_model_name=name), precision, "--light-memory-budget")
 
     app = create_app(engines, admin_token=admin_token, default_model=main_name, chat_template=chat_template,
                      max_body_bytes=body_limit, manage_engines=True, bind_host=host,

@@ -118,3 +118,33 @@ def test_the_help_budget_example_fits_both_bundled_models(stories_dir):
         bundle = load_model(spec, device="cpu", dtype=torch.float32)
         engine = LLMEngine(bundle, EngineConfig(memory_budget_bytes=budget))   # raises when it does not fit
         assert engine is not None
+
+
+# ------------------------------------------------------------------ item 5: the user's flag named
+@pytest.mark.parametrize("argv", [["up"], ["engine", "serve"], ["generate", "--prompt", "hi"]])
+def test_a_hub_id_as_model_says_it_is_not_downloaded(argv):
+    res = _run(*argv, "--model", "HuggingFaceTB/SmolLM2-135M-Instruct", *(["--port", str(free_port())]
+                                                                          if argv[-1] == "serve" else []))
+    assert res.exit_code == 2, res.output
+    assert "--model: 'HuggingFaceTB/SmolLM2-135M-Instruct' looks like a Hugging Face hub id: hub ids are not" \
+        " downloaded; give a local path" in res.output
+
+
+def test_up_bad_budget_names_the_flag():
+    res = _run("up", "--memory-budget", "12QB")
+    assert res.exit_code == 2 and res.output.startswith("error: --memory-budget:"), res.output
+
+
+def test_engine_budget_refusal_names_the_flag_not_the_field(stories_dir, capsys):
+    import torch
+    import typer
+
+    from inferctl.engine import cli as engine_cli
+    from inferctl.engine.config import EngineConfig
+    from inferctl.engine.loader import load_model
+
+    bundle = load_model(str(stories_dir / "stories260K.bin"), device="cpu", dtype=torch.float32)
+    with pytest.raises(typer.Exit):
+        engine_cli._build_engine(bundle, EngineConfig(memory_budget_bytes=64 * 2**20), "full")
+    err = capsys.readouterr().err
+    assert err.startswith("error: --memory-budget: budget 64.00 MiB leaves no room") and "_bytes" not in err

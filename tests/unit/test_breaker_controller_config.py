@@ -31,13 +31,13 @@ def watched(tmp_path, **extra) -> dict:
 
 # --------------------------------------------------------------------------- parse errors
 @pytest.mark.parametrize("data, field", [
-    ({"engines": [{"name": "a", "url": "http://h:99999"}]}, "engines.0.url"),
-    ({"engines": [{"name": "a", "url": "http://h:0x50"}]}, "engines.0.url"),
+    ({"engines": [{"name": "a", "url": "http://h:99999"}]}, "engines[0].url"),
+    ({"engines": [{"name": "a", "url": "http://h:0x50"}]}, "engines[0].url"),
     ({"intervals": {"max_backoff_seconds": float("inf")}}, "intervals.max_backoff_seconds"),
     ({"rails": {"command_timeout_seconds": float("inf")}}, "rails.command_timeout_seconds"),
     ({"rails": {"reset_min_interval_seconds": float("inf")}}, "rails.reset_min_interval_seconds"),
     ({"engines": [{"name": "a", "launch": {"health_timeout_seconds": float("nan")}}]},
-     "engines.0.launch.health_timeout_seconds"),
+     "engines[0].launch.health_timeout_seconds"),
     ({"event_log": ""}, "event_log"),
     ({"gpu": {"kind": "dcgm"}}, "gpu.options.url"),
     ({"gpu": {"kind": "replay"}}, "gpu.options.path"),
@@ -68,7 +68,7 @@ def test_missing_files_are_config_errors_naming_the_field(tmp_path):
     cases = [
         ({"gpu": {"kind": "replay", "options": {"path": str(tmp_path / "nope.jsonl")}}}, "gpu.options.path"),
         ({"engines": [{"name": "m", "launch": {"model": str(tmp_path / "nope.bin"), "port": free_port()}}]},
-         "engines.0.launch.model"),
+         "engines[0].launch.model"),
         ({"policies": {"hardware": {"xid_catalog_dir": str(tmp_path / "nodir")}}}, "policies.hardware.xid_catalog_dir"),
     ]
     for extra, field in cases:
@@ -122,7 +122,7 @@ def test_cli_bad_config_is_one_line_exit_2(tmp_path, monkeypatch, command, case)
     path = tmp_path / "c.yaml"
     data = watched(tmp_path)
     field = {"binary": "not UTF-8", "dcgm-no-url": "gpu.options.url", "replay-missing": "gpu.options.path",
-             "corrupt-db": "event_log", "model-missing": "engines.0.launch.model", "url-port": "engines.0.url",
+             "corrupt-db": "event_log", "model-missing": "engines[0].launch.model", "url-port": "engines[0].url",
              "gpu-option-typo": "gpu.options.pathh"}[case]
     if case == "dcgm-no-url":
         data["gpu"] = {"kind": "dcgm"}

@@ -44,3 +44,25 @@ def test_longtext_summary_reads_as_words_with_a_sample():
     assert "book perplexity (teacher-forced)" in out and "windows processed" in out
     assert "chunks_processed" not in out and "seq_rep_4" not in out
     assert "sample output (chunk 0, 12 tokens)" in out and "Once upon a time there was a cat." in out
+
+
+# ------------------------------------------------------------------ item 5: config checked at load
+def test_a_bad_budget_in_the_config_is_refused_at_load_naming_the_users_key():
+    import pytest
+
+    from inferctl.controller.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError) as err:
+        parse_config({"engines": [{"name": "main", "launch": {"memory_budget": "12QB"}}]})
+    assert str(err.value).startswith("engines[0].launch.memory_budget: '12QB' is not a size")
+    ok = parse_config({"engines": [{"name": "main", "launch": {"memory_budget": "512MiB"}}]})
+    assert ok.engines[0].launch.memory_budget == "512MiB"
+
+
+def test_hub_ids_are_told_apart_from_paths():
+    from inferctl.controller.config import looks_like_hub_id
+
+    assert looks_like_hub_id("HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert not looks_like_hub_id("models/missing.bin")           # a file name: a path
+    assert not looks_like_hub_id("../shared/models/stories260K")  # relative path
+    assert not looks_like_hub_id("/abs/path")

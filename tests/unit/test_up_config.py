@@ -37,8 +37,8 @@ def test_defaults_listen_on_loopback():
 @pytest.mark.parametrize("data, field", [
     ({"intervals": {"engine_poll_seconds": 1.0, "call_timeout_seconds": 1.0}}, "call_timeout_seconds"),
     ({"engines": [{"name": "a", "kind": "vllm"}]}, "url"),
-    ({"engines": [{"name": "a", "url": "ftp://x"}]}, "engines.0.url"),
-    ({"engines": [{"name": "bad name!", "url": "http://x"}]}, "engines.0.name"),
+    ({"engines": [{"name": "a", "url": "ftp://x"}]}, "engines[0].url"),
+    ({"engines": [{"name": "bad name!", "url": "http://x"}]}, "engines[0].name"),
     ({"engines": [{"name": "a", "url": "http://x"}, {"name": "a", "url": "http://y"}]}, "duplicate name"),
     ({"engines": [{"name": "v", "kind": "vllm", "url": "http://x", "launch": {}}]}, "launch"),
     ({"gpu": {"kind": "quantum"}}, "gpu.kind"),

@@ -54,8 +54,8 @@ def live_table(run: Any) -> Any:
         else:
             counts[r.outcome] = counts.get(r.outcome, 0) + 1
     t = Table(title="inferctl drill oom", show_header=False)
-    t.add_column("what")
-    t.add_column("value")
+    t.add_column("what", width=LABEL_WIDTH, no_wrap=True)
+    t.add_column("value", width=VALUE_WIDTH, no_wrap=True, overflow="ellipsis")
     t0 = run.phases[0][1] if run.phases else None
     t.add_row("phase", f"{run.phase}  (load: {run.load}, {time.time() - t0:.1f} s)" if t0 else run.phase)
     t.add_row("engine precision", "-" if s is None else str(s.precision))
@@ -71,9 +71,20 @@ def live_table(run: Any) -> Any:
         t.add_row("OOM", f"{run.oom.get('source')} / {run.oom.get('kind')}"
                          + (" (injected by the drill)" if run.oom.get("injected") else ""))
     for e in run.events[-4:]:
-        what = str(e.get("reason") or e.get("message"))[:80]
-        t.add_row(f"event #{e.get('id')}", f"{e.get('kind')} {e.get('source')}: {what}")
+        what = " ".join(str(e.get("reason") or e.get("message")).split())
+        t.add_row(f"event #{e.get('id')}", fit(f"{e.get('kind')} {e.get('source')}: {what}", VALUE_WIDTH))
     return t
+
+
+#: The live view's column widths (characters): the same every frame, whatever the events say
+LABEL_WIDTH = 18
+VALUE_WIDTH = 96
+
+
+def fit(text: str, width: int) -> str:
+    """``text`` on one line of exactly ``width`` characters: padded with spaces, or cut with
+    ``…`` as its last character."""
+    return text.ljust(width) if len(text) <= width else text[:width - 1] + "…"
 
 
 def summary_table(report: DrillReport) -> Any:
