@@ -20,10 +20,14 @@ from inferctl.contract.precision import FULL
 from inferctl.contract.thresholds import THRESHOLDS, Thresholds
 from inferctl.dashboards import promql as q
 from inferctl.dashboards.catalog import metric_catalog, scraped_label
+from inferctl.dashboards.slo import saturated_quantile
 
 #: Range of every rate()/increase() on the dashboards: Grafana's ``$__rate_interval``
 #: (https://grafana.com/docs/grafana/latest/datasources/prometheus/template-variables/).
 W = "$__rate_interval"
+#: Said by each latency panel: what its saturated-quantile line means (issue 10 item 9).
+_SAT = (' A "≥ top bucket" line appears where the judged quantile is only a lower bound (it fell above the '
+        "largest finite bucket).")
 #: The spread quantile charted next to the mean perplexity (a display choice, not a threshold).
 PERPLEXITY_SPREAD_QUANTILE = 0.9
 
@@ -70,7 +74,12 @@ def _pct(quantile: float) -> str:
 
 
 def _quantiles(hist: str, t: Thresholds) -> tuple[Target, ...]:
-    return tuple(T(q.quantile(v, hist, ("model",), W), f"{_pct(v)} {{{{model}}}}") for v in t.latency_quantiles)
+    """The charted quantiles, plus the judged one again where it is saturated: a line
+    "p99 ≥ top bucket" appears only when that quantile fell in the +Inf bucket (its value is
+    then the largest finite bound, a lower bound; issue 10 item 9)."""
+    plain = tuple(T(q.quantile(v, hist, ("model",), W), f"{_pct(v)} {{{{model}}}}") for v in t.latency_quantiles)
+    v = t.latency_quantile
+    return plain + (T(saturated_quantile(v, hist, ("model",), W), f"{_pct(v)} ≥ top bucket {{{{model}}}}"),)
 
 
 def service(t: Thresholds = THRESHOLDS) -> DashboardSpec:
@@ -85,12 +94,13 @@ def service(t: Thresholds = THRESHOLDS) -> DashboardSpec:
             ("Latency", (
                 PanelSpec("End-to-end latency P50 / P90 / P99",
                           "Arrival to last token, of requests that finished successfully (client aborts and errors "
-                          "are counted apart). No data when there is no traffic.",
+                          "are counted apart). No data when there is no traffic." + _SAT,
                           _quantiles(e2e, t), "s", width=8),
                 PanelSpec("Time to first token P50 / P90 / P99", "Arrival to first generated token (TTFT). "
-                          f"Red: the {t.ttft_seconds * 1000:g} ms budget.",
+                          f"Red: the {t.ttft_seconds * 1000:g} ms budget." + _SAT,
                           _quantiles(ttft, t), "s", threshold=t.ttft_seconds, width=8),
-                PanelSpec("Inter-token latency P50 / P90 / P99", "Time between consecutive generated tokens (ITL).",
+                PanelSpec("Inter-token latency P50 / P90 / P99",
+                          "Time between consecutive generated tokens (ITL)." + _SAT,
                           _quantiles(itl, t), "s", width=8),
             )),
             ("Throughput", (

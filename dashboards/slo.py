@@ -77,10 +77,22 @@ def slo_windows(t: Thresholds) -> list[str]:
     return out
 
 
-def _share_above(histogram: str, bound: float, window: str) -> str:
-    count = q.rate_sum(f"{histogram}_count", _BY, window)
-    below = q.rate_sum(f"{histogram}_bucket", _BY, window, le_matcher(bound))
+def share_above(histogram: str, bound: float, window: str, labels: tuple[str, ...] = _BY) -> str:
+    """Share of the observations of ``histogram`` over ``window`` above ``bound`` (a bucket
+    bound), by ``labels``; no data without traffic. PromQL text."""
+    count = q.rate_sum(f"{histogram}_count", labels, window)
+    below = q.rate_sum(f"{histogram}_bucket", labels, window, le_matcher(bound))
     return f"({count} - {below}) / ({count} > 0)"
+
+
+def saturated_quantile(qv: float, histogram: str, labels: tuple[str, ...], window: str) -> str:
+    """The ``qv`` quantile, only where it is a lower bound ("≥ top bucket"): where more than
+    ``1 - qv`` of the observations lie above the largest finite bucket, so
+    ``histogram_quantile`` returned that bucket's bound. No data otherwise."""
+    above = share_above(histogram, top_finite_bucket(histogram), window, labels)
+    return f"{q.quantile(qv, histogram, labels, window)} and on ({', '.join(labels)}) ({above} > {1 - qv:g})"
+
+
 
 
 def saturation_recordings(t: Thresholds) -> list[RecordingRule]:
@@ -92,13 +104,13 @@ def saturation_recordings(t: Thresholds) -> list[RecordingRule]:
     """
     if float(t.slo_ttft_seconds) not in {float(b) for b in metric_catalog()[TTFT]["buckets"]}:
         raise ValueError(f"slo_ttft_seconds: {t.slo_ttft_seconds:g} is not a bucket bound of {TTFT}")
-    rules = [RecordingRule(above_top_record(h, t), _share_above(h, top_finite_bucket(h), t.latency_rate_window),
+    rules = [RecordingRule(above_top_record(h, t), share_above(h, top_finite_bucket(h), t.latency_rate_window),
                            _BY) for h in WATCHED_HISTOGRAMS]
     for w in slo_windows(t):
         errors = q.rate_sum("inferctl_engine_request_errors_total", _BY, w, 'reason!="invalid_request"')
         rules.append(RecordingRule(error_ratio_record(w), q.ratio(
             errors, q.rate_sum("inferctl_engine_requests_total", _BY, w), zero_fill=True), _BY))
-        rules.append(RecordingRule(ttft_slow_record(w), _share_above(TTFT, t.slo_ttft_seconds, w), _BY))
+        rules.append(RecordingRule(ttft_slow_record(w), share_above(TTFT, t.slo_ttft_seconds, w), _BY))
     return rules
 
 

@@ -135,8 +135,13 @@ def test_latency_panels_are_p50_p90_p99_and_no_data_without_traffic(committed):
     panel = next(p for p in committed["inferctl-service"]["panels"] if p["title"].startswith("End-to-end latency"))
     exprs = [t["expr"] for t in panel["targets"]]
     assert [e.split(",")[0] for e in exprs] == ["histogram_quantile(0.5", "histogram_quantile(0.9",
-                                                "histogram_quantile(0.99"]
+                                                "histogram_quantile(0.99", "histogram_quantile(0.99"]
     assert all("rate(inferctl_engine_e2e_request_latency_seconds_count[$__rate_interval])) > 0)" in e for e in exprs)
+    # the fourth line is the P99 only where it is saturated (> 1 % of observations above 600 s)
+    legends = [t["legendFormat"] for t in panel["targets"]]
+    assert legends[3] == "p99 ≥ top bucket {{model}}"
+    assert exprs[3].endswith('_bucket{le=~"600|600.0"}[$__rate_interval]))) / (sum by (model) '
+                             '(rate(inferctl_engine_e2e_request_latency_seconds_count[$__rate_interval])) > 0) > 0.01)')
 
 
 def test_fragmentation_panel_is_reserved_unallocated_over_reserved_not_free_memory(committed):

@@ -75,6 +75,12 @@ EMPTY_IN_SCENARIO: dict[tuple[str, str, str], str] = {
     ("inferctl-control-plane", "Paused for", "A"): "nobody pauses automation in the scenario",
     ("inferctl-control-plane", "Would have acted", "A"):
         "automation is never paused, so no decision is held back (the counter is born by its first event)",
+    ("inferctl-service", "End-to-end latency P50 / P90 / P99", "D"):
+        "the P99 line '≥ top bucket' shows only when P99 lies above the 600 s bucket; stories260K answers in < 5 s",
+    ("inferctl-service", "Time to first token P50 / P90 / P99", "D"):
+        "the P99 line '≥ top bucket' shows only when P99 lies above the 600 s bucket",
+    ("inferctl-service", "Inter-token latency P50 / P90 / P99", "D"):
+        "the P99 line '≥ top bucket' shows only when P99 lies above the 600 s bucket",
     ("inferctl-router", "Requests answered by the router", "A"):
         "every request is valid and the one replica stays routable: the router rejects none",
     ("inferctl-router", "Retries per second", "A"): "the one replica never refuses or fails, so nothing is retried",
