@@ -526,30 +526,6 @@ def controller_run(config: str = typer.Option(..., "--config", "-c", help="YAML 
     _run_config(_load(config), token, engine_log_dir, token_file, tuple(allowed_host))
 
 
-def model_argument(positional: Optional[str], option: Optional[str], flag: str = "--model") -> Optional[str]:
-    """The model of a command that takes it as ``MODEL`` (vLLM's habit) or ``--model``: either
-    one; both only when they are the same (else exit 2 naming both)."""
-    if positional is not None and option is not None and positional != option:
-        _die(f"{flag}: the model is given twice ({positional!r} as MODEL and {option!r} as {flag}); give one",
-             code=2)
-    return option if option is not None else positional
-
-
-def _check_up_flags(model: Optional[str], memory_budget: Optional[str]) -> None:
-    """``up``'s --model and --memory-budget checked before anything, naming the flag (exit 2)."""
-    from inferctl.contract.units import SizeError, parse_size
-    from inferctl.controller.config import looks_like_hub_id
-
-    if model and model != "demo" and looks_like_hub_id(model):
-        _die(f"--model: {model!r} looks like a Hugging Face hub id: hub ids are not downloaded; give a local path"
-             " (a llama2.c .bin or a Hugging Face directory)", code=2)
-    if memory_budget is not None:
-        try:
-            parse_size(memory_budget, "--memory-budget", min_bytes=1)
-        except SizeError as exc:
-            _die(str(exc), code=2)
-
-
 def up(model_arg: Optional[str] = typer.Argument(None, metavar="MODEL", show_default=False,
                                                  help="Model path (same as --model, vLLM style)."),
        model: Optional[str] = typer.Option(None, "--model", help="Model path (llama2.c .bin or HF dir);"
@@ -586,11 +562,10 @@ def up(model_arg: Optional[str] = typer.Argument(None, metavar="MODEL", show_def
     --model, --memory-budget and --engine-port applied to its first launched engine.
     """
     from inferctl.controller.config import ConfigError
-    from inferctl.controller.up import UP_PORT_FLAGS, RouterSpec, up_config
+    from inferctl.controller.up import UP_PORT_FLAGS, RouterSpec, up_config, up_flags
 
-    model = model_argument(model_arg, model)
-    _check_up_flags(model, memory_budget)
     try:
+        model = up_flags(model_arg, model, memory_budget)
         final = up_config(_load(config), from_file=bool(config), replicas=replicas, model=model,
                           memory_budget=memory_budget, engine_port=engine_port, engine_args=list(engine_arg),
                           controller_port=controller_port)

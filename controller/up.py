@@ -296,6 +296,28 @@ def replica_names(n: int) -> list[str]:
     return ["main"] if n == 1 else [f"main-{i}" for i in range(n)]
 
 
+def up_flags(positional: str | None, model: str | None, memory_budget: str | None) -> str | None:
+    """``inferctl up``'s model (``MODEL``, vLLM's habit, or ``--model``: both only when equal)
+    after checking it and ``--memory-budget`` before anything starts. Raises ConfigError naming
+    the flag: the model given twice, a Hugging Face hub id (never downloaded), a bad size."""
+    from inferctl.contract.units import SizeError, parse_size
+    from inferctl.controller.config import looks_like_hub_id
+
+    if positional is not None and model is not None and positional != model:
+        raise ConfigError(f"--model: the model is given twice ({positional!r} as MODEL and {model!r} as --model);"
+                          " give one")
+    model = model if model is not None else positional
+    if model and model != "demo" and looks_like_hub_id(model):
+        raise ConfigError(f"--model: {model!r} looks like a Hugging Face hub id: hub ids are not downloaded; give"
+                          " a local path (a llama2.c .bin or a Hugging Face directory)")
+    if memory_budget is not None:
+        try:
+            parse_size(memory_budget, "--memory-budget", min_bytes=1)
+        except SizeError as exc:
+            raise ConfigError(str(exc)) from None
+    return model
+
+
 def up_config(cfg: ControllerConfig, *, from_file: bool, replicas: int = 1, model: str | None = None,
               memory_budget: str | None = None, engine_port: int | None = None,
               engine_args: list[str] | None = None, controller_port: int | None = None) -> ControllerConfig:
