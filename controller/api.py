@@ -41,8 +41,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 import sqlite3
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -176,13 +176,13 @@ def _int_param(request: Request, name: str, default: int | None, lo: int, hi: in
 
 
 def _result(res: ActionResult) -> Response:
+    """The action's outcome decides the status; an event that could not be written yet (disk
+    full) never turns a done action into an error: ``event_id`` is null and ``event_note`` says
+    where the event is."""
     status = 200 if res.ok else (409 if res.refused else 502)
     return _json({"ok": res.ok, "action": res.action, "target": res.target, "message": res.message,
                   "refused": res.refused, "details": res.details, "event_id": res.event_id,
                   "event_note": res.event_note}, status)
-    """The action's outcome decides the status; an event that could not be written yet (disk
-    full) never turns a done action into an error: ``event_id`` is null and ``event_note`` says
-    where the event is."""
 
 
 def _render_refusal(exc: RequestRejected) -> bytes:
