@@ -5,9 +5,11 @@
 the ids a completions/chat request with the same text would feed the engine (BOS first when
 ``add_special_tokens``). ``{"model"?, "tokens": [int]}`` → ``{"prompt": text}``. The model
 that would serve the name (routes followed) tokenizes; no engine work, so both are allowed
-while draining. A text that can never fit ``max_model_len`` (above
-``contract.openai.max_prompt_chars`` characters) is a 400 naming ``prompt``/``messages``,
-before tokenizing; a long text is tokenized on a worker thread.
+while draining. Unlike a generation request, a text longer than the context is not refused:
+tokenizing whole books is what ``/tokenize`` is for (long-text processing counts and cuts them
+into windows, as with vLLM's ``/tokenize``); its work is bounded by the request body limit
+(``--max-body-bytes``, 4 MiB by default) and a long text is tokenized on a worker thread, so
+it never blocks the event loop.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from inferctl.contract.tokenize import DetokenizeRequest, TokenizeRequest
 from inferctl.engine.chat_template import render_chat_prompt
 from inferctl.engine.entrypoints.checks import check_token_ids
 from inferctl.engine.entrypoints.logprobs import token_text
-from inferctl.engine.entrypoints.serving import check_text_size, encode_async, guarded, read_json
+from inferctl.engine.entrypoints.serving import encode_async, guarded, read_json
 from inferctl.engine.entrypoints.sse import json_response
 from inferctl.engine.entrypoints.state import ServerState, server_state
 
@@ -46,10 +48,6 @@ async def _tokenize(request: Request, state: ServerState) -> Response:
     req = validate_model(TokenizeRequest, await read_json(request, state), state.limits)
     req.check_one_input()
     _requested, served = state.resolve(req.model)
-    if req.prompt is not None:
-        check_text_size(served, len(req.prompt), "prompt", count=False)
-    else:
-        check_text_size(served, sum(len(m.text()) for m in req.messages), "messages", count=False)
     text = req.prompt if req.prompt is not None else render_chat_prompt(req.messages, state.chat_template)
     ids = await encode_async(served, text, bos=bool(req.add_special_tokens))
     doc: dict[str, Any] = {"count": len(ids), "max_model_len": served.max_model_len, "tokens": ids}

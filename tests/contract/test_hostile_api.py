@@ -132,9 +132,7 @@ def test_five_megabyte_prompts_are_refused_without_tokenizing(big_app):
     cases = [("/v1/completions", {"prompt": huge}, "prompt"),
              ("/v1/completions", {"prompt": ["short", huge]}, "prompt[1]"),
              ("/v1/chat/completions", {"messages": [{"role": "user", "content": huge[: len(huge) // 2]},
-                                                    {"role": "user", "content": huge[len(huge) // 2:]}]}, "messages"),
-             ("/tokenize", {"prompt": huge}, "prompt"),
-             ("/tokenize", {"messages": [{"role": "user", "content": huge}]}, "messages")]
+                                                    {"role": "user", "content": huge[len(huge) // 2:]}]}, "messages")]
     for path, body, param in cases:
         r = http_post(a, path, body)
         assert r.status_code == 400, (path, r.text[:300])
@@ -144,12 +142,23 @@ def test_five_megabyte_prompts_are_refused_without_tokenizing(big_app):
     assert served.tokenizer.calls == []     # never tokenized
 
 
-def test_a_prompt_at_the_bound_is_still_tokenized(big_app):
+def test_a_prompt_at_the_bound_is_still_generated_from(big_app):
     a, served = big_app
     text = "a" * served.max_prompt_chars
+    r = http_post(a, "/v1/completions", {"prompt": text, "max_tokens": 1})
+    assert served.tokenizer.calls == [len(text)]          # tokenized: only then can its length be judged
+    assert r.status_code == 400 and "max_model_len" in r.text   # 3,584 'a's are more tokens than the context
+
+
+def test_tokenize_takes_a_text_longer_than_the_context(big_app):
+    """Counting and cutting whole books is what /tokenize is for (long-text processing): a text
+    of many contexts is tokenized, bounded only by the body limit."""
+    a, served = big_app
+    text = "Once upon a time there was a little girl. " * 400       # ~17,000 characters
+    assert len(text) > served.max_prompt_chars
     r = http_post(a, "/tokenize", {"prompt": text})
-    assert r.status_code == 200 and r.json()["count"] > 0
-    assert served.tokenizer.calls == [len(text)]
+    assert r.status_code == 200, r.text[:300]
+    assert r.json()["count"] > served.max_model_len and served.tokenizer.calls == [len(text)]
 
 
 # ------------------------------------------------------------------ aborts
