@@ -34,7 +34,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inferctl.contract.errors import REJECTION_CODES, APIError
-from inferctl.contract.http import RequestRejected, read_json_body
+from inferctl.contract.http import HostGuard, RequestRejected, read_json_body
 from inferctl.contract.openai import ChatCompletionRequest, CompletionRequest, ProtocolLimits, validate_model
 from inferctl.router.config import RouterConfig
 from inferctl.router.keys import affinity_prefix, request_id
@@ -76,13 +76,17 @@ def default_client(config: RouterConfig) -> httpx.AsyncClient:
 
 
 def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
-               limits: ProtocolLimits | None = None) -> FastAPI:
+               limits: ProtocolLimits | None = None, bind_host: str | None = None,
+               allowed_hosts: tuple[str, ...] = ()) -> FastAPI:
     """The router app over ``config`` (validated here: raises ConfigError).
 
     ``client``: the upstream httpx.AsyncClient (tests pass one over ASGI transports; default
     :func:`default_client`, closed at shutdown). ``limits``: the request-shape limits, as the
     engines' (default :class:`ProtocolLimits`). The probe loop starts with the app's lifespan;
     without a lifespan (ASGI tests) call ``await app.state.router.prober.round()``.
+    ``bind_host`` (the address it listens on): given, every request's ``Host`` must pass the
+    DNS-rebinding rule of :func:`inferctl.contract.http.host_allowed` (421 otherwise), as on
+    the engine and the controller; ``allowed_hosts`` are the ``--allowed-host`` names.
     """
     config.validate()
     owns_client = client is None
@@ -110,6 +114,8 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
     app = FastAPI(title="inferctl router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.router = state
     _install_errors(app)
+    if bind_host is not None:   # outermost: a refused Host never reaches the router
+        app.add_middleware(HostGuard, bind_host=bind_host, allowed_hosts=tuple(allowed_hosts))
 
     async def serve(request: Request, cls: type, path: str) -> Response:
         t0 = time.monotonic()

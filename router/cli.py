@@ -36,6 +36,9 @@ def router(
                                            help="Seconds to wait for the next upstream byte."),
     log_format: str = typer.Option("text", "--log-format", help="text | json (one JSON object per line)."),
     log_level: str = typer.Option("info", "--log-level", help="debug | info | warning | error."),
+    allowed_host: List[str] = typer.Option([], "--allowed-host",
+                                           help="A Host name clients may use (repeat; default: loopback names "
+                                                "when bound to loopback, any name otherwise)."),
 ) -> None:
     """Serve the OpenAI-compatible router in front of engine replicas (docs/router.md)."""
     import uvicorn
@@ -54,7 +57,7 @@ def router(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2)
     configure_logging(config.log_format, log_level)
-    app = create_app(config)
+    app = create_app(config, bind_host=host, allowed_hosts=tuple(allowed_host))
     typer.echo(f"router: http://{host}:{port} -> {', '.join(f'{e.name}={e.url}' for e in config.engines)}",
                err=True)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),

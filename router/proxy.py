@@ -47,10 +47,19 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
 
 
 def forward_headers(headers: "httpx.Headers | dict", request_id: str) -> dict[str, str]:
-    """Client (or upstream) headers minus :data:`HOP_BY_HOP`, plus ``x-request-id``."""
-    out = {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
+    """Client (or upstream) headers minus :data:`HOP_BY_HOP`, plus ``x-request-id``.
+
+    A header whose value is not printable ASCII (RFC 9110 section 5.5 allows obs-text, but
+    nothing the engine reads needs it, and the HTTP client refuses to send it) is left out
+    rather than failing the request: the routing already used what it needed (e.g. a
+    non-ASCII ``X-Session-Id`` still pins the session)."""
+    out = {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP and _printable_ascii(v)}
     out["x-request-id"] = request_id
     return out
+
+
+def _printable_ascii(value: str) -> bool:
+    return value.isascii() and all(c == "\t" or " " <= c <= "~" for c in value)
 
 
 class RelayResponse(StreamingResponse):

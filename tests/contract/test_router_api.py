@@ -463,3 +463,45 @@ def test_a_non_json_content_type_gets_what_the_engine_gives(apps):
     assert via.status_code == direct.status_code
     if direct.status_code >= 400:      # the engine refuses non-JSON bodies (415): so does the router, alone
         assert via.json() == direct.json() and rec.posts() == []
+
+
+def test_non_ascii_headers_are_not_forwarded_and_never_a_500(apps):
+    """A client header the HTTP client cannot send (non-ASCII) is left out of the forwarded
+    request; the request is served (it was a bare 500, unlogged, before)."""
+    async def go():
+        rec = Recording(apps["a"])
+        app, st = build_router({"a": rec})
+        await st.prober.round()
+        async with rclient(app) as c:
+            r = await c.post("/v1/completions", json=completion(),
+                             headers={"X-Session-Id": "é☃".encode(), "X-Foo": "café".encode(),
+                                      "X-Bar": "plain"})
+        return r, rec
+
+    r, rec = run(go())
+    assert r.status_code == 200, r.text
+    [sent] = rec.posts()
+    assert "x-foo" not in sent.headers and "x-session-id" not in sent.headers
+    assert sent.headers["x-bar"] == "plain"
+
+
+def test_a_router_bound_to_loopback_refuses_a_foreign_host(apps):
+    """DNS rebinding: bound to 127.0.0.1 the router answers only loopback Host names (421 else),
+    as the engine and the controller do; --allowed-host adds names."""
+    async def go():
+        specs = (EngineSpec("a", "http://a.test"),)
+        client = httpx.AsyncClient(mounts={"http://a.test": httpx.ASGITransport(app=apps["a"])}, timeout=60.0)
+        app = create_app(RouterConfig(engines=specs), client=client, bind_host="127.0.0.1",
+                         allowed_hosts=("router.internal",))
+        await app.state.router.prober.round()
+        out = {}
+        for host in ("evil.example", "127.0.0.1:8080", "localhost:8080", "router.internal:8080"):
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=f"http://{host}",
+                                         timeout=60.0) as c:
+                out[host] = await c.post("/v1/completions", json=completion())
+        return out
+
+    out = run(go())
+    assert out["evil.example"].status_code == 421
+    assert out["evil.example"].json()["error"]["code"] == "host_not_allowed"
+    assert all(out[h].status_code == 200 for h in ("127.0.0.1:8080", "localhost:8080", "router.internal:8080"))
