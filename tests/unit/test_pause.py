@@ -52,7 +52,7 @@ def test_maintenance_windows_absolute_and_weekly():
     assert weekly.began(sat + 3600) == sat - 1800
     with pytest.raises(ConfigError, match="maintenance.0"):
         parse_config({"maintenance": [{"reason": "x", "start": "2026-03-01T02:00:00Z", "end": "2026-03-01T01:00:00Z"}]})
-    with pytest.raises(ConfigError, match="maintenance.0.scope"):
+    with pytest.raises(ConfigError, match=r"maintenance\[0\]\.scope"):
         parse_config({"maintenance": [{"reason": "x", "scope": "node:1", "days": ["mon"],
                                        "from_time": "01:00", "to_time": "02:00"}]})
     with pytest.raises(ConfigError, match="from_time"):
