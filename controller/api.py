@@ -42,12 +42,13 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+import unicodedata
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from starlette.concurrency import run_in_threadpool
 
 from inferctl.contract.http import BodyRejected, HostGuard, RequestRejected, Unauthorized, check_bearer, read_json_body
@@ -96,8 +97,21 @@ class ResumeBody(_Strict):
     gpu: int | None = None
 
 
+#: Longest pause reason (characters): a sentence for the event log and /status, not a document.
+MAX_REASON_CHARS = 1024
+
+
 class PauseBody(ResumeBody):
     reason: str
+
+    @field_validator("reason")
+    @classmethod
+    def _reason(cls, value: str) -> str:
+        if len(value) > MAX_REASON_CHARS:
+            raise ValueError(f"at most {MAX_REASON_CHARS} characters, got {len(value)}")
+        if any(unicodedata.category(c) == "Cc" for c in value):
+            raise ValueError("control characters (newline, NUL, …) are not allowed")
+        return value
 
 
 class ApiError(Exception):
@@ -310,6 +324,10 @@ def create_app(controller: Any, admin_token: str, *, bind_host: str | None = Non
         if body.gpu is not None:
             if not 0 <= body.gpu <= 999:
                 raise ApiError(400, "invalid_field", f"gpu: must be 0..999, got {body.gpu}", "gpu")
+            known = controller.state.known_gpu_indices()
+            if body.gpu not in known:
+                raise ApiError(404, "gpu_not_found", f"gpu: {body.gpu} is not a GPU this controller knows "
+                               f"(known: {', '.join(map(str, sorted(known))) or 'none'})", "gpu")
             return f"gpu:{body.gpu}"
         return "all"
 

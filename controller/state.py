@@ -91,6 +91,15 @@ class ControllerState:
         reading = self.reading
         return bool(reading is not None and reading.ok)
 
+    def known_gpu_indices(self) -> set[int]:
+        """GPU indices the controller knows: those in the last GPU reading, plus the GPUs the
+        configuration assigns engines to (so a GPU stays known while telemetry is down)."""
+        with self.lock:
+            found = {g for g in self.engine_gpu.values() if isinstance(g, int)}
+            if self.reading is not None:
+                found |= {s.index for s in self.reading.gpus.values() if isinstance(s.index, int)}
+            return found
+
     def gpu_of(self, engine: str, reading: GpuReading | None = None) -> GpuSnapshot | None:
         """The snapshot of ``engine``'s configured GPU in ``reading`` (default: the last one);
         None when the engine has no GPU, telemetry is down or the GPU is not in the reading."""

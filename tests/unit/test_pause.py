@@ -137,3 +137,20 @@ def test_api_pause_resume_names_the_operator(tmp_path):
     assert r.status_code == 409 and r.json()["error"]["code"] == "not_paused"
     sources = {e["source"] for e in log.query(kind="action", limit=20)}
     assert {"operator:carol", "operator"} <= sources
+
+
+def test_api_pause_refuses_an_unknown_gpu_and_a_reason_that_is_not_a_sentence(tmp_path):
+    """A pause of a GPU the controller does not know is a 404 naming ``gpu`` (it made a metric
+    series per number before); the reason is at most 1,024 characters, without control
+    characters (they came back in messages and events)."""
+    http, ctl, client, log = api_setup(tmp_path, "t0ken-t0ken-t0ken-1")
+    known = ctl.state.known_gpu_indices()
+    assert 0 in known and 99 not in known
+    r = http.post("/actions/pause", json={"reason": "x", "gpu": 99}, headers=AUTH)
+    assert r.status_code == 404 and r.json()["error"]["field"] == "gpu" and "99" in r.json()["error"]["message"]
+    r = http.post("/actions/pause", json={"reason": "r" * 1025}, headers=AUTH)
+    assert r.status_code == 400 and r.json()["error"]["field"] == "reason" and "1024" in r.json()["error"]["message"]
+    r = http.post("/actions/pause", json={"reason": "a\nb\u0000c"}, headers=AUTH)
+    assert r.status_code == 400 and r.json()["error"]["field"] == "reason"
+    assert http.post("/actions/pause", json={"reason": "r" * 1024, "gpu": 0}, headers=AUTH).status_code == 200
+    assert http.get("/status").json()["automation"]["pauses"][0]["scope"] == "gpu:0"
