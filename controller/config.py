@@ -257,7 +257,7 @@ class RailsConfig(_Model):
     nvidia_smi: str = "nvidia-smi"
     command_timeout_seconds: float = Field(120.0, gt=0)
     drain_timeout_seconds: float = Field(60.0, gt=0, description="wait for in-flight requests before a restart")
-    max_unavailable: int = Field(1, ge=1, description="replicas of one model out of rotation at once"
+    max_unavailable: int = Field(1, ge=1, strict=True, description="replicas of one model out of rotation at once"
                                  " (rolling restarts, controller/fleet.py)")
     quiet_wait_seconds: float = Field(60.0, gt=0, description="how long a restart waits for the rails (a free"
                                       " slot, or a quiet moment of the last ready replica) before it is postponed")

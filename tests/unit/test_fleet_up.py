@@ -54,3 +54,12 @@ def test_rails_keys_have_defaults_and_limits():
     assert rails.max_unavailable == 1 and rails.quiet_wait_seconds == 60
     with pytest.raises(ConfigError, match="rails.max_unavailable"):
         parse_config({"rails": {"max_unavailable": 0}})
+
+
+@pytest.mark.parametrize("value", [True, "1", 1.0])
+def test_rails_max_unavailable_is_a_real_integer(value):
+    """YAML ``true`` or ``"1"`` is not a replica count: refused naming the key (was coerced to 1)."""
+    from inferctl.controller.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError, match=r"rails\.max_unavailable"):
+        parse_config({"rails": {"max_unavailable": value}})
