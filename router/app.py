@@ -222,4 +222,4 @@ def _install_errors(app: FastAPI) -> None:
                            code="method_not_allowed")
         else:
             err = APIError(exc.status_code, str(exc.detail))
-        return error_response(err, request.headers.get("x-request-id"))
+        return error_response(err, request_id(request.headers.get("x-request-id")))

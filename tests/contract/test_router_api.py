@@ -505,3 +505,16 @@ def test_a_router_bound_to_loopback_refuses_a_foreign_host(apps):
     assert out["evil.example"].status_code == 421
     assert out["evil.example"].json()["error"]["code"] == "host_not_allowed"
     assert all(out[h].status_code == 200 for h in ("127.0.0.1:8080", "localhost:8080", "router.internal:8080"))
+
+
+def test_the_routers_own_404_and_405_carry_a_request_id(apps):
+    async def go():
+        app, st = build_router({"a": apps["a"]})
+        async with rclient(app) as c:
+            return (await c.get("/v1/nothing"), await c.get("/v1/completions"),
+                    await c.get("/v1/nothing", headers={"X-Request-Id": "mine-1"}))
+
+    missing, wrong_method, given = run(go())
+    assert missing.status_code == 404 and len(missing.headers["x-request-id"]) == 32
+    assert wrong_method.status_code == 405 and len(wrong_method.headers["x-request-id"]) == 32
+    assert given.headers["x-request-id"] == "mine-1"
