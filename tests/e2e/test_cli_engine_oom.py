@@ -17,12 +17,16 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
 
 
 def test_flags_reach_the_engine_config(monkeypatch):
-    import uvicorn
-
     from inferctl.cli import app
+    from inferctl.engine.entrypoints.lifecycle import GracefulServer
 
     seen = {}
-    monkeypatch.setattr(uvicorn, "run", lambda asgi, **kw: seen.setdefault("app", asgi))
+
+    def no_serving(self):   # the server is built with the app; it does not listen
+        seen["app"] = self.config.app
+        self.started = True
+
+    monkeypatch.setattr(GracefulServer, "run", no_serving)
     from inferctl.engine import server as engine_server
 
     real = engine_server.create_app
@@ -32,7 +36,7 @@ def test_flags_reach_the_engine_config(monkeypatch):
         return real(engines, **kw)
 
     monkeypatch.setattr(engine_server, "create_app", capture)
-    res = CliRunner().invoke(app, ["engine", "serve", "--device", "cpu", "--max-oom-retries", "7",
+    res = CliRunner().invoke(app, ["engine", "serve", "--port", "0", "--device", "cpu", "--max-oom-retries", "7",
                                    "--oom-backoff-seconds", "0.25", "--oom-backoff-max-seconds", "1.5"])
     assert res.exit_code == 0, res.output
     [eng] = seen["engines"].values()
