@@ -91,8 +91,10 @@ def test_hf_static_runner_on_converted_stories(tmp_path, stories_dir):
 
 
 def test_controller_tick_runs_at_tiny_sizes(stories_dir, capsys):
-    """``python -m bench.controller_tick`` runs (2 engines, 1 GPU, 1 tick, no doc write)."""
+    """``python -m bench.controller_tick`` runs (4 engines over loopback HTTP, 1 GPU, 1 tick,
+    no doc write) and reports every engine up."""
     from bench.controller_tick import main
 
-    assert main(["--engines", "2", "--gpus", "1", "--ticks", "1", "--quick"]) == 0
-    assert "Tick CPU" in capsys.readouterr().out
+    assert main(["--engines", "4", "--ticks", "1", "--quick", "--probe", "0", "--models", "aiohttp"]) == 0
+    out = capsys.readouterr().out
+    assert "Tick CPU at 4 engines" in out and "| 4 / 1 | aiohttp | 4/4 |" in out

@@ -51,7 +51,8 @@ def test_watch_a_vllm_engine_with_a_replayed_gpu(tmp_path, fake_vllm, fixtures_d
     rt = build_runtime(cfg, "tok")
     try:
         assert rt.supervisors == {}
-        assert set(rt.controller.policies["vllm-a"]) == {"fragmentation"}   # no admin API: no precision
+        # no admin API: no precision; liveness (outage events) watches every engine
+        assert set(rt.controller.policies["vllm-a"]) == {"fragmentation", "liveness"}
         rt.controller.tick()
         st = rt.controller.status()
         e = st["engines"]["vllm-a"]
