@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,33 +19,12 @@ import httpx
 import openai
 import pytest
 
+from inferctl.tools.drill.fleet import free_block
+
 pytestmark = pytest.mark.e2e
 
 CLIENTS = 16
 TOKEN = "e2e-fleet-token-0123456789abcdef"
-
-
-def _free_block(n: int) -> int:
-    """A base port with ``n`` consecutive free ports."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n > 65535:
-            continue
-        socks = []
-        try:
-            for i in range(n):
-                t = socket.socket()
-                socks.append(t)
-                t.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-        finally:
-            for t in socks:
-                t.close()
-    raise RuntimeError("no block of free ports")
 
 
 @dataclass
@@ -61,7 +39,7 @@ class Up:
 def up(stories_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fleet")
     (tmp / "c.yaml").write_text(f"event_log: {tmp / 'ev.db'}\n")
-    base, ctl, rport = _free_block(3), _free_block(1), _free_block(1)
+    base, ctl, rport = free_block(3), free_block(1), free_block(1)
     cmd = [sys.executable, "-m", "inferctl", "up", "--replicas", "3", "--model", str(stories_dir / "stories260K.bin"),
            "--config", str(tmp / "c.yaml"), "--engine-port", str(base), "--controller-port", str(ctl),
            "--router-port", str(rport), "--engine-log-dir", str(tmp / "logs"),
