@@ -179,10 +179,10 @@ def _int_param(request: Request, name: str, default: int | None, lo: int, hi: in
     text = request.query_params.get(name)
     if text is None or text == "":
         return default
-    try:
-        value = int(text)
-    except ValueError:
-        raise ApiError(400, "invalid_parameter", f"{name}: {_echo(text)} is not an integer", name) from None
+    # ASCII digits only: int() also reads full-width and other Unicode digits ("１０") and "1_000"
+    if re.fullmatch(r"[+-]?[0-9]+", text) is None:
+        raise ApiError(400, "invalid_parameter", f"{name}: {_echo(text)} is not an integer", name)
+    value = int(text)
     if value < lo or (hi is not None and value > hi):
         bound = f"between {lo} and {hi}" if hi is not None else f">= {lo}"
         raise ApiError(400, "invalid_parameter", f"{name}: must be {bound}, got {value}", name)

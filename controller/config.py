@@ -30,7 +30,7 @@ class ConfigError(ValueError):
 
 class _Model(BaseModel):
     # every float must be finite: an infinite interval, timeout or hold is never meant
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, strict=True)
 
 
 #: Seconds the engine may need after its shutdown grace: 2 x its flush time (5 s each) + 3 s

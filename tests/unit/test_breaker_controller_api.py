@@ -33,6 +33,19 @@ def test_since_id_beyond_sqlite_integer_is_400_naming_the_limit(setup, since_id)
     assert r.status_code == 200 and r.json()["events"] == []
 
 
+@pytest.mark.parametrize("name", ["limit", "since_id"])
+@pytest.mark.parametrize("text", ["\uff11\uff10", "1_0", " 10", "\u0661"], ids=["full-width", "underscore", "space",
+                                                                               "arabic-indic"])
+def test_integer_parameters_take_ascii_digits_only(setup, name, text):
+    """``int()`` reads "１０", "1_0" and " 10" as 10; a query parameter with them is a typo or a
+    probe, answered 400 naming the parameter, not silently read as another number."""
+    http, *_ = setup
+    r = http.get("/events", params={name: text})
+    assert r.status_code == 400, r.text
+    assert error(r)["field"] == name and "not an integer" in error(r)["message"]
+    assert http.get("/events", params={name: "+10"}).status_code == 200
+
+
 @pytest.mark.parametrize("content", [b"[" * 50_000, b'{"engine": ' + b"[" * 20_000 + b"]" * 20_000 + b"}"],
                          ids=["array", "object"])
 def test_deeply_nested_json_is_400_not_500(setup, content):

@@ -145,3 +145,21 @@ def test_cli_bad_config_is_one_line_exit_2(tmp_path, monkeypatch, command, case)
     assert field in r.output and "Traceback" not in r.output
     errors = [line for line in r.output.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, r.output
+
+
+@pytest.mark.parametrize("data, field", [
+    ({"intervals": {"engine_poll_seconds": "1"}}, "intervals.engine_poll_seconds"),
+    ({"intervals": {"engine_poll_seconds": True}}, "intervals.engine_poll_seconds"),
+    ({"listen": {"port": "8900"}}, "listen.port"),
+    ({"listen": {"port": True}}, "listen.port"),
+    ({"listen": {"port": 8900.0}}, "listen.port"),
+], ids=["float-as-string", "float-as-bool", "int-as-string", "int-as-bool", "int-as-float"])
+def test_values_of_the_wrong_yaml_type_are_refused_not_coerced(data, field):
+    """A quoted number or a YAML boolean where a number belongs is a typo the operator must see,
+    not a value silently converted (``"1"`` → 1, ``true`` → 1)."""
+    with pytest.raises(ConfigError, match=re.escape(field)):
+        parse_config(data)
+
+
+def test_an_integer_is_still_a_valid_float_setting():
+    assert parse_config({"intervals": {"engine_poll_seconds": 2}}).intervals.engine_poll_seconds == 2.0
