@@ -20,7 +20,7 @@ DEFAULT_CONTROLLER_PORT = 8900
 DEFAULT_ENGINE_PORT = 8000
 DEFAULT_TOKEN_ENV = "INFERCTL_ADMIN_TOKEN"
 ENGINE_KINDS = ("bundled", "vllm", "tgi", "llamacpp")
-_FIELD_PREFIX = re.compile(r"^([a-z][a-z0-9_.]*): ")
+_FIELD_PREFIX = re.compile(r"^([a-z][a-z0-9_.]*(?:\[[0-9]+\][a-z0-9_.]*)*): ")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -299,9 +299,16 @@ class EventLogRetentionConfig(_Model):
     flush_interval_seconds: float = Field(5.0, gt=0, description="retry writing events buffered during a"
                                           " write outage this often (every append retries too)")
 
-    @field_validator("max_bytes")
+    @field_validator("max_bytes", mode="before")
     @classmethod
-    def _size(cls, v: str | None) -> str | None:
+    def _size(cls, v: Any) -> str | None:
+        if isinstance(v, int) and not isinstance(v, bool):
+            # a bare YAML number is a byte count; say what a valid value looks like
+            if v < 1:
+                raise ValueError(f"must be a size of at least 1 byte such as 256MiB, got {v}")
+            v = str(v)
+        if v is not None and not isinstance(v, str):
+            raise ValueError(f"must be a size such as 256MiB, got {v!r}")
         if v is not None:
             from inferctl.contract.units import SizeError, parse_size
             try:
@@ -435,6 +442,12 @@ class ControllerConfig(_Model):
         ports = [e.launch.port for e in self.engines if e.launch is not None]
         if len(ports) != len(set(ports)):
             raise ValueError("engines: two launched engines use the same launch.port")
+        known = set(names)
+        for i, window in enumerate(self.maintenance):
+            if window.scope.startswith("engine:") and window.scope[len("engine:"):] not in known:
+                listed = ", ".join(sorted(known)) or "none"
+                raise ValueError(f"maintenance[{i}].scope: {window.scope!r} names no configured engine"
+                                 f" (engines: {listed})")
         return self
 
     def token(self) -> str | None:

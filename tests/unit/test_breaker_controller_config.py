@@ -163,3 +163,20 @@ def test_values_of_the_wrong_yaml_type_are_refused_not_coerced(data, field):
 
 def test_an_integer_is_still_a_valid_float_setting():
     assert parse_config({"intervals": {"engine_poll_seconds": 2}}).intervals.engine_poll_seconds == 2.0
+
+
+@pytest.mark.parametrize("value, message", [(-1, "a size of at least 1 byte"), (True, "a size such as 256MiB")])
+def test_event_log_max_bytes_of_the_wrong_kind_says_what_a_size_is(value, message):
+    with pytest.raises(ConfigError, match=re.escape(f"event_log_retention.max_bytes: must be {message}")):
+        parse_config({"event_log_retention": {"max_bytes": value}})
+    assert parse_config({"event_log_retention": {"max_bytes": 4096}}).event_log_retention.max_bytes_value() == 4096
+
+
+def test_a_maintenance_window_for_an_engine_that_is_not_configured_is_refused(tmp_path):
+    window = {"scope": "engine:mian", "reason": "patching", "start": "2026-01-01T00:00:00Z",
+              "end": "2026-01-02T00:00:00Z"}
+    with pytest.raises(ConfigError, match=re.escape("maintenance[0].scope: 'engine:mian' names no configured"
+                                                    " engine (engines: a)")):
+        parse_config(watched(tmp_path, maintenance=[window]))
+    window["scope"] = "engine:a"
+    assert parse_config(watched(tmp_path, maintenance=[window])).maintenance[0].scope == "engine:a"
