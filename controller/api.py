@@ -57,6 +57,8 @@ from inferctl.controller.events import EVENT_KINDS, json_safe
 from inferctl.controller.operator import ReleaseRefused
 
 MAX_EVENTS = 1000
+#: Longest ``target`` filter: engine names are at most 64 characters, GPU targets shorter.
+MAX_TARGET_CHARS = 256
 MAX_BODY_BYTES = 64 * 1024
 #: Event ids are SQLite INTEGER PRIMARY KEYs: signed 64-bit (sqlite.org/datatype3.html).
 MAX_EVENT_ID = 2 ** 63 - 1
@@ -267,6 +269,9 @@ def create_app(controller: Any, admin_token: str, *, bind_host: str | None = Non
             raise ApiError(400, "invalid_parameter", f"kind: {_echo(kind)} is not one of"
                            f" {', '.join(EVENT_KINDS)}", "kind")
         target = request.query_params.get("target") or None
+        if target is not None and (len(target) > MAX_TARGET_CHARS or not target.isprintable()):
+            raise ApiError(400, "invalid_parameter", f"target: must be at most {MAX_TARGET_CHARS} printable"
+                           f" characters (an engine or GPU name), got {_echo(target)}", "target")
         log = controller.event_log
         try:
             rows = log.query(since_id=since_id, limit=limit, kind=kind, target=target)

@@ -46,6 +46,15 @@ def test_integer_parameters_take_ascii_digits_only(setup, name, text):
     assert http.get("/events", params={name: "+10"}).status_code == 200
 
 
+@pytest.mark.parametrize("target", ["t" * 257, "main\x00", "a\nb"], ids=["too-long", "nul", "newline"])
+def test_events_target_filter_is_checked(setup, target):
+    http, *_ = setup
+    r = http.get("/events", params={"target": target})
+    assert r.status_code == 400, r.text
+    assert error(r)["field"] == "target" and "256 printable" in error(r)["message"]
+    assert http.get("/events", params={"target": "t" * 256}).status_code == 200
+
+
 @pytest.mark.parametrize("content", [b"[" * 50_000, b'{"engine": ' + b"[" * 20_000 + b"]" * 20_000 + b"}"],
                          ids=["array", "object"])
 def test_deeply_nested_json_is_400_not_500(setup, content):
