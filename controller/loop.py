@@ -36,6 +36,7 @@ without the scheduler (tests, benchmarks).
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import time
 from typing import Any, Callable
 
@@ -54,6 +55,8 @@ from inferctl.controller.sources import SETTLE_SECONDS, SourceJob, Sources
 from inferctl.controller.state import ControllerState
 from inferctl.controller.status import StatusBuilder
 from inferctl.controller.types import Decision, EngineSnapshot, GpuReading
+
+log = logging.getLogger(__name__)
 
 # names that moved to their own modules, importable from here as before
 __all__ = ["Controller"]
@@ -113,6 +116,7 @@ class Controller:
                                      self.state, resetter=resetter, clock=clock)
         # operator pause and maintenance windows (controller/pause.py): the dispatcher's gate
         self.pause_board = self.dispatcher.pause = PauseBoard(config.maintenance, clock=clock, metrics=metrics)
+        self._restore_pauses()
         self.status_builder = StatusBuilder(
             state=self.state, sources=self.sources, engines=engines, policies=policies,
             gpu_policies=self.gpu_policies, supervisors=self.supervisors, event_log=event_log,
@@ -129,6 +133,17 @@ class Controller:
         self.exporter.init_counters(
             self.sources.jobs, {n: kinds.get(n, getattr(c, "kind", None)) for n, c in engines.items()},
             self.supervisors, policies)
+
+    def _restore_pauses(self) -> None:
+        """Operator pauses survive a restart: rebuilt from the event log (controller/pause.py)."""
+        try:
+            restored = self.pause_board.restore(self.event_log.scan(kind="action"))
+        except Exception as exc:   # an unreadable log must not stop the controller; say so loudly
+            log.warning("could not restore operator pauses from the event log: %s", exc)
+            return
+        for p in restored:
+            log.warning("automation still paused for %s by %s since %.0f: %s (inferctl resume %s to end it)",
+                        p.scope, p.actor, p.since, p.reason, p.scope)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:

@@ -92,6 +92,40 @@ class PauseBoard:
         self._unwatch(scope, "operator")
         return p
 
+    def restore(self, events: Iterable[Mapping[str, Any]]) -> list[Pause]:
+        """Rebuild the operator pauses from the event log's ``action`` events (oldest first, as
+        :meth:`EventLog.scan` yields them) so a controller restart does not silently resume
+        automation an operator paused: the last ``pause`` of a scope not followed by a
+        ``resume`` is in force again, with its original reason, actor and start. Events of other
+        actions are skipped. Returns the pauses restored."""
+        held: dict[str, Pause] = {}
+        for ev in events:
+            action = (ev.get("outcome") or {}).get("action")
+            if action not in ("pause", "resume") or (ev.get("outcome") or {}).get("ok") is False:
+                continue
+            scope, inputs = ev.get("target"), ev.get("inputs") or {}
+            if not isinstance(scope, str):
+                continue
+            if action == "resume":
+                held.pop(scope, None)
+                continue
+            try:
+                check_scope(scope)
+                since = float(inputs.get("since", ev.get("time")))
+            except (TypeError, ValueError):
+                continue
+            held[scope] = Pause(scope, str(inputs.get("reason") or "restored pause")[:200],
+                                str(inputs.get("paused_by") or ev.get("source") or "operator"), since, "operator")
+        restored = []
+        for scope, p in held.items():
+            with self._lock:
+                known = scope in self._operator
+                self._operator.setdefault(scope, p)
+            if not known:
+                self._watch(scope, "operator", lambda scope=scope: self._since(scope))
+                restored.append(p)
+        return restored
+
     def _since(self, scope: str) -> float | None:
         with self._lock:
             p = self._operator.get(scope)

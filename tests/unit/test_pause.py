@@ -154,3 +154,31 @@ def test_api_pause_refuses_an_unknown_gpu_and_a_reason_that_is_not_a_sentence(tm
     assert r.status_code == 400 and r.json()["error"]["field"] == "reason"
     assert http.post("/actions/pause", json={"reason": "r" * 1024, "gpu": 0}, headers=AUTH).status_code == 200
     assert http.get("/status").json()["automation"]["pauses"][0]["scope"] == "gpu:0"
+
+
+def test_an_operator_pause_survives_a_controller_restart(tmp_path):
+    """A restart must not silently resume automation an operator paused: the new controller
+    rebuilds the pause from the event log (same scope, reason, actor and start) and keeps
+    refusing automatic actions until ``resume``."""
+    clock = FakeClock()
+    ctl, _, log = make_controller(tmp_path, {"main": FakeEngineClient()}, clock=clock)
+    ctl.pause("all", "vendor maintenance", "operator:alice")
+    ctl.pause("engine:main", "debugging", "operator:bob")
+    since = clock()
+    clock.advance(30)
+    ctl.resume("engine:main", "operator:bob")
+    log.close()
+    clock.advance(30)
+    client = FakeEngineClient()
+    ctl2, registry, log2 = make_controller(tmp_path, {"main": client}, clock=clock)
+    [p] = ctl2.status()["automation"]["pauses"]
+    assert (p["scope"], p["reason"], p["actor"], p["since"]) == ("all", "vendor maintenance", "operator:alice", since)
+    assert registry.get_sample_value("inferctl_automation_paused_seconds",
+                                     {"scope": "all", "source": "operator"}) == 60.0
+    ctl2.tick()
+    client.faults = [_oom(1, clock())]
+    ctl2.tick()
+    ctl2.wait_for_actions(10)
+    assert ("precision", "int8") not in client.calls            # still paused after the restart
+    ctl2.resume("all", "operator:alice")
+    assert ctl2.status()["automation"]["paused"] is False
