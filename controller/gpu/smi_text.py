@@ -108,10 +108,17 @@ def _q_gpu(g: _Node, index: int, ts: float | None) -> GpuSnapshot:
     s.pstate = None if is_no_data(g.get("Performance State")) else g.get("Performance State")
     s.clocks_sm_mhz = parse_number(g.get("Clocks", "SM"))
     s.clocks_mem_mhz = parse_number(g.get("Clocks", "Memory"))
-    vol = g.find("ECC Errors")
-    vol = vol.find("Volatile") if vol is not None else None
+    ecc = g.find("ECC Errors")
+    vol = ecc.find("Volatile") if ecc is not None else None
     if vol is not None:
         s.ecc_corrected, s.ecc_uncorrected = _ecc_sums(vol)
+    agg = ecc.find("Aggregate") if ecc is not None else None
+    if agg is not None:      # lifetime (InfoROM) counts
+        s.ecc_corrected_aggregate, s.ecc_uncorrected_aggregate = _ecc_sums(agg)
+    rp = g.find("Retired Pages")
+    if rp is not None:
+        # "Pending Page Blacklist" (older drivers) / "Pending Retirement": Yes/No, N/A = no data
+        s.retired_pages_pending = parse_bool(rp.get("Pending Retirement") or rp.get("Pending Page Blacklist"))
     rr = g.find("Remapped Rows")
     if rr is not None and rr.children:
         s.remapped_rows_pending = parse_bool(rr.get("Pending"))

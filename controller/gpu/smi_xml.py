@@ -64,14 +64,22 @@ def _x_gpu(g: ET.Element, index: int, ts: float | None) -> GpuSnapshot:
     s.pstate = None if is_no_data(ps) else ps
     s.clocks_sm_mhz = parse_number(_xt(g, "clocks/sm_clock"))
     s.clocks_mem_mhz = parse_number(_xt(g, "clocks/mem_clock"))
-    vol = g.find("ecc_errors/volatile")
-    if vol is not None:
+    for section, fields in (("volatile", ("ecc_corrected", "ecc_uncorrected")),
+                            ("aggregate", ("ecc_corrected_aggregate", "ecc_uncorrected_aggregate"))):
+        node = g.find(f"ecc_errors/{section}")
+        if node is None:
+            continue
         bit_totals = None
-        if vol.find("single_bit") is not None or vol.find("double_bit") is not None:
-            # older DTDs: volatile/single_bit/total and volatile/double_bit/total
-            bit_totals = (_xt(vol, "single_bit/total"), _xt(vol, "double_bit/total"))
-        s.ecc_corrected, s.ecc_uncorrected = ecc_counts(
-            bit_totals, ((leaf.tag, leaf.text) for leaf in vol))
+        if node.find("single_bit") is not None or node.find("double_bit") is not None:
+            # older DTDs: <section>/single_bit/total and <section>/double_bit/total
+            bit_totals = (_xt(node, "single_bit/total"), _xt(node, "double_bit/total"))
+        corrected, uncorrected = ecc_counts(bit_totals, ((leaf.tag, leaf.text) for leaf in node))
+        setattr(s, fields[0], corrected)
+        setattr(s, fields[1], uncorrected)
+    rp = g.find("retired_pages")
+    if rp is not None:
+        # "pending_retirement" (newer DTDs) or "pending_blacklist" (older): Yes/No, N/A = no data
+        s.retired_pages_pending = parse_bool(_xt(rp, "pending_retirement") or _xt(rp, "pending_blacklist"))
     rr = g.find("remapped_rows")
     if rr is not None and len(rr):
         s.remapped_rows_pending = parse_bool(_xt(rr, "remapped_row_pending"))

@@ -241,3 +241,37 @@ def test_unrecognised_capture_is_a_clear_error() -> None:
         detect_capture_format("hello world")
     with pytest.raises(CaptureFormatError, match="no 'GPU <bus id>' section"):
         parse_smi_q("==============NVSMI LOG==============\nTimestamp : x\n")
+
+
+def test_lifetime_ecc_and_pending_retirement_from_q_and_qx(fixtures_dir: Path) -> None:
+    """The aggregate (InfoROM, never reset) ECC counts and pending page retirement are read from
+    both capture layouts; "N/A" stays no data. The counts are changed in a copy of the real
+    capture to prove each leaf is summed into the right kind."""
+    [a100] = parse_smi_xml(read(fixtures_dir, "nvsmi_qx_a100-sxm4-v12.xml")).gpus
+    assert (a100.ecc_corrected_aggregate, a100.ecc_uncorrected_aggregate) == (0, 0)
+    assert a100.retired_pages_pending is None                        # N/A in the capture
+    xml = read(fixtures_dir, "nvsmi_qx_a100-sxm4-v12.xml")
+    agg = xml[xml.index("<aggregate>"):xml.index("</aggregate>")]
+    changed = (agg.replace("<sram_correctable>0", "<sram_correctable>3")
+               .replace("<dram_correctable>0", "<dram_correctable>4")
+               .replace("<dram_uncorrectable>0", "<dram_uncorrectable>2"))
+    xml = xml.replace(agg, changed).replace("<pending_retirement>N/A", "<pending_retirement>Yes")
+    [s] = parse_smi_xml(xml).gpus
+    assert (s.ecc_corrected_aggregate, s.ecc_uncorrected_aggregate) == (7, 2)
+    assert (s.ecc_corrected, s.ecc_uncorrected) == (0, 0)             # volatile untouched
+    assert s.retired_pages_pending is True
+
+    text = read(fixtures_dir, "nvsmi_q_h100x8_535.161.08.txt")
+    cap = parse_smi_q(text)
+    assert [(g.ecc_corrected_aggregate, g.ecc_uncorrected_aggregate) for g in cap.gpus] == [(0, 0)] * 8
+    assert {g.retired_pages_pending for g in cap.gpus} == {None}
+    start = text.index("        Aggregate\n")
+    block = text[start:text.index("SRAM Threshold Exceeded", start)]
+    changed = block.replace("DRAM Correctable              : 0", "DRAM Correctable              : 5").replace(
+        "SRAM Uncorrectable SEC-DED    : 0", "SRAM Uncorrectable SEC-DED    : 1")
+    text = text[:start] + changed + text[start + len(block):]
+    text = text.replace("Pending Page Blacklist            : N/A", "Pending Page Blacklist            : Yes", 1)
+    first = parse_smi_q(text).gpus[0]
+    assert (first.ecc_corrected_aggregate, first.ecc_uncorrected_aggregate) == (5, 1)
+    assert (first.ecc_corrected, first.ecc_uncorrected) == (0, 0)
+    assert first.retired_pages_pending is True
