@@ -9,7 +9,8 @@ in the project imports it (``python -m inferctl`` and the ``inferctl`` console s
 - the engine (``inferctl.engine.cli``): ``engine serve``, ``generate``;
 - the router (``inferctl.router.cli``): ``router``;
 - observability (``inferctl.dashboards.cli``): ``dashboards build|check``;
-- the tools: ``drill oom`` (``inferctl.tools.drill``) and ``longtext`` (``inferctl.tools.longtext``).
+- the tools: ``drill oom`` (``inferctl.tools.drill``), ``longtext`` (``inferctl.tools.longtext``) and
+  ``plan`` (``inferctl.tools.plan``).
 
 The order of the calls is the order ``inferctl --help`` lists the commands (``up`` first: the
 controller registers it first). Help is plain click text (``rich_markup_mode=None``): paragraphs
@@ -27,6 +28,7 @@ from inferctl.engine.cli import register as register_engine
 from inferctl.router.cli import register as register_router
 from inferctl.tools.drill.cli import register as register_drill
 from inferctl.tools.longtext.cli import register as register_longtext
+from inferctl.tools.plan import register as register_plan
 
 __all__ = ["app", "build_app", "main"]
 
@@ -58,7 +60,7 @@ def build_app() -> typer.Typer:
     )
     root.callback()(_root)
     for register in (register_controller, register_engine, register_router, register_dashboards, register_drill,
-                     register_longtext):
+                     register_longtext, register_plan):
         register(root)
     return root
 
