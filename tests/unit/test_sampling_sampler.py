@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from inferctl.engine.sampler import Sampler, apply_penalties, make_generator
+from inferctl.engine.sampler import Sampler, apply_penalties, make_generator, raw_logprobs_of
 from inferctl.engine.sampling_params import SamplingParams
 
 
@@ -80,7 +80,7 @@ def test_greedy_fast_path_is_argmax_with_raw_logprobs():
     res = Sampler()(logits, [SamplingParams(temperature=0)] * 8, [None] * 8, [[]] * 8)
     assert res.token_ids == logits.argmax(-1).tolist()
     ref = torch.log_softmax(logits, -1).gather(1, logits.argmax(-1, keepdim=True)).squeeze(1)
-    assert res.logprobs == ref.tolist()
+    assert res.logprobs == pytest.approx(ref.tolist(), abs=1e-5)
     assert res.top_logprobs is None and res.nonfinite_rows == []
 
 
@@ -173,6 +173,44 @@ def test_logprobs_are_raw_and_top_logprobs_per_row():
     assert list(res.top_logprobs[0]) == top_ids.tolist()
     assert list(res.top_logprobs[0].values()) == pytest.approx(top_vals.tolist())
     assert res.top_logprobs[1] == {} and res.top_logprobs[2] == {}
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_raw_logprobs_of_equal_the_log_softmax_reference(fused, monkeypatch):
+    # logsumexp + one gather (no [B, V] log_softmax: issue 12) or the fused CPU kernel: the
+    # same numbers within 1e-5; top-k only when asked.
+    logits = _logits(6, 32000, seed=13)
+    raw = torch.log_softmax(logits, -1)
+    tokens = torch.tensor([0, 5, 31999, 77, 1234, 9])
+    if not fused:
+        def forbidden(*_a, **_k):
+            raise AssertionError("log_softmax over the vocabulary was materialised")
+
+        monkeypatch.setattr(torch, "log_softmax", forbidden)
+        monkeypatch.setattr(torch.Tensor, "log_softmax", forbidden)
+    chosen, vals, ids = raw_logprobs_of(logits, tokens, 0, fused_log_softmax=fused)
+    assert vals is None and ids is None
+    assert chosen.tolist() == pytest.approx(raw.gather(1, tokens[:, None]).squeeze(1).tolist(), abs=1e-5)
+    chosen, vals, ids = raw_logprobs_of(logits, tokens, 5, fused_log_softmax=fused)
+    ref_vals, ref_ids = raw.topk(5, dim=-1)
+    assert torch.equal(ids, ref_ids)
+    assert torch.allclose(vals, ref_vals, atol=1e-5, rtol=0)
+
+
+def test_sampler_logprobs_equal_the_reference_on_32000_tokens():
+    logits = _logits(6, 32000, seed=14)
+    raw = torch.log_softmax(logits, -1)
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=0, logprobs=5),
+              SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=1.0, logprobs=2),
+              SamplingParams(temperature=0, repetition_penalty=1.3), SamplingParams(temperature=0)]
+    res = Sampler(seed=4)(logits, params, [None] * 6, [[1, 2]] * 6)
+    for r, tok in enumerate(res.token_ids):
+        assert res.logprobs[r] == pytest.approx(raw[r, tok].item(), abs=1e-5)
+    for r, k in ((1, 5), (3, 2)):
+        vals, ids = raw[r].topk(k)
+        assert list(res.top_logprobs[r]) == ids.tolist()
+        assert list(res.top_logprobs[r].values()) == pytest.approx(vals.tolist(), abs=1e-5)
+    assert res.top_logprobs[0] == {}
 
 
 def test_nonfinite_logits_do_not_crash():
