@@ -171,3 +171,53 @@ def metric_series(text: str) -> list[str]:
         if line and not line.startswith("#"):
             out.append(line.rsplit(" ", 1)[0])
     return out
+
+
+# --------------------------------------------------------------------------- real processes
+def wait_ready(url: str, proc, log: Path, timeout: float = 90, interval: float = 0.1) -> None:
+    """Wait until ``GET url`` answers 200; fail the test (with the log's tail) when ``proc``
+    exits first or ``timeout`` seconds pass (the process is then killed)."""
+    import subprocess  # noqa: F401 - proc is a subprocess.Popen
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"exited with {proc.returncode}: {log.read_text(errors='replace')[-2000:]}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"not ready in {timeout:g} s: {log.read_text(errors='replace')[-2000:]}")
+        time.sleep(interval)
+
+
+def start_inferctl(args: list[str], log: Path, env: dict | None = None, ready_url: str | None = None,
+                   timeout: float = 90, stdout=None):
+    """Start ``python -m inferctl ARGS`` with stderr to ``log`` (stdout discarded unless given)
+    and, with ``ready_url``, wait for it (:func:`wait_ready`). Returns the ``Popen``."""
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "OMP_NUM_THREADS": "1"} if env is None else env
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "inferctl", *args],
+                                stdout=subprocess.DEVNULL if stdout is None else stdout, stderr=err, env=env)
+    if ready_url is not None:
+        wait_ready(ready_url, proc, log, timeout)
+    return proc
+
+
+def stop_all(procs, grace: float = 30) -> None:
+    """SIGTERM every process still running, wait up to ``grace`` s each, then kill."""
+    import subprocess
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)

@@ -7,12 +7,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
-from tests.server_helpers import free_port
+from tests.server_helpers import free_port, start_inferctl, stop_all
 
 pytestmark = pytest.mark.e2e
 
@@ -28,31 +27,12 @@ def server(tmp_path_factory):
     log = tmp / "serve.log"
     env = {k: v for k, v in os.environ.items() if k != "INFERCTL_ADMIN_TOKEN"}
     env["OMP_NUM_THREADS"] = "1"
-    cmd = [sys.executable, "-m", "inferctl", "engine", "serve", "--port", str(port), "--host", "127.0.0.1",
-           "--admin-token-file", str(token_file), "--memory-budget", "512MiB", "--no-access-log"]
-    with open(log, "wb") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited with {proc.returncode}: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"server did not start: {log.read_text()[-2000:]}")
-        time.sleep(0.2)
+    proc = start_inferctl(["engine", "serve", "--port", str(port), "--host", "127.0.0.1",
+                           "--admin-token-file", str(token_file), "--memory-budget", "512MiB", "--no-access-log"],
+                          log, env=env, ready_url=f"{base}/health")
     yield {"base": base, "port": port}
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
+    stop_all([proc])
 
 
 def test_foreign_host_is_refused_and_loopback_hosts_pass(server):

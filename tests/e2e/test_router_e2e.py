@@ -7,35 +7,17 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import httpx
 import openai
 import pytest
 
-from tests.server_helpers import REFERENCE, STORIES, free_port
+from tests.server_helpers import REFERENCE, STORIES, free_port, start_inferctl, stop_all, wait_ready
 
 pytestmark = pytest.mark.e2e
 
 PROMPT = "Once upon a time"
-
-
-def _wait(url: str, proc: subprocess.Popen, log, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"exited with {proc.returncode}: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"not ready in time: {log.read_text()[-2000:]}")
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
@@ -47,31 +29,24 @@ def fleet(stories_dir, tmp_path_factory):
         for name in ("r0", "r1"):
             port = free_port()
             log = tmp / f"{name}.log"
-            cmd = [sys.executable, "-m", "inferctl", "engine", "serve", "--model", str(stories_dir / "stories260K.bin"),
+            cmd = ["engine", "serve", "--model", str(stories_dir / "stories260K.bin"),
                    "--port", str(port), "--max-model-len", "512", "--memory-budget", "512MiB"]
-            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "wb"), env=env)
+            proc = start_inferctl(cmd, log, env=env)
             procs.append(proc)
             engines[name] = {"url": f"http://127.0.0.1:{port}", "proc": proc, "log": log}
         for e in engines.values():
-            _wait(e["url"] + "/health", e["proc"], e["log"])
+            wait_ready(e["url"] + "/health", e["proc"], e["log"], timeout=60)
         port = free_port()
         log = tmp / "router.log"
-        cmd = [sys.executable, "-m", "inferctl", "router", "--port", str(port), "--probe-interval", "0.2",
+        cmd = ["router", "--port", str(port), "--probe-interval", "0.2",
                "--log-format", "json"] + [a for n, e in engines.items() for a in ("--engine", f"{n}={e['url']}")]
-        router = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "wb"), env=env)
+        router = start_inferctl(cmd, log, env=env)
         procs.append(router)
         base = f"http://127.0.0.1:{port}"
-        _wait(base + "/ready", router, log)
+        wait_ready(base + "/ready", router, log, timeout=60)
         yield {"base": base, "engines": engines, "router": router, "log": log}
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(procs, grace=15)
 
 
 @pytest.fixture(scope="module")

@@ -7,14 +7,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import httpx
 import openai
 import pytest
 
-from tests.server_helpers import ADMIN_TOKEN, REFERENCE, STORIES, free_port, sse_events, strict_json
+from tests.server_helpers import ADMIN_TOKEN, REFERENCE, STORIES, free_port, sse_events, start_inferctl, strict_json
 
 pytestmark = pytest.mark.e2e
 
@@ -26,30 +25,15 @@ def server(stories_dir, tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "INFERCTL_ADMIN_TOKEN": ADMIN_TOKEN}
-    cmd = [sys.executable, "-m", "inferctl", "engine", "serve",
-           "--model", str(stories_dir / "stories260K.bin"), "--light-model", "demo",
-           "--light-served-model-name", "light", "--port", str(port), "--max-model-len", "2048",
-           "--memory-budget", "512MiB", "--log-level", "info"]
-    with open(log, "wb") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env)
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited with {proc.returncode}: {log.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"server did not start: {log.read_text()[-2000:]}")
-            time.sleep(0.1)
-        yield {"base": base, "proc": proc, "log": log}
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+    base = f"http://127.0.0.1:{port}"
+    proc = start_inferctl(["engine", "serve", "--model", str(stories_dir / "stories260K.bin"), "--light-model", "demo",
+                           "--light-served-model-name", "light", "--port", str(port), "--max-model-len", "2048",
+                           "--memory-budget", "512MiB", "--log-level", "info"],
+                          log, env=env, ready_url=f"{base}/health", timeout=60, stdout=subprocess.PIPE)
+    yield {"base": base, "proc": proc, "log": log}
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
 
 
 @pytest.fixture(scope="module")
