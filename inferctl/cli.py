@@ -14,8 +14,9 @@ in the project imports it (``python -m inferctl`` and the ``inferctl`` console s
 
 The order of the calls is the order ``inferctl --help`` lists the commands (``up`` first: the
 controller registers it first). Help is plain click text (``rich_markup_mode=None``): paragraphs
-rewrapped to the terminal, flags without a ``<bool>`` placeholder. ``inferctl --version`` prints
-the installed package's version.
+rewrapped to the terminal, flags without a ``<bool>`` placeholder, values with one that says
+what to type (``--port PORT``, ``--model PATH``, ``--memory-budget SIZE``:
+:mod:`inferctl.help_names`). ``inferctl --version`` prints the installed package's version.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import typer
 from inferctl.controller.cli import register as register_controller
 from inferctl.dashboards.cli import register as register_dashboards
 from inferctl.engine.cli import register as register_engine
+from inferctl.help_names import name_placeholders
 from inferctl.router.cli import register as register_router
 from inferctl.tools.drill.cli import register as register_drill
 from inferctl.tools.longtext.cli import register as register_longtext
@@ -62,6 +64,7 @@ def build_app() -> typer.Typer:
     for register in (register_controller, register_engine, register_router, register_dashboards, register_drill,
                      register_longtext, register_plan):
         register(root)
+    name_placeholders(root)
     return root
 
 

@@ -96,11 +96,11 @@ def test_help_paragraphs_are_rewrapped_not_ragged():
 
 def test_port_options_say_their_defaults():
     up_help = " ".join(CliRunner().invoke(app, ["up", "--help"], terminal_width=200).output.split())
-    assert "--engine-port <int range> The engine's port (default 8000" in up_help
-    assert "--controller-port <int range> The controller's API port (default 8900" in up_help
-    assert "--router-port <int range> The router's port. [default: 8080" in up_help
+    assert "--engine-port PORT The engine's port (default 8000" in up_help
+    assert "--controller-port PORT The controller's API port (default 8900" in up_help
+    assert "--router-port PORT The router's port. [default: 8080" in up_help
     serve_help = " ".join(CliRunner().invoke(app, ["engine", "serve", "--help"], terminal_width=200).output.split())
-    assert "--port <int range> Port to listen on (0: any free port). [default: 8000" in serve_help
+    assert "--port PORT Port to listen on (0: any free port). [default: 8000" in serve_help
 
 
 def test_the_help_budget_example_fits_both_bundled_models(stories_dir):
@@ -112,7 +112,7 @@ def test_the_help_budget_example_fits_both_bundled_models(stories_dir):
     from inferctl.engine.loader import load_model
 
     up_help = " ".join(CliRunner().invoke(app, ["up", "--help"], terminal_width=200).output.split())
-    example = up_help.split("--memory-budget <str> Engine memory budget, e.g. ")[1].split()[0]
+    example = up_help.split("--memory-budget SIZE Engine memory budget, e.g. ")[1].split()[0]
     budget = parse_size(example, "--memory-budget")
     for spec in (None, str(stories_dir / "stories260K.bin")):
         bundle = load_model(spec, device="cpu", dtype=torch.float32)
