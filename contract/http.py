@@ -24,6 +24,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal, Protocol
 
@@ -91,6 +92,19 @@ class BodySource(Protocol):
 
 # ---------------------------------------------------------------------------------------------
 # Bearer token
+
+
+#: Longest client ``X-Request-Id`` kept as is (longer: a new id is made).
+MAX_REQUEST_ID_CHARS = 200
+
+
+def request_id(given: str | None) -> str:
+    """The request id the router and the engine use and echo in ``X-Request-Id``: ``given`` when
+    it is 1..:data:`MAX_REQUEST_ID_CHARS` visible ASCII characters (0x21..0x7e, so it is safe in
+    a header and a log line), else a new uuid4 hex (32 characters)."""
+    if given and len(given) <= MAX_REQUEST_ID_CHARS and all(0x21 <= ord(c) <= 0x7E for c in given):
+        return given
+    return uuid.uuid4().hex
 
 
 def bearer_token(authorization: str | None) -> str | None:

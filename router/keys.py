@@ -12,13 +12,10 @@
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
+from inferctl.contract.http import MAX_REQUEST_ID_CHARS, request_id  # noqa: F401 - one rule for router and engine
 from inferctl.contract.openai import ChatCompletionRequest, CompletionRequest
-
-#: The longest client request id kept (the engine's echo limit).
-MAX_REQUEST_ID_CHARS = 200
 
 
 def affinity_prefix(req: Any, chars: int, min_chars: int) -> str | None:
@@ -46,8 +43,3 @@ def affinity_prefix(req: Any, chars: int, min_chars: int) -> str | None:
     return text if len(text) >= max(1, min_chars) else None
 
 
-def request_id(given: str | None) -> str:
-    """``given`` when it is 1..200 visible ASCII characters (0x21..0x7e), else a new uuid4 hex."""
-    if given and len(given) <= MAX_REQUEST_ID_CHARS and all(0x21 <= ord(c) <= 0x7E for c in given):
-        return given
-    return uuid.uuid4().hex

@@ -20,7 +20,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from inferctl.contract.errors import APIError
-from inferctl.contract.http import RequestRejected, read_json_body
+from inferctl.contract.http import RequestRejected, read_json_body, request_id
 from inferctl.contract.openai import (ChatCompletionRequest, CompletionRequest, ProtocolLimits, check_prompt_chars,
                                      validate_model)
 from inferctl.engine.entrypoints.checks import check_max_tokens, check_prompt_length
@@ -68,14 +68,13 @@ async def read_json(request: Request, state: ServerState) -> Any:
 async def guarded(request: Request, state: ServerState,
                   handler: Callable[[Request, ServerState], Awaitable[Response]]) -> Response:
     """Run a /v1 or tokenizer handler: APIError → OpenAI error object; x-request-id echoed back
-    (at most 200 characters)."""
+    (1..200 visible ASCII characters, else a new id: ``contract.http.request_id``)."""
     try:
         response = await handler(request, state)
     except APIError as err:
         response = error_response(err)
-    xrid = request.headers.get("x-request-id")
-    if xrid and len(xrid) <= 200:
-        response.headers["x-request-id"] = xrid
+    # the router's rule (contract/http.py): the client's id when it is safe, else a new one
+    response.headers["x-request-id"] = request_id(request.headers.get("x-request-id"))
     return response
 
 
@@ -135,8 +134,10 @@ def _default_max_tokens(served: ServedModel, prompt_len: int, default_max: int |
 
 
 async def prepare_jobs(served: ServedModel, prompts: list, req_id: str, requested_max: int | None,
-                       default_max: int | None, max_param: str) -> list[PromptJob]:
-    """Tokenize prompts and check lengths: 400 for an out-of-vocabulary id, a too-long prompt,
+                       default_max: int | None, max_param: str, n: int = 1) -> list[PromptJob]:
+    """Tokenize prompts and check lengths; ``n`` jobs (choices) per prompt, each its own
+    sequence with the same prompt (prefix caching shares its full blocks). 400 for an
+    out-of-vocabulary id, a too-long prompt,
     or ``max_tokens`` above the room left (``max_model_len - prompt tokens``); each such 400 is
     counted as an ``invalid_request`` error of ``served``. Every text prompt's size is checked
     (:func:`check_text_size`) before any of them is tokenized."""
@@ -164,8 +165,11 @@ async def prepare_jobs(served: ServedModel, prompts: list, req_id: str, requeste
                 max_tokens = requested_max
             else:
                 max_tokens = _default_max_tokens(served, len(ids), default_max)
-            rid = req_id if len(prompts) == 1 else f"{req_id}-{i}"
-            jobs.append(PromptJob(index=i, request_id=rid, token_ids=ids, echo_text=echo, max_tokens=max_tokens))
+            for j in range(n):
+                rid = req_id if len(prompts) == 1 else f"{req_id}-{i}"
+                rid = rid if n == 1 else f"{rid}-{j}"
+                jobs.append(PromptJob(index=i * n + j, request_id=rid, token_ids=ids, echo_text=echo,
+                                      max_tokens=max_tokens, sample=j))
         return jobs
     except APIError:
         served.count_error("invalid_request")
@@ -173,8 +177,10 @@ async def prepare_jobs(served: ServedModel, prompts: list, req_id: str, requeste
 
 
 def sampling_params(req: GenerationRequest, max_tokens: int, logprobs: int | None,
-                    limits: ProtocolLimits) -> SamplingParams:
+                    limits: ProtocolLimits, sample: int = 0) -> SamplingParams:
     """The engine's SamplingParams for one prompt of ``req`` (SamplingParamsError naming the field).
+    Sample ``j`` of ``n`` with a ``seed`` gets seed + j (wrapped into 64 bits), as vLLM's
+    parallel sampling does, so the ``n`` choices differ yet are reproducible.
 
     The protocol layer already enforced the request bounds; SamplingParams re-checks against
     the same numbers so an operator who raises a protocol limit is not refused one layer
@@ -185,12 +191,15 @@ def sampling_params(req: GenerationRequest, max_tokens: int, logprobs: int | Non
                                      max_logprobs=max(limits.max_logprobs, limits.max_top_logprobs))
     kwargs: dict[str, Any] = {"max_tokens": max_tokens, "stop": req.stop_list(), "logprobs": logprobs,
                               "limits": sampling_limits,
-                              "ignore_eos": bool(req.ignore_eos), "repetition_stop": bool(req.repetition_stop)}
+                              "ignore_eos": bool(req.ignore_eos), "repetition_stop": req.repetition_stop}
     for name in ("temperature", "top_k", "top_p", "seed", "repetition_penalty", "presence_penalty",
                  "frequency_penalty"):
         value = getattr(req, name)
         if value is not None:
             kwargs[name] = value
+    if sample and req.seed is not None:
+        seed = req.seed + sample
+        kwargs["seed"] = seed - 2**64 if seed > 2**64 - 1 else seed
     if req.stop_token_ids:
         kwargs["stop_token_ids"] = list(req.stop_token_ids)
     prompt_logprobs = getattr(req, "prompt_logprobs", None)
@@ -203,7 +212,7 @@ def params_for(req: GenerationRequest, jobs: list[PromptJob], served: ServedMode
                limits: ProtocolLimits) -> list[SamplingParams]:
     """:func:`sampling_params` for every job; a SamplingParamsError is a 400 naming its field."""
     try:
-        return [sampling_params(req, job.max_tokens, logprobs, limits) for job in jobs]
+        return [sampling_params(req, job.max_tokens, logprobs, limits, job.sample) for job in jobs]
     except SamplingParamsError as exc:
         raise engine_error_to_api(exc, served, 0) from None
 

@@ -7,6 +7,7 @@ the bad-input table, streaming, stop strings, logprobs, batch prompts, token-id 
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from pydantic import BaseModel
@@ -296,7 +297,7 @@ BAD_INPUTS = [
     ("/v1/completions", {"prompt": PROMPT, "top_k": "5"}, 400, "top_k"),
     ("/v1/completions", {"prompt": PROMPT, "logprobs": 6}, 400, "logprobs"),
     ("/v1/completions", {"prompt": PROMPT, "logprobs": "1"}, 400, "logprobs"),
-    ("/v1/completions", {"prompt": PROMPT, "n": 2}, 400, "n"),
+    ("/v1/completions", {"prompt": PROMPT, "n": 17}, 400, "n"),
     ("/v1/completions", {"prompt": PROMPT, "stream": "yes"}, 400, "stream"),
     ("/v1/completions", {"prompt": PROMPT, "echo": 1}, 400, "echo"),
     ("/v1/completions", {"prompt": PROMPT, "stop": 7}, 400, "stop"),
@@ -314,7 +315,7 @@ BAD_INPUTS = [
     ("/v1/completions", {"prompt": "story " * 600}, 400, "prompt"),
     ("/v1/completions", {"prompt": PROMPT, "model": "no-such-model"}, 404, "model"),
     ("/v1/completions", {"prompt": PROMPT, "model": 3}, 400, "model"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}], "n": 2}, 400, "n"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}], "n": 0}, 400, "n"),
     ("/v1/chat/completions", {"messages": [{"role": "robot", "content": PROMPT}]}, 400, "messages[0].role"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}], "temperature": -1}, 400,
      "temperature"),
@@ -378,6 +379,19 @@ def test_x_request_id_is_echoed_not_used_as_label(app):
     r = http_post(app, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2}, headers={"x-request-id": "abc-123"})
     assert r.headers["x-request-id"] == "abc-123"
     assert r.json()["id"] != "abc-123"
+
+
+@pytest.mark.parametrize("given", [None, "", "has space", "x" * 201, "caf\u00e9".encode("latin-1")],
+                         ids=["absent", "empty", "space", "too-long", "non-ascii"])
+def test_x_request_id_follows_the_routers_rule(app, given):
+    """Same rule as the router (contract/http.py ``request_id``): an id that is not 1..200
+    visible ASCII characters is replaced by a new one, and every answer carries one."""
+    headers = {} if given is None else {"x-request-id": given}
+    r = http_post(app, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2}, headers=headers)
+    rid = r.headers["x-request-id"]
+    assert rid != given and re.fullmatch("[0-9a-f]{32}", rid)
+    assert http_post(app, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2},
+                     headers={"x-request-id": "x" * 200}).headers["x-request-id"] == "x" * 200
 
 
 def test_fastapi_validation_errors_use_the_openai_shape(app):
