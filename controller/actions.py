@@ -21,7 +21,8 @@
 * ``restart_crashed`` — restart a launched engine whose process exited.
 * ``compact`` — release the engine's allocator cache, where its client has ``compact()``.
 * ``reset_gpu`` — the rails of :class:`~controller.reset.GpuResetter`; engines the controller
-  launched on that GPU are drained and stopped first and started again after.
+  launched on that GPU are drained and stopped first and started again after, under the fleet
+  rails (a reset that would take more than ``max_unavailable`` replicas of a model out is deferred).
 * ``isolate_gpu`` / ``reboot_node`` — drain the engines on the GPU and escalate to a person
   (a lost GPU is never reset).
 
@@ -454,10 +455,13 @@ class Actions:
         if why is not None:   # let the resetter record the refusal with its reason
             out = resetter.reset(index, reason=decision.reason, actor=decision.policy)
             return self._reset_result(out, [], [])
+        on_gpu = [n for n, sup in self.supervisors.items() if self.engine_gpus.get(n) == index and sup.running]
+        deferred = self._hold_for_reset(index, on_gpu, decision)
+        if deferred is not None:
+            return deferred
         stopped: list[str] = []
         for name, sup in self.supervisors.items():
-            if self.engine_gpus.get(name) == index and sup.running:
-                self.rail.set(name, "resetting")     # out of rotation before the drain
+            if name in on_gpu:
                 self._step(decision, name, "out_of_rotation", f"out of rotation for the reset of GPU {index}")
                 client = self.engines.get(name)
                 if client is not None:
@@ -485,6 +489,41 @@ class Actions:
             for name in stopped:
                 self.rail.release(name)
         return self._reset_result(out, stopped, restarted)
+
+    def _hold_for_reset(self, index: int, names: list[str], decision: Decision) -> ActionResult | None:
+        """Take the engines of GPU ``index`` out of rotation under the fleet rails, as a drain
+        does (at most ``rails.max_unavailable`` replicas of a model out; never the last ready
+        one with work; waiting up to ``quiet_wait_seconds`` for the rails). An engine already
+        out of rotation (down, draining) costs no availability and is held without a check; an
+        operator's ``force`` skips the rails. None when every engine is held; else the
+        engines held so far are released, a ``postponed`` step is recorded per engine refused,
+        and the refused result says why (the GPU is not reset, nothing was stopped)."""
+        forced = decision.inputs.get("force") is True
+        views = self.rail.views()
+        held: list[str] = []
+        deadline = time.monotonic() + self.quiet_wait_seconds
+        for name in names:
+            view = views.get(name)
+            if forced or view is None or not view.ready:
+                self.rail.set(name, "resetting")
+                held.append(name)
+                continue
+            verdict = self.rail.wait_hold(name, "resetting", max(0.0, deadline - time.monotonic()),
+                                          busy=lambda c=self.engines.get(name): None if c is None else self._busy(c),
+                                          poll_seconds=self.poll_interval_seconds)
+            if verdict.ok:
+                held.append(name)
+                continue
+            for h in held:
+                self.rail.release(h)
+            self._step(decision, name, "postponed", f"the reset of GPU {index} is deferred, {name} stays in"
+                       f" rotation: {verdict.reason}", rail=verdict.rail, gpu=index)
+            return ActionResult("reset_gpu", f"gpu:{index}", False,
+                                f"GPU {index}: reset deferred, engine {name} stays in rotation: {verdict.reason}"
+                                + ("" if verdict.rail == "held" else " (an operator can force it)"),
+                                {"outcome": "deferred", "rail": verdict.rail, "engine": name, "gpu": index,
+                                 "stopped_engines": [], "restarted_engines": []}, refused=True)
+        return None
 
     def _isolate(self, target: str, action: str, decision: Decision) -> ActionResult:
         index = self._gpu_index(target)

@@ -213,3 +213,69 @@ def test_a_hung_engine_is_restarted_without_waiting_for_work_that_never_finishes
     assert len(polls) <= 2                     # the rail's look and one idle check, no wait loop
     drained = [e for e in log.query(kind="step") if e["inputs"]["step"] == "drained"]
     assert drained and drained[0]["outcome"]["idle"] is False
+
+
+# ------------------------------------------------------------------ a GPU reset under the rails
+class StoppableSupervisor(CountingSupervisor):
+    def stop(self):
+        self.running = False
+
+    def restart(self):
+        super().restart()
+        self.running = True
+
+
+@pytest.fixture
+def gpu_fleet(tmp_path, monkeypatch):
+    """Three ready replicas of one model: a and b on GPU 0, c on GPU 1 (max_unavailable 1)."""
+    from inferctl.controller.reset import GpuResetter
+    from tests.controller_helpers import FakeClock, FakeNvidiaSmi, StaticGpuSource
+
+    smi = FakeNvidiaSmi(tmp_path, monkeypatch)
+    registry, metrics = build_registry()
+    log = EventLog(tmp_path / "ev.db", metrics=metrics)
+    clients = {n: FakeEngineClient(n) for n in "abc"}
+    for c in clients.values():
+        c.poll = _with_model(c.poll)
+    st = ControllerState(list(clients))
+    for n, c in clients.items():
+        st.record_engine(n, c.poll(0.0))
+    sups = {n: StoppableSupervisor() for n in clients}
+    resetter = GpuResetter(gpu_source=StaticGpuSource(), event_log=log, metrics=metrics, clock=FakeClock(),
+                           verify_interval_seconds=0)
+    acts = Actions(clients, supervisors=sups, event_log=log, metrics=metrics, state=st, drain_timeout_seconds=0.2,
+                   quiet_wait_seconds=0.2, poll_interval_seconds=0.01, confirm_timeout_seconds=0.1,
+                   resetter=resetter, engine_gpus={"a": 0, "b": 0, "c": 1})
+    return acts, clients, sups, log, smi
+
+
+def test_a_gpu_reset_that_would_exceed_max_unavailable_is_deferred_with_an_event(gpu_fleet):
+    acts, clients, sups, log, smi = gpu_fleet
+    res = acts.execute(decision("reset_gpu", "gpu:0", "hardware"))
+    assert not res.ok and res.refused and res.details["outcome"] == "deferred"
+    assert res.details["rail"] == "max_unavailable" and res.details["engine"] == "b"
+    assert "GPU 0: reset deferred" in res.message and "rails.max_unavailable is 1" in res.message
+    assert ["--gpu-reset", "-i", "0"] not in smi.calls()               # the GPU was not reset
+    assert all(s.running and s.restarts == 0 for s in sups.values())   # nothing stopped
+    assert clients["a"].calls == [] and clients["b"].calls == []       # nothing drained
+    assert acts.rail.held() == {}                                      # a, held first, is back
+    [step] = log.query(kind="step")
+    assert step["target"] == "b" and step["inputs"]["step"] == "postponed"
+    assert "reset of GPU 0 is deferred" in step["reason"]
+
+
+def test_a_gpu_reset_within_the_rails_stops_and_restarts_its_engines(gpu_fleet):
+    acts, clients, sups, log, smi = gpu_fleet
+    acts.rail.max_unavailable = 2
+    res = acts.execute(decision("reset_gpu", "gpu:0", "hardware"))
+    assert res.ok, res.message
+    assert res.details["stopped_engines"] == ["a", "b"] and sups["c"].restarts == 0
+    assert ["--gpu-reset", "-i", "0"] in smi.calls()
+    assert acts.rail.held() == {}
+
+
+def test_an_operator_forced_gpu_reset_skips_the_rails(gpu_fleet):
+    acts, clients, sups, log, smi = gpu_fleet
+    res = acts.execute(decision("reset_gpu", "gpu:0", "operator", force=True))
+    assert res.ok, res.message
+    assert res.details["stopped_engines"] == ["a", "b"]
