@@ -23,9 +23,8 @@ Validation policy, chosen where OpenAI and vLLM are loose (docs/field-cases.md):
   by the engine, with both numbers in the message.
 * **Empty prompts are a 400**: ``""``, ``[""]``, ``[]``, ``[[]]`` and chat
   ``"messages": []`` (or messages whose text is all empty). The engine never sees them.
-* **n must be 1** (and ``best_of`` 1 or null): one choice per prompt. A batch of prompts
-  (``prompt`` as a list of strings or a list of token-id lists) is supported, up to
-  ``ProtocolLimits.max_batch_prompts``; choice ``index`` is the prompt's position.
+* **n** 1..``max_n`` choices per prompt (``best_of`` 1 or null); a batch of up to
+  ``max_batch_prompts`` prompts; choice ``index`` = prompt position × n + sample.
 * **Unknown fields are ignored**, except those whose silent loss would change the answer:
   ``suffix``, non-empty ``logit_bias``, ``best_of`` other than 1,
   ``tools``/``functions``/``tool_choice`` (other than "none"), ``response_format`` other
@@ -64,7 +63,7 @@ class ProtocolLimits:
 
     ``max_stop_sequences`` stop strings of at most ``max_stop_chars`` characters (vLLM has
     no limit; OpenAI allows 4 — 16 keeps the per-step stop scan cheap), at most
-    ``max_batch_prompts`` prompts in one completions request, ``max_logprobs`` top
+    ``max_batch_prompts`` prompts in one completions request, ``max_n`` choices each, ``max_logprobs`` top
     alternatives for the legacy ``logprobs`` field (OpenAI: 5) and ``max_top_logprobs`` for
     chat ``top_logprobs`` (OpenAI: 20).
     """
@@ -74,6 +73,7 @@ class ProtocolLimits:
     max_batch_prompts: int = 16
     max_logprobs: int = 5
     max_top_logprobs: int = 20
+    max_n: int = 16
 
 
 def max_prompt_chars(max_model_len: int, token_byte_lengths: Any) -> int:
@@ -189,10 +189,11 @@ class _SamplingFields(_Strict):
 
     @field_validator("n")
     @classmethod
-    def _v_n(cls, value: int | None) -> int | None:
-        if value is not None and value != 1:
-            raise PydanticCustomError("unsupported_n", "only n=1 is supported (one choice per prompt), got {n}",
-                                      {"n": value})
+    def _v_n(cls, value: int | None, info: Any) -> int | None:
+        limit = _limits(info).max_n
+        if value is not None and not 1 <= value <= limit:
+            raise PydanticCustomError("out_of_range", "must be between 1 and {limit} (choices per prompt), got {n}",
+                                      {"limit": limit, "n": value})
         return value
 
     @field_validator("logit_bias")

@@ -238,6 +238,16 @@ def serve(
                                                  help="After SIGTERM/SIGINT, seconds in-flight requests get to "
                                                       "finish before they are aborted (then exit 0)."),
     log_level: str = typer.Option("info", "--log-level"),
+    enable_prefix_caching: bool = typer.Option(True, "--enable-prefix-caching/--no-enable-prefix-caching",
+                                               help="Reuse the KV blocks of shared prompt prefixes across "
+                                                    "requests (vLLM's automatic prefix caching; on by default)."),
+    repetition_stop: bool = typer.Option(False, "--repetition-stop/--no-repetition-stop",
+                                         help="Server default of the per-request repetition_stop (end a looping "
+                                              "output with finish_reason 'repetition'); a request's value wins."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="INFERCTL_API_KEY",
+                                          help="Require 'Authorization: Bearer <key>' on /v1/* (401 otherwise); "
+                                               "/health, /ready, /metrics, /stats stay open. Prefer "
+                                               "$INFERCTL_API_KEY (a flag is visible in `ps`)."),
     access_log: bool = typer.Option(True, "--access-log/--no-access-log",
                                     help="Log every HTTP request (uvicorn's access log)."),
 ) -> None:
@@ -282,7 +292,8 @@ def serve(
 
     common = dict(max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                   max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
-                  kv_cache_dtype=kv_cache_dtype, **oom)
+                  kv_cache_dtype=kv_cache_dtype, enable_prefix_caching=enable_prefix_caching,
+                  repetition_stop_default=repetition_stop, **oom)
     bundle = _load(model, tokenizer, device, dtype)
     main_name = served_model_name or bundle.name
     engines = {main_name: _build_engine(bundle, _config(
@@ -299,7 +310,7 @@ def serve(
 
     app = create_app(engines, admin_token=admin_token, default_model=main_name, chat_template=chat_template,
                      max_body_bytes=body_limit, manage_engines=True, bind_host=host,
-                     allowed_hosts=tuple(allowed_host))
+                     allowed_hosts=tuple(allowed_host), api_key=api_key or None)
     typer.echo(f"serving {', '.join(engines)} on http://{host}:{port} (admin API "
                f"{'enabled' if admin_token else 'disabled: no --admin-token'})", err=True)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), access_log=access_log,

@@ -62,8 +62,11 @@ class EngineConfig:
             fails with finish_reason ``"error"``.
         oom_backoff_seconds / oom_backoff_max_seconds: delay before the retry after an
             "exhaustion" OOM: ``min(max, base * 2**(retry-1))``.
-        repetition_stop_default: stop generation on a repetition loop even when the request
-            does not ask for it (``SamplingParams.repetition_stop``).
+        repetition_stop_default: stop generation on a repetition loop when the request does
+            not say (``SamplingParams.repetition_stop`` None); a request's true/false wins
+            (``--repetition-stop``).
+        enable_prefix_caching: reuse the KV blocks of full-block token prefixes across
+            requests (vLLM's automatic prefix caching, :mod:`inferctl.engine.prefix_cache`).
         repetition_stop_max_ngram / repetition_stop_min_repeats / repetition_stop_min_span:
             the loop detector's settings (``quality.detect_repetition_loop``: the output's tail
             is a loop when its last n tokens, n <= max_ngram, repeat back to back at least
@@ -93,6 +96,7 @@ class EngineConfig:
     oom_backoff_seconds: float = 0.05
     oom_backoff_max_seconds: float = 2.0
     repetition_stop_default: bool = False
+    enable_prefix_caching: bool = True
     repetition_stop_max_ngram: int = 32
     repetition_stop_min_repeats: int = 4
     repetition_stop_min_span: int = 16

@@ -60,7 +60,7 @@ from inferctl.engine.scheduler import AdmissionError, Scheduler
 from inferctl.engine.sequence import Logprob, PromptLogprobEntry, Sequence, SequenceStatus
 from inferctl.engine.stat_loggers import PrometheusStatLogger
 from inferctl.engine.stats import (SUCCESS_REASONS, EngineStats, FinishedRequestStats, IterationStats, OomFault,
-                                   SchedulerStats)
+                                   SchedulerStats, phase_times)
 from inferctl.engine.stop import (NONFINITE_LOGITS_ERROR, RepetitionStop, limit_stop_reason,
                                   token_stop_reason)
 
@@ -173,7 +173,7 @@ class LLMEngine:
         self._weights_handle = plan.weights_handle
         self._kv_handle = plan.kv_handle
 
-        self.block_manager = BlockManager(self.num_kv_blocks, cfg.block_size)
+        self.block_manager = BlockManager(self.num_kv_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(cfg.max_model_len, cfg.max_num_seqs, cfg.max_num_batched_tokens,
                                    self.block_manager)
         self.sampler = Sampler()
@@ -242,7 +242,8 @@ class LLMEngine:
                        prompt_logprobs_k=plk)
         seq.stop_token_ids = frozenset(params.stop_token_ids)
         seq.ignore_eos = params.ignore_eos
-        seq.repetition_stop = params.repetition_stop or self.config.repetition_stop_default
+        rs = params.repetition_stop   # the request's true/false wins over the server default
+        seq.repetition_stop = self.config.repetition_stop_default if rs is None else rs
         return seq
 
     def enqueue(self, seq: Sequence) -> None:
@@ -360,6 +361,7 @@ class LLMEngine:
             self._precision_error = f"switch to {mode} refused: {need_text}{type(err).__name__}: {err}"
             return
         self.precision = mode
+        self.block_manager.reset_prefix_cache()   # cached K/V came from the old weights
         self._precision_error = None
         self._weight_bytes_by_mode[mode] = self.model.weight_bytes()
         it.precision_switched_to = mode
@@ -385,6 +387,7 @@ class LLMEngine:
     def _step(self, it: IterationStats, outputs: list[RequestOutput]) -> None:
         # schedule
         sched = self.scheduler.schedule()
+        it.prefix_cache_queries, it.prefix_cache_hits = self.block_manager.pool.take_counters()
         it.num_preempted = len(sched.preempted)
         self.last_step_idle = sched.is_empty
         if sched.is_empty:
@@ -475,7 +478,8 @@ class LLMEngine:
         quality = score_output(seq.output_token_ids, seq.logprobs, len(seq.prompt_token_ids), reason)
         it.finished.append(FinishedRequestStats(
             seq.request_id, reason, len(seq.prompt_token_ids), len(seq.output_token_ids), ttft,
-            now - seq.arrival_time, quality, seq.precision, seq.num_preemptions, seq.error))
+            now - seq.arrival_time, quality, seq.precision, seq.num_preemptions, seq.error,
+            *phase_times(seq)))
 
     def _fail(self, seq: Sequence, message: str, status: int, now: float, it: IterationStats,
               outputs: list[RequestOutput], flush: bool) -> None:

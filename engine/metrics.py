@@ -59,6 +59,18 @@ ENGINE_METRICS: list[MetricSpec] = [
      "help": ("End-to-end request latency: arrival to the last token, of requests that finished "
               "successfully (aborts and errors excluded)."),
      "labels": ("model",), "buckets": LATENCY_BUCKETS},
+    {"name": "inferctl_engine_request_queue_time_seconds", "type": "histogram", "unit": "seconds",
+     "help": ("Time a request waited in the waiting queue: arrival to first scheduled (vLLM's "
+              "request_queue_time), of requests that finished successfully."),
+     "labels": ("model",), "buckets": LATENCY_BUCKETS},
+    {"name": "inferctl_engine_request_prefill_time_seconds", "type": "histogram", "unit": "seconds",
+     "help": ("Prefill phase of a request: first scheduled to first generated token (vLLM's "
+              "request_prefill_time), of requests that finished successfully."),
+     "labels": ("model",), "buckets": LATENCY_BUCKETS},
+    {"name": "inferctl_engine_request_decode_time_seconds", "type": "histogram", "unit": "seconds",
+     "help": ("Decode phase of a request: first to last generated token (vLLM's request_decode_time), "
+              "of requests that finished successfully."),
+     "labels": ("model",), "buckets": LATENCY_BUCKETS},
     # scheduler and batching
     {"name": "inferctl_engine_num_requests_running", "type": "gauge", "unit": "requests",
      "help": "Requests in the running queue.", "labels": ()},
@@ -84,6 +96,24 @@ ENGINE_METRICS: list[MetricSpec] = [
      "help": ("Internal waste of used KV blocks: 1 - tokens stored / (blocks used * block size). "
               "NaN (no data) when no block is used."),
      "labels": ()},
+    {"name": "inferctl_engine_prefix_cache_queries_total", "type": "counter", "unit": "tokens",
+     "help": ("Prompt tokens looked up in the prefix cache (vLLM's prefix_cache_queries; requests asking for "
+              "prompt logprobs are not looked up)."), "labels": ()},
+    {"name": "inferctl_engine_prefix_cache_hits_total", "type": "counter", "unit": "tokens",
+     "help": ("Of the looked-up tokens, those found in cached KV blocks (their prefill is skipped); "
+              "hits / queries is the prefix cache hit ratio."), "labels": ()},
+    # speculative decoding (engine.spec_decode; vLLM's spec_decode_* counters). Exported only by an
+    # engine started with --speculative-config; acceptance = accepted / draft tokens.
+    {"name": "inferctl_engine_spec_decode_num_drafts_total", "type": "counter", "unit": "drafts",
+     "help": "Speculative drafts verified (one per sequence per step that had draft tokens).", "labels": ()},
+    {"name": "inferctl_engine_spec_decode_num_draft_tokens_total", "type": "counter", "unit": "tokens",
+     "help": "Draft tokens proposed and verified by the target model.", "labels": ()},
+    {"name": "inferctl_engine_spec_decode_num_accepted_tokens_total", "type": "counter", "unit": "tokens",
+     "help": ("Draft tokens accepted by the target (each saves a target step); divided by draft tokens it is "
+              "the acceptance rate."), "labels": ()},
+    {"name": "inferctl_engine_spec_decode_num_accepted_tokens_per_pos_total", "type": "counter", "unit": "tokens",
+     "help": "Accepted draft tokens by draft position (0 = the first draft token of a step).",
+     "labels": ("position",)},
     # memory
     {"name": "inferctl_engine_memory_budget_bytes", "type": "gauge", "unit": "bytes",
      "help": "Device memory budget the engine accounts against.", "labels": ()},

@@ -127,7 +127,8 @@ class SamplingParams:
             per position (vLLM's ``prompt_logprobs``).
         ignore_eos: keep generating after EOS (benchmarks).
         repetition_stop: end with finish_reason "repetition" when
-            ``engine.quality.detect_repetition_loop`` fires on the output tokens.
+            ``engine.quality.detect_repetition_loop`` fires on the output tokens; None = the
+            server's default (``EngineConfig.repetition_stop_default``, ``--repetition-stop``).
         limits: the configurable bounds above (not a request field; the engine passes
             ``SamplingLimits`` from its configuration).
 
@@ -148,7 +149,7 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     ignore_eos: bool = False
-    repetition_stop: bool = False
+    repetition_stop: bool | None = None
     limits: SamplingLimits = field(default_factory=SamplingLimits, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -203,7 +204,8 @@ class SamplingParams:
                 setattr(self, name, value)
 
         self.ignore_eos = _check_bool("ignore_eos", self.ignore_eos)
-        self.repetition_stop = _check_bool("repetition_stop", self.repetition_stop)
+        if self.repetition_stop is not None:
+            self.repetition_stop = _check_bool("repetition_stop", self.repetition_stop)
 
     @staticmethod
     def _check_stop(stop: object, lim: SamplingLimits) -> list[str]:

@@ -22,6 +22,7 @@ request would silently return less than asked.
 from __future__ import annotations
 
 import bisect
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -165,12 +166,13 @@ class Scheduler:
             waiting = self.waiting
             while waiting and budget > 0 and len(running) < self.max_num_seqs:
                 seq = waiting[0]
-                remaining = seq.num_tokens - seq.num_computed_tokens
-                n = remaining if remaining < budget else budget
-                if not bm.allocate(seq, n):
+                n = bm.allocate_waiting(seq, budget)   # prefix-cache hits skip their prefill
+                if n is None:
                     break
                 waiting.popleft()
                 seq.status = SequenceStatus.RUNNING
+                if seq.scheduled_time is None:
+                    seq.scheduled_time = time.monotonic()
                 if running and running[-1].arrival_time > seq.arrival_time:
                     bisect.insort(running, seq, key=_arrival)
                 else:

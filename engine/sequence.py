@@ -84,6 +84,8 @@ class Sequence:
         generator: per-request ``torch.Generator`` when the request has a seed, else None.
         detokenizer: the request's ``IncrementalDetokenizer`` (or None when none is used).
         itl: inter-token latencies (seconds) of this request.
+        scheduled_time: when the scheduler first took the request off the waiting queue
+            (monotonic seconds; kept across preemptions, as vLLM's ``scheduled_ts``).
         oom_retries: OOMs this request was blamed for (see LLMEngine).
         num_preemptions: times this sequence was preempted (recompute).
         error: the error message when status is FINISHED_ERROR.
@@ -95,7 +97,7 @@ class Sequence:
 
     __slots__ = ("request_id", "prompt_token_ids", "output_token_ids", "token_ids", "params",
                  "max_tokens", "status", "num_computed_tokens", "block_table", "arrival_time",
-                 "arrival_wall", "first_token_time", "last_token_time", "finish_time", "logprobs",
+                 "arrival_wall", "scheduled_time", "first_token_time", "last_token_time", "finish_time", "logprobs",
                  "top_logprobs", "generator", "detokenizer", "itl", "oom_retries",
                  "num_preemptions", "error", "error_status", "precision", "stop_token_ids",
                  "ignore_eos", "repetition_stop", "prompt_logprobs_k", "prompt_logprobs")
@@ -115,6 +117,7 @@ class Sequence:
         self.block_table: list[int] = []
         self.arrival_time = arrival_time
         self.arrival_wall = arrival_wall
+        self.scheduled_time: float | None = None   # first admitted to the running queue
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
         self.finish_time: float | None = None

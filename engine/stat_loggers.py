@@ -39,6 +39,8 @@ class PrometheusStatLogger:
         self._ttft = m["inferctl_engine_time_to_first_token_seconds"].labels(model_name)
         self._itl = m["inferctl_engine_inter_token_latency_seconds"].labels(model_name)
         m["inferctl_engine_memory_budget_bytes"].set(budget_bytes)
+        for phase in ("queue", "prefill", "decode"):   # exported empty from the start
+            m[f"inferctl_engine_request_{phase}_time_seconds"].labels(model_name)
         for kind in OOM_KINDS:
             m["inferctl_engine_oom_total"].labels(kind)
         for reason in ABORT_REASONS:    # exported at 0 from the start: rate() has data before the first abort
@@ -53,8 +55,17 @@ class PrometheusStatLogger:
             self._ttft.observe(v)
         for v in it.itls:
             self._itl.observe(v)
+        if it.prefix_cache_queries:
+            m["inferctl_engine_prefix_cache_queries_total"].inc(it.prefix_cache_queries)
+            m["inferctl_engine_prefix_cache_hits_total"].inc(it.prefix_cache_hits)
         if it.num_prompt_tokens:
             m["inferctl_engine_prompt_tokens_total"].labels(name).inc(it.num_prompt_tokens)
+        if it.spec_num_drafts:
+            m["inferctl_engine_spec_decode_num_drafts_total"].inc(it.spec_num_drafts)
+            m["inferctl_engine_spec_decode_num_draft_tokens_total"].inc(it.spec_num_draft_tokens)
+            m["inferctl_engine_spec_decode_num_accepted_tokens_total"].inc(it.spec_num_accepted_tokens)
+            for pos in it.spec_accepted_positions:
+                m["inferctl_engine_spec_decode_num_accepted_tokens_per_pos_total"].labels(str(pos)).inc()
         for fin in it.finished:
             self._finished(fin)
         for fault in it.ooms:
@@ -77,6 +88,9 @@ class PrometheusStatLogger:
         m["inferctl_engine_requests_total"].labels(name, fin.finish_reason).inc()
         if fin.finish_reason in SUCCESS_REASONS:   # aborted/failed requests are not latency samples
             m["inferctl_engine_e2e_request_latency_seconds"].labels(name).observe(fin.e2e)
+            for metric, v in (("queue", fin.queue_time), ("prefill", fin.prefill_time), ("decode", fin.decode_time)):
+                if v is not None:
+                    m[f"inferctl_engine_request_{metric}_time_seconds"].labels(name).observe(v)
         q = fin.quality
         if fin.completion_tokens:   # an output with no token has no quality to score
             bucket = q.prompt_len_bucket

@@ -44,7 +44,10 @@ SUCCESS_REASONS: frozenset[str] = frozenset({FINISH_STOP, FINISH_LENGTH, FINISH_
 # ---------------------------------------------------------------------------- per step
 @dataclass(slots=True)
 class FinishedRequestStats:
-    """One request that finished (seconds; ``error_reason`` "oom"/"internal" on an error)."""
+    """One request that finished (seconds; ``error_reason`` "oom"/"internal" on an error).
+    ``queue_time`` = first scheduled − arrival, ``prefill_time`` = first token − first
+    scheduled, ``decode_time`` = last token − first token (vLLM's definitions); None when the
+    request never reached that point."""
 
     request_id: str
     finish_reason: str
@@ -56,6 +59,17 @@ class FinishedRequestStats:
     precision: str | None
     preemptions: int
     error: str | None
+    queue_time: float | None = None
+    prefill_time: float | None = None
+    decode_time: float | None = None
+
+
+def phase_times(seq) -> tuple[float | None, float | None, float | None]:
+    """``(queue, prefill, decode)`` seconds of a finished :class:`~inferctl.engine.sequence.Sequence`
+    (vLLM's request-phase histograms; None for a phase it never reached)."""
+    s, f, last = seq.scheduled_time, seq.first_token_time, seq.last_token_time
+    return (None if s is None else s - seq.arrival_time, None if s is None or f is None else f - s,
+            None if f is None else last - f)
 
 
 @dataclass(slots=True)
@@ -96,6 +110,14 @@ class IterationStats:
     hardware_errors: list[str] = field(default_factory=list)
     admission_errors: list[str] = field(default_factory=list)
     precision_switched_to: str | None = None
+    # speculative decoding (engine.spec_decode): drafts verified, draft tokens, accepted
+    # tokens, and the 0-based position of each accepted draft token
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_positions: list[int] = field(default_factory=list)
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ from inferctl.contract.openai import ProtocolLimits
 from inferctl.engine import __version__
 from inferctl.engine.chat_template import render_chat_prompt
 from inferctl.engine.entrypoints import admin, chat, completions, health, tokenization
+from inferctl.engine.entrypoints.auth import ApiKeyMiddleware
 from inferctl.engine.entrypoints.errors import install_error_handlers
 from inferctl.engine.entrypoints.lifecycle import InFlightMiddleware
 from inferctl.engine.entrypoints.state import (DEFAULT_MAX_BODY_BYTES, DEFAULT_RETRY_AFTER_SECONDS,
@@ -50,7 +51,7 @@ def create_app(engines: dict[str, AsyncEngineHandle], *, admin_token: str | None
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                retry_after_seconds: int = DEFAULT_RETRY_AFTER_SECONDS,
                manage_engines: bool = False, bind_host: str | None = None,
-               allowed_hosts: tuple[str, ...] = ()) -> FastAPI:
+               allowed_hosts: tuple[str, ...] = (), api_key: str | None = None) -> FastAPI:
     """Build the FastAPI app serving ``engines`` (served name → AsyncLLMEngine).
 
     Args:
@@ -68,6 +69,8 @@ def create_app(engines: dict[str, AsyncEngineHandle], *, admin_token: str | None
             pass :func:`inferctl.contract.http.host_allowed` (421 otherwise: DNS rebinding);
             None (in-process tests) checks no ``Host``.
         allowed_hosts: extra accepted ``Host`` names (``--allowed-host``).
+        api_key: given, ``/v1/*`` needs ``Authorization: Bearer <api_key>`` (401 otherwise;
+            :mod:`.auth`); None leaves the API open.
 
     Raises:
         ValueError: no engines, an unknown ``default_model`` or chat template, or a bad limit.
@@ -91,6 +94,8 @@ def create_app(engines: dict[str, AsyncEngineHandle], *, admin_token: str | None
     for family in (completions, chat, tokenization, health, admin):
         app.include_router(family.router)
     app.add_middleware(InFlightMiddleware, state=state)  # state.in_flight, read by the SIGTERM drain
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     if bind_host is not None:   # outermost: a refused Host never reaches the app
         app.add_middleware(HostGuard, bind_host=bind_host, allowed_hosts=tuple(allowed_hosts))
     return app

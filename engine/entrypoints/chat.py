@@ -24,7 +24,7 @@ from inferctl.engine.entrypoints.generation import (PromptJob, Started, gather_c
 from inferctl.engine.entrypoints.logprobs import chat_logprobs
 from inferctl.engine.entrypoints.serving import (check_text_size, guarded, new_id, parse_request, prepare_jobs,
                                                  respond)
-from inferctl.engine.entrypoints.sse import HOLE, ChunkTemplate, json_response, sse, stream_guard, usage, usage_chunk
+from inferctl.engine.entrypoints.sse import json_response, sse, stream_guard, usage, usage_chunk
 from inferctl.engine.entrypoints.state import ServedModel, ServerState, server_state
 from inferctl.engine.sampling_params import SamplingParams
 
@@ -42,63 +42,62 @@ async def _chat(request: Request, state: ServerState) -> Response:
     rid = new_id("chatcmpl")
     check_text_size(served, sum(len(m.text()) for m in req.messages), "messages")   # before rendering
     prompt = render_chat_prompt(req.messages, state.chat_template)
-    jobs = await prepare_jobs(served, [prompt], rid, req.effective_max_tokens(), None, req.max_tokens_param())
+    jobs = await prepare_jobs(served, [prompt], rid, req.effective_max_tokens(), None, req.max_tokens_param(),
+                              req.n or 1)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     return await respond(request, state, served, req, jobs, rid, logprobs, chat_stream, chat_body)
 
 
 async def chat_body(served: ServedModel, req: ChatCompletionRequest, jobs: list[PromptJob],
                     params: list[SamplingParams], rid: str, created: int, retry_after: int) -> Response:
-    """Run the conversation's prompt to the end and answer one ``chat.completion`` document."""
+    """Run the conversation's prompt to the end (``n`` choices) and answer one ``chat.completion``."""
     started = await start_all(served, jobs, params, retry_after)
-    (acc,) = await gather_collect(served, started, retry_after)
-    lp = None
-    if req.logprobs:
-        lp = chat_logprobs(served.tokenizer, acc.token_ids, acc.logprobs,
-                           acc.top_logprobs if req.top_logprobs else [None] * len(acc.token_ids))
+    results = await gather_collect(served, started, retry_after)
+    choices = []
+    for job, acc in zip(jobs, results):
+        lp = None
+        if req.logprobs:
+            lp = chat_logprobs(served.tokenizer, acc.token_ids, acc.logprobs,
+                               acc.top_logprobs if req.top_logprobs else [None] * len(acc.token_ids))
+        choices.append({"index": job.index, "message": {"role": "assistant", "content": acc.text},
+                        "logprobs": lp, "finish_reason": acc.finish_reason})
     return json_response({"id": rid, "object": "chat.completion", "created": created, "model": served.name,
-                          "choices": [{"index": 0, "message": {"role": "assistant", "content": acc.text},
-                                       "logprobs": lp, "finish_reason": acc.finish_reason}],
-                          "usage": usage(acc.prompt_tokens or len(jobs[0].token_ids), acc.completion_tokens)})
+                          "choices": choices,
+                          "usage": usage(results[0].prompt_tokens or len(jobs[0].token_ids),
+                                         sum(acc.completion_tokens for acc in results))})
 
 
 def chat_stream(served: ServedModel, req: ChatCompletionRequest, jobs: list[PromptJob],
                 started: list[Started], rid: str, created: int,
                 include_usage: bool, retry_after: int) -> AsyncIterator[bytes]:
-    """The SSE chunks of a streamed chat completion."""
-    def chunk(delta: dict, finish: str | None = None, lp: Any = None) -> bytes:
+    """The SSE chunks of a streamed chat completion (each of the ``n`` choices by its ``index``)."""
+    def chunk(delta: dict, finish: str | None = None, lp: Any = None, index: int = 0) -> bytes:
         doc = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": served.name,
-               "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
+               "choices": [{"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
         if include_usage:
             doc["usage"] = None
         return sse(doc)
 
-    content_chunk = ChunkTemplate({"id": rid, "object": "chat.completion.chunk", "created": created,
-                                   "model": served.name, "choices": [{"index": HOLE, "delta": {"content": HOLE},
-                                                                     "logprobs": None, "finish_reason": None}],
-                                   **({"usage": None} if include_usage else {})})   # chunk({"content": text}, index=i)
-
     async def body() -> AsyncIterator[bytes]:
         prompt_tokens = len(jobs[0].token_ids)
-        completion_tokens = 0
-        yield chunk({"role": "assistant", "content": ""})
-        async for _i, out in merged(served, started, retry_after):
+        completion_tokens = [0] * len(jobs)
+        for job in jobs:
+            yield chunk({"role": "assistant", "content": ""}, index=job.index)
+        async for i, out in merged(served, started, retry_after):
             raise_on_failure(out, retry_after)
             text = getattr(out, "new_text", "") or ""
             ids = list(getattr(out, "new_token_ids", []) or [])
             finished = bool(getattr(out, "finished", False))
-            prompt_tokens, completion_tokens = token_counts(out, prompt_tokens, completion_tokens + len(ids))
+            prompt_tokens, completion_tokens[i] = token_counts(out, prompt_tokens, completion_tokens[i] + len(ids))
             lp = None
             if req.logprobs and ids:
                 lps, tops = output_logprobs(out)
                 lp = chat_logprobs(served.tokenizer, ids, lps, tops if req.top_logprobs else [None] * len(ids))
-            if text and lp is None:
-                yield content_chunk.fill(0, text)
-            elif text or lp is not None:
-                yield chunk({"content": text}, None, lp)
+            if text or lp is not None:
+                yield chunk({"content": text}, None, lp, jobs[i].index)
             if finished:
-                yield chunk({}, getattr(out, "finish_reason", None))
+                yield chunk({}, getattr(out, "finish_reason", None), index=jobs[i].index)
         if include_usage:
-            yield usage_chunk(rid, "chat.completion.chunk", created, served, prompt_tokens, completion_tokens)
+            yield usage_chunk(rid, "chat.completion.chunk", created, served, prompt_tokens, sum(completion_tokens))
 
     return stream_guard(served, started, body())

@@ -23,7 +23,7 @@ from inferctl.engine.entrypoints.generation import (PromptJob, Started, gather_c
                                                     output_logprobs, start_all, token_counts)
 from inferctl.engine.entrypoints.logprobs import completion_logprobs, prompt_logprobs_json
 from inferctl.engine.entrypoints.serving import guarded, new_id, parse_request, prepare_jobs, respond
-from inferctl.engine.entrypoints.sse import HOLE, ChunkTemplate, json_response, sse, stream_guard, usage, usage_chunk
+from inferctl.engine.entrypoints.sse import json_response, sse, stream_guard, usage, usage_chunk
 from inferctl.engine.entrypoints.state import ServedModel, ServerState, server_state
 from inferctl.engine.sampling_params import SamplingParams
 
@@ -42,7 +42,8 @@ async def completions(request: Request, state: Annotated[ServerState, Depends(se
 async def _completions(request: Request, state: ServerState) -> Response:
     req, _requested, served = await parse_request(request, state, CompletionRequest)
     rid = new_id("cmpl")
-    jobs = await prepare_jobs(served, req.prompts(), rid, req.max_tokens, DEFAULT_MAX_TOKENS, "max_tokens")
+    jobs = await prepare_jobs(served, req.prompts(), rid, req.max_tokens, DEFAULT_MAX_TOKENS, "max_tokens",
+                              req.n or 1)
     return await respond(request, state, served, req, jobs, rid, req.logprobs, completion_stream, completion_body)
 
 
@@ -64,7 +65,8 @@ async def completion_body(served: ServedModel, req: CompletionRequest, jobs: lis
         if req.prompt_logprobs is not None:
             choice["prompt_logprobs"] = prompt_logprobs_json(served.tokenizer, acc.prompt_logprobs)
         choices.append(choice)
-        prompt_tokens += acc.prompt_tokens or len(job.token_ids)
+        if job.sample == 0:    # the n choices of a prompt share its tokens: counted once
+            prompt_tokens += acc.prompt_tokens or len(job.token_ids)
         completion_tokens += acc.completion_tokens
     return json_response({"id": rid, "object": "text_completion", "created": created, "model": served.name,
                           "choices": choices, "usage": usage(prompt_tokens, completion_tokens)})
@@ -74,14 +76,10 @@ def completion_stream(served: ServedModel, req: CompletionRequest, jobs: list[Pr
                       started: list[Started], rid: str, created: int,
                       include_usage: bool, retry_after: int) -> AsyncIterator[bytes]:
     """The SSE chunks of a streamed completion (every prompt's outputs as they come)."""
-    text_chunk = ChunkTemplate({"id": rid, "object": "text_completion", "created": created, "model": served.name,
-                                "choices": [{"index": HOLE, "text": HOLE, "logprobs": None, "finish_reason": HOLE}],
-                                **({"usage": None} if include_usage else {})})   # the chunks without logprobs
-
     async def body() -> AsyncIterator[bytes]:
         echoed = set()
         offsets = {job.index: 0 for job in jobs}
-        prompt_tokens = {job.index: len(job.token_ids) for job in jobs}
+        prompt_tokens = {job.index: len(job.token_ids) for job in jobs if job.sample == 0}
         completion_tokens = {job.index: 0 for job in jobs}
         async for i, out in merged(served, started, retry_after):
             raise_on_failure(out, retry_after)
@@ -99,13 +97,11 @@ def completion_stream(served: ServedModel, req: CompletionRequest, jobs: list[Pr
                                          offsets[i])
                 offsets[i] += sum(len(t) for t in lp["tokens"])
             finished = bool(getattr(out, "finished", False))
-            prompt_tokens[i], completion_tokens[i] = token_counts(out, prompt_tokens[i],
-                                                                  completion_tokens[i] + len(ids))
+            p, completion_tokens[i] = token_counts(out, len(job.token_ids), completion_tokens[i] + len(ids))
+            if i in prompt_tokens:
+                prompt_tokens[i] = p
             if not text and not finished and lp is None:
                 continue  # text held back (a possible stop string or a partial character)
-            if lp is None:
-                yield text_chunk.fill(job.index, text, getattr(out, "finish_reason", None) if finished else None)
-                continue
             chunk = {"id": rid, "object": "text_completion", "created": created, "model": served.name,
                      "choices": [{"index": job.index, "text": text, "logprobs": lp,
                                   "finish_reason": getattr(out, "finish_reason", None) if finished else None}]}

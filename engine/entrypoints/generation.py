@@ -35,13 +35,15 @@ Started = tuple[AsyncIterator["RequestOutput"], "RequestOutput | None"]
 
 @dataclass
 class PromptJob:
-    """One prompt of a request: its token ids, echo text, and generation budget (tokens)."""
+    """One choice of a request: its prompt's token ids, echo text, generation budget (tokens),
+    and which of the ``n`` samples of that prompt it is (``index`` = prompt × n + sample)."""
 
     index: int
     request_id: str
     token_ids: list[int]
     echo_text: str
     max_tokens: int
+    sample: int = 0
 
 
 @dataclass

@@ -246,7 +246,7 @@ BAD_BODIES = [
     b'{"model": "stories260K", "prompt": "x", "max_tokens": "20"}',
     b'{"model": "stories260K", "prompt": ""}',
     b'{"model": "stories260K", "prompt": "x", "max_tokens": 0}',
-    b'{"model": "stories260K", "prompt": "x", "n": 2}',
+    b'{"model": "stories260K", "prompt": "x", "n": 17}',
     b'{"prompt": "x", "temperature": NaN}',
     b'[1, 2]',
     b'{"prompt": "x"',
