@@ -18,6 +18,16 @@ Two implementations of the same contract:
 Both write the step's new K/V into the pool at ``slot_mapping`` first and then read every
 sequence's context (cached + new) back through its block table, so the result is causal
 within the chunk and full over the cached context.
+
+Reading blocks in place. The pool is laid out head-major, ``[layers, kv_heads, blocks,
+block_size, head_dim]``, so a run of consecutive blocks of one head is one contiguous
+``[L, head_dim]`` matrix: a sequence whose block table is a consecutive range (a lone request,
+the common batch-1 case) is attended straight from the pool through a view, with no copy. Other
+tables are gathered a whole block at a time (``index_select`` over the block dimension: one
+``block_size·head_dim`` memcpy per block and head, instead of one indexed row copy per token and
+head), directly into the ``[kv_heads, B, L, head_dim]`` layout the batched matmuls read, so
+the attention matmuls never copy again. (Before: an ``index_select`` of every cached row, head by
+head, into a contiguous buffer: half of attention's time at batch 32, docs/performance.md.)
 """
 
 from __future__ import annotations
@@ -38,16 +48,19 @@ Chunk = tuple[Sequence[int], int, int, bool]
 class PrefillChunk:
     """A sequence with more than one new token in this step (precomputed once per step).
 
-    ``token_start``/``token_end`` index the packed token batch; ``slots`` [L] are the flat KV
-    slots of the whole context (cached + new, ``L = seq_len``); ``mask`` [q_len, L] bool,
-    True = may attend (``None`` when the chunk is the whole, plain-causal context).
+    ``token_start``/``token_end`` index the packed token batch; ``seq_len`` = L, the whole
+    context (cached + new); ``blocks`` LongTensor[ceil(L / block_size)] its physical blocks;
+    ``first_block`` the first of them when they are consecutive (read in place), else None;
+    ``mask`` [q_len, L] bool, True = may attend (``None`` when the chunk is the whole,
+    plain-causal context).
     """
 
     token_start: int
     token_end: int
-    slots: torch.Tensor
+    seq_len: int
+    blocks: torch.Tensor
+    first_block: int | None
     mask: torch.Tensor | None
-    rows: torch.Tensor | None = None
 
 
 @dataclass
@@ -64,13 +77,14 @@ class AttentionMetadata:
     Derived fields (filled by :meth:`build`, or lazily by :meth:`prepare` from the contract
     fields when the metadata was constructed by hand) drive the fast paths:
       decode_token_idx LongTensor[Bd]  packed index of each single-token (decode) sequence
-      decode_slots     LongTensor[Bd, Ld] context slots of those sequences (padded with 0)
-      decode_bias      FloatTensor[Bd, Ld] 0 where valid, -inf on padding
+      decode_blocks    LongTensor[Bd, nb] those sequences' blocks (padded with block 0),
+                       Ld = nb · block_size context positions each
+      decode_first_block int | None: with one decode sequence whose blocks are consecutive,
+                       the first (its context is read in place, see the module doc)
+      decode_bias      FloatTensor[Bd, Ld] 0 where valid, -inf past the sequence's length
       decode_valid     BoolTensor[Bd, Ld]
       prefills         list[PrefillChunk] the multi-token chunks
       all_decode       bool: every sequence is a decode, in packed order
-      decode_rows      LongTensor[Bd·Hkv·Ld] rows of the cache's [slots·Hkv, D] view, head-major
-                       (filled by the first layer's attention; see ``kv_rows``)
     """
 
     slot_mapping: torch.Tensor
@@ -80,12 +94,12 @@ class AttentionMetadata:
     logits_indices: torch.Tensor
     block_size: int = 0
     decode_token_idx: torch.Tensor | None = None
-    decode_slots: torch.Tensor | None = None
+    decode_blocks: torch.Tensor | None = None
+    decode_first_block: int | None = None
     decode_bias: torch.Tensor | None = None
     decode_valid: torch.Tensor | None = None
     prefills: list[PrefillChunk] = field(default_factory=list)
     all_decode: bool = False
-    decode_rows: torch.Tensor | None = None
     _prepared: bool = False
 
     @property
@@ -168,29 +182,33 @@ class AttentionMetadata:
     def _derive(self, qsl: list[int], seq_lens: list[int], tables: list[list[int]],
                 block_size: int, dev: torch.device) -> None:
         dec_tok: list[int] = []
-        dec_rows: list[list[int]] = []
+        dec_tables: list[list[int]] = []
+        dec_lens: list[int] = []
         prefills: list[PrefillChunk] = []
         for b, sl in enumerate(seq_lens):
             q_len = qsl[b + 1] - qsl[b]
             table = tables[b]
             if q_len == 1:
                 dec_tok.append(qsl[b])
-                dec_rows.append(table)
+                dec_tables.append(table)
+                dec_lens.append(sl)
             else:
-                slots = _context_slots([table], [sl], block_size, dev)[0]
                 cached = sl - q_len
                 if cached == 0:
                     mask = None
                 else:
                     qpos = torch.arange(cached, sl, device=dev)[:, None]
                     mask = torch.arange(sl, device=dev)[None, :] <= qpos
-                prefills.append(PrefillChunk(qsl[b], qsl[b + 1], slots, mask))
+                prefills.append(PrefillChunk(qsl[b], qsl[b + 1], sl, torch.tensor(table, dtype=torch.long, device=dev),
+                                             _first_if_consecutive(table), mask))
         if dec_tok:
-            dec_lens = [seq_lens[b] for b in range(len(seq_lens)) if qsl[b + 1] - qsl[b] == 1]
+            nb = max(len(t) for t in dec_tables)
             self.decode_token_idx = torch.tensor(dec_tok, dtype=torch.long, device=dev)
-            self.decode_slots = _context_slots(dec_rows, dec_lens, block_size, dev)
+            self.decode_blocks = torch.tensor([t + [0] * (nb - len(t)) for t in dec_tables], dtype=torch.long,
+                                              device=dev)
+            self.decode_first_block = _first_if_consecutive(dec_tables[0]) if len(dec_tables) == 1 else None
             lens = torch.tensor(dec_lens, dtype=torch.long, device=dev)
-            self.decode_valid = torch.arange(self.decode_slots.shape[1], device=dev)[None, :] < lens[:, None]
+            self.decode_valid = torch.arange(nb * block_size, device=dev)[None, :] < lens[:, None]
             self.decode_bias = torch.zeros(self.decode_valid.shape, dtype=torch.float32, device=dev)
             self.decode_bias.masked_fill_(~self.decode_valid, float("-inf"))
         self.prefills = prefills
@@ -198,24 +216,23 @@ class AttentionMetadata:
         self._prepared = True
 
 
-def _context_slots(tables: list[list[int]], lens: list[int], block_size: int,
-                   dev: torch.device) -> torch.Tensor:
-    """Flat slots [B, max(lens)] of every context position of each sequence (padding → slot 0)."""
-    max_len = max(lens)
-    nb = (max_len + block_size - 1) // block_size
-    bt = torch.tensor([t + [0] * (nb - len(t)) for t in tables], dtype=torch.long, device=dev)
-    offs = torch.arange(block_size, device=dev)
-    slots = (bt[:, :, None] * block_size + offs).reshape(len(tables), nb * block_size)
-    return slots[:, :max_len].contiguous()
+def _first_if_consecutive(table: list[int]) -> int | None:
+    """``table[0]`` when the blocks are ``table[0], table[0] + 1, …`` (readable in place), else None."""
+    if not table:
+        return None
+    first = table[0]
+    return first if all(b == first + i for i, b in enumerate(table)) else None
 
 
 @dataclass
 class KVCache:
     """The paged KV pool for all layers, allocated once.
 
-    k, v: [n_layers, num_blocks, block_size, n_kv_heads, head_dim] in the model dtype, or int8
-    with ``k_scale``/``v_scale`` float32 [n_layers, num_blocks, block_size, n_kv_heads]
-    (per-token-per-head absmax scales, see ``engine.quant.quantize_kv``).
+    k, v: [n_layers, n_kv_heads, num_blocks, block_size, head_dim] in the model dtype (head-major:
+    consecutive blocks of one head are one contiguous matrix, see the module doc), or int8 with
+    ``k_scale``/``v_scale`` float32 [n_layers, n_kv_heads, num_blocks, block_size]
+    (per-token-per-head absmax scales, see ``engine.quant.quantize_kv``). The flat slot of a
+    token is ``block · block_size + offset``, the same for every head.
     """
 
     k: torch.Tensor
@@ -232,12 +249,16 @@ class KVCache:
         return int(self.k.shape[0])
 
     @property
-    def num_blocks(self) -> int:
+    def n_kv_heads(self) -> int:
         return int(self.k.shape[1])
 
     @property
-    def block_size(self) -> int:
+    def num_blocks(self) -> int:
         return int(self.k.shape[2])
+
+    @property
+    def block_size(self) -> int:
+        return int(self.k.shape[3])
 
     @property
     def dtype_name(self) -> str:
@@ -266,7 +287,7 @@ class KVCache:
                           ("n_kv_heads", n_kv_heads), ("head_dim", head_dim)):
             if int(val) < 1:
                 raise ValueError(f"KVCache.allocate: {name} must be >= 1, got {val}")
-        shape = (n_layers, num_blocks, block_size, n_kv_heads, head_dim)
+        shape = (n_layers, n_kv_heads, num_blocks, block_size, head_dim)
         if kv_int8:
             sshape = shape[:-1]
             return cls(k=torch.zeros(shape, dtype=torch.int8, device=device),
@@ -286,41 +307,47 @@ class KVCache:
     # ---- per-layer access -------------------------------------------------------------
     def write(self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v [T, n_kv_heads, head_dim] at the flat slots ``slot_mapping`` [T]."""
-        kl = self.k[layer].view(-1, *self.k.shape[3:])
-        vl = self.v[layer].view(-1, *self.v.shape[3:])
+        Hkv, D = self.k.shape[1], self.k.shape[4]
+        kl = self.k[layer].view(Hkv, -1, D)
+        vl = self.v[layer].view(Hkv, -1, D)
         if self.kv_int8:
             kq, ks = quantize_kv(k)
             vq, vs = quantize_kv(v)
-            kl.index_copy_(0, slot_mapping, kq)
-            vl.index_copy_(0, slot_mapping, vq)
-            self.k_scale[layer].view(-1, self.k.shape[3]).index_copy_(0, slot_mapping, ks)
-            self.v_scale[layer].view(-1, self.v.shape[3]).index_copy_(0, slot_mapping, vs)
+            kl.index_copy_(1, slot_mapping, kq.transpose(0, 1))
+            vl.index_copy_(1, slot_mapping, vq.transpose(0, 1))
+            self.k_scale[layer].view(Hkv, -1).index_copy_(1, slot_mapping, ks.t())
+            self.v_scale[layer].view(Hkv, -1).index_copy_(1, slot_mapping, vs.t())
         else:
-            kl.index_copy_(0, slot_mapping, k.to(kl.dtype))
-            vl.index_copy_(0, slot_mapping, v.to(vl.dtype))
+            kl.index_copy_(1, slot_mapping, k.transpose(0, 1).to(kl.dtype))
+            vl.index_copy_(1, slot_mapping, v.transpose(0, 1).to(vl.dtype))
 
-    def gather_rows(self, layer: int, rows: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """K, V rows of the layer's [num_slots·n_kv_heads, head_dim] view → [len(rows), head_dim] in ``dtype``.
+    def read_blocks(self, layer: int, blocks: torch.Tensor, first_block: int | None,
+                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of ``blocks`` [n] (in order) → [n_kv_heads, n·block_size, head_dim] in ``dtype``.
 
-        With ``rows`` from :func:`kv_rows` the result views as [..., n_kv_heads, L, head_dim]
-        (head-major), the layout attention matmuls read without another copy.
+        ``first_block`` not None (the blocks are ``first_block … first_block + n - 1``): views
+        of the pool, no copy (full-precision pool in ``dtype``). Otherwise one block-granular
+        ``index_select``. int8 pools are dequantized (a new tensor either way).
         """
-        D = self.k.shape[4]
-        k = self.k[layer].view(-1, D).index_select(0, rows)
-        v = self.v[layer].view(-1, D).index_select(0, rows)
+        n = int(blocks.shape[0])
+        Hkv, bs, D = self.k.shape[1], self.k.shape[3], self.k.shape[4]
+        if first_block is not None:
+            k = self.k[layer, :, first_block:first_block + n]
+            v = self.v[layer, :, first_block:first_block + n]
+        else:
+            k = self.k[layer].index_select(1, blocks)
+            v = self.v[layer].index_select(1, blocks)
         if self.kv_int8:
-            k = dequantize_kv(k, self.k_scale[layer].reshape(-1).index_select(0, rows), dtype)
-            v = dequantize_kv(v, self.v_scale[layer].reshape(-1).index_select(0, rows), dtype)
+            if first_block is not None:
+                ks = self.k_scale[layer, :, first_block:first_block + n]
+                vs = self.v_scale[layer, :, first_block:first_block + n]
+            else:
+                ks = self.k_scale[layer].index_select(1, blocks)
+                vs = self.v_scale[layer].index_select(1, blocks)
+            k, v = dequantize_kv(k, ks, dtype), dequantize_kv(v, vs, dtype)
         elif k.dtype != dtype:
             k, v = k.to(dtype), v.to(dtype)
-        return k, v
-
-
-def kv_rows(slots: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
-    """Flat row indices [*S[:-1], n_kv_heads, L] → flattened, for slots [*S[:-1], L]:
-    row = slot · n_kv_heads + head."""
-    heads = torch.arange(n_kv_heads, device=slots.device)
-    return (slots.unsqueeze(-2) * n_kv_heads + heads[:, None]).reshape(-1)
+        return k.reshape(Hkv, n * bs, D), v.reshape(Hkv, n * bs, D)
 
 
 def paged_attention(q: torch.Tensor, kv_cache: KVCache, layer: int, meta: AttentionMetadata,
@@ -336,24 +363,24 @@ def paged_attention(q: torch.Tensor, kv_cache: KVCache, layer: int, meta: Attent
         raise ValueError(f"attention impl must be 'matmul' or 'sdpa', got {impl!r}")
     meta.prepare(kv_cache.block_size)
     T, H, D = q.shape
-    Hkv = kv_cache.k.shape[3]
+    Hkv = kv_cache.n_kv_heads
     g = H // Hkv
     dec_out = None
     if meta.decode_token_idx is not None:
         qd = q if meta.all_decode else q.index_select(0, meta.decode_token_idx)
-        Bd, L = meta.decode_slots.shape
-        if meta.decode_rows is None or meta.decode_rows.numel() != Bd * Hkv * L:
-            meta.decode_rows = kv_rows(meta.decode_slots, Hkv)
-        k, v = kv_cache.gather_rows(layer, meta.decode_rows, q.dtype)
-        k = k.view(Bd, Hkv, L, D)
-        v = v.view(Bd, Hkv, L, D)
+        Bd, nb = meta.decode_blocks.shape
+        k, v = kv_cache.read_blocks(layer, meta.decode_blocks.reshape(-1), meta.decode_first_block, q.dtype)
+        L = k.shape[1] // Bd
+        k = k.view(Hkv, Bd, L, D)        # [Hkv, Bd, L, D]: a view of the gathered (or pooled) blocks
+        v = v.view(Hkv, Bd, L, D)
         if impl == "matmul":
-            scores = torch.matmul(qd.view(Bd, Hkv, g, D), k.transpose(-1, -2))  # [Bd, Hkv, g, L]
-            scores = scores.float() * scale + meta.decode_bias[:, None, None, :]
+            qh = qd.view(Bd, Hkv, g, D).transpose(0, 1)                     # [Hkv, Bd, g, D]
+            scores = torch.matmul(qh, k.transpose(-1, -2))                  # [Hkv, Bd, g, L]
+            scores = scores.float() * scale + meta.decode_bias[None, :, None, :]
             p = torch.softmax(scores, dim=-1).to(v.dtype)
-            dec_out = torch.matmul(p, v).reshape(Bd, H, D)
+            dec_out = torch.matmul(p, v).transpose(0, 1).reshape(Bd, H, D)
         else:
-            o = F.scaled_dot_product_attention(qd.view(Bd, H, 1, D), k, v,
+            o = F.scaled_dot_product_attention(qd.view(Bd, H, 1, D), k.transpose(0, 1), v.transpose(0, 1),
                                                attn_mask=meta.decode_valid[:, None, None, :], scale=scale,
                                                enable_gqa=g > 1)
             dec_out = o.reshape(Bd, H, D)
@@ -364,12 +391,9 @@ def paged_attention(q: torch.Tensor, kv_cache: KVCache, layer: int, meta: Attent
         out.index_copy_(0, meta.decode_token_idx, dec_out)
     for pc in meta.prefills:
         qc = q[pc.token_start:pc.token_end].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
-        L = pc.slots.shape[0]
-        if pc.rows is None or pc.rows.numel() != Hkv * L:
-            pc.rows = kv_rows(pc.slots, Hkv)
-        k, v = kv_cache.gather_rows(layer, pc.rows, q.dtype)
-        kc = k.view(1, Hkv, L, D)
-        vc = v.view(1, Hkv, L, D)
+        k, v = kv_cache.read_blocks(layer, pc.blocks, pc.first_block, q.dtype)
+        kc = k[:, :pc.seq_len].unsqueeze(0)                                # [1, Hkv, L, D]
+        vc = v[:, :pc.seq_len].unsqueeze(0)
         if pc.mask is None:
             o = F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, scale=scale, enable_gqa=g > 1)
         else:
