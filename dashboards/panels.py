@@ -102,6 +102,12 @@ def service(t: Thresholds = THRESHOLDS) -> DashboardSpec:
                 PanelSpec("Inter-token latency P50 / P90 / P99",
                           "Time between consecutive generated tokens (ITL)." + _SAT,
                           _quantiles(itl, t), "s", width=8),
+                *(PanelSpec(f"Request {phase} time P50 / P90 / P99", what + " (vLLM's request phases; queue + prefill "
+                            "+ decode = end-to-end), of requests that finished successfully." + _SAT,
+                            _quantiles(f"inferctl_engine_request_{phase}_time_seconds", t), "s", width=8)
+                  for phase, what in (("queue", "Arrival to first scheduled: time in the waiting queue"),
+                                      ("prefill", "First scheduled to first token: the prompt's prefill"),
+                                      ("decode", "First to last token: the decode phase"))),
             )),
             ("Throughput", (
                 PanelSpec("Tokens per second", "Generated (decode) and prompt (prefill) tokens per second.", (
@@ -258,8 +264,19 @@ def batching() -> DashboardSpec:
                     T(q.gauge("inferctl_engine_kv_cache_waste_ratio", eng), "engine {{instance}}"),
                     T(q.gauge("inferctl_kv_cache_waste_ratio", ("engine",)), "controller {{engine}}"),
                 ), "percentunit", min=0, max=1, width=8),
-                PanelSpec("KV cache blocks", "Blocks in the pool by state.", (
+                PanelSpec("KV cache blocks", "Blocks in the pool by state (cached blocks no request uses count as "
+                          "free: they are evicted, least recently used first, when a block is needed).", (
                     T(q.gauge("inferctl_engine_kv_cache_blocks", eng + ("state",)), "{{state}} {{instance}}"),
+                ), "short", width=8),
+                PanelSpec("Prefix cache hit ratio",
+                          "Prompt tokens found in cached KV blocks / prompt tokens looked up (their prefill is "
+                          "skipped). No data without lookups (also with --no-enable-prefix-caching).", (
+                    T(q.ratio(q.rate_sum("inferctl_engine_prefix_cache_hits_total", eng, W),
+                              q.rate_sum("inferctl_engine_prefix_cache_queries_total", eng, W)), "{{instance}}"),
+                ), "percentunit", min=0, max=1, width=8),
+                PanelSpec("Prefix cache lookups per second", "Prompt tokens looked up and hit, per second.", (
+                    T(q.rate_sum("inferctl_engine_prefix_cache_queries_total", eng, W), "queried {{instance}}"),
+                    T(q.rate_sum("inferctl_engine_prefix_cache_hits_total", eng, W), "hit {{instance}}"),
                 ), "short", width=8),
             )),
         ))
