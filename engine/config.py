@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from inferctl.contract.oom import DEFAULT_OOM_ERROR_CODES  # noqa: F401 - re-exported (the default of oom_error_codes)
+from inferctl.engine.spec_decode.config import SpeculativeConfigError, parse_speculative_config
 
 _DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
@@ -75,6 +76,9 @@ class EngineConfig:
             (``torch.set_num_threads``, process-wide); ``None`` = leave torch's setting. Tiny
             models run faster with 1 thread (per-op thread sync costs more than the math).
         served_model_name: the ``model`` label and name in ``/stats``; ``None`` = bundle name.
+        speculative_config: speculative decoding (vLLM's ``--speculative-config``): None = off,
+            else the JSON text, a dict or a ``SpeculativeConfig``; validated into a
+            ``SpeculativeConfig`` (:mod:`inferctl.engine.spec_decode.config`).
         recent_requests: finished requests kept in ``/stats`` ``requests.recent``.
         latency_window: latency samples kept for the ``/stats`` quantiles.
         recent_faults: faults kept in ``/stats`` ``faults.recent``.
@@ -105,6 +109,7 @@ class EngineConfig:
     recent_requests: int = 64
     latency_window: int = 4096
     recent_faults: int = 32
+    speculative_config: object = None
 
     def __post_init__(self) -> None:
         self.oom_error_codes = frozenset(int(c) for c in self.oom_error_codes)
@@ -119,6 +124,10 @@ class EngineConfig:
         self._check_int("recent_requests", 0)
         self._check_int("latency_window", 1)
         self._check_int("recent_faults", 0)
+        try:
+            self.speculative_config = parse_speculative_config(self.speculative_config)
+        except SpeculativeConfigError as err:
+            raise ConfigError(err.field, err.message) from None
         if self.max_model_len is not None:
             self._check_int("max_model_len", 1)
         if self.num_threads is not None:

@@ -57,6 +57,7 @@ from inferctl.engine.runner import ModelRunner
 from inferctl.engine.sampler import Sampler, make_generator
 from inferctl.engine.sampling_params import SamplingParams, SamplingParamsError  # noqa: F401
 from inferctl.engine.scheduler import AdmissionError, Scheduler
+from inferctl.engine.spec_decode import decoder as spec_decoder
 from inferctl.engine.sequence import Logprob, PromptLogprobEntry, Sequence, SequenceStatus
 from inferctl.engine.stat_loggers import PrometheusStatLogger
 from inferctl.engine.stats import (SUCCESS_REASONS, EngineStats, FinishedRequestStats, IterationStats, OomFault,
@@ -178,12 +179,17 @@ class LLMEngine:
                                    self.block_manager)
         self.sampler = Sampler()
         self.runner = ModelRunner(model, self.kv_cache, cfg.block_size, self.accountant, self.sampler)
+        # speculative decoding (engine.spec_decode): None when --speculative-config is not given
+        self.spec = spec_decoder.create(cfg.speculative_config, model, self.block_manager, self.sampler,
+                                        self.kv_cache.kv_int8)
         self.oom = OomHandler(cfg.max_oom_retries, cfg.oom_backoff_seconds,
                               cfg.oom_backoff_max_seconds, self.acts)
         # the two views of one accounting: /stats and /metrics
         self.stats_ = EngineStats(cfg.latency_window, cfg.recent_requests, cfg.recent_faults)
         self.prometheus = PrometheusStatLogger(self.model_name, self.accountant.budget_bytes)
         self.registry, self.metrics = self.prometheus.registry, self.prometheus.metrics
+        for pos in range(self.spec.k if self.spec else 0):   # exported at 0: rate() has data from the start
+            self.metrics["inferctl_engine_spec_decode_num_accepted_tokens_per_pos_total"].labels(str(pos))
         self.mailbox = CommandMailbox()
         self.step_lock = threading.RLock()
         self._stepping_thread: threading.Thread | None = None
@@ -395,7 +401,9 @@ class LLMEngine:
         # execute
         t0 = time.monotonic()
         try:
-            res = self.runner.execute(sched.scheduled)
+            drafts = (self.spec.propose(sched.scheduled, self.config.max_num_batched_tokens - sched.num_tokens,
+                                        self.precision, self.scheduler.running) if self.spec else None)
+            res = self.runner.execute(sched.scheduled, drafts)
         except Exception as exc:   # noqa: BLE001 — a failed forward must never kill the engine
             self._handle_step_failure(exc, sched.scheduled, it, outputs)
             return
@@ -406,6 +414,11 @@ class LLMEngine:
             seq.num_computed_tokens += n
         for seq, cached, entries in res.prompt_logprobs:
             seq.set_prompt_logprobs(cached, entries)
+        spec_tokens = 0
+        if res.verify:   # speculative decoding: keep accepted drafts, commit the emitted tokens
+            verified = self.spec.verify(res.verify, drafts)
+            self.spec.apply(verified, it)
+            spec_tokens = self.spec.commit(verified, self._commit_samples, now, it, outputs)
         if res.sample is not None:
             self._commit_samples(res.sampled, res.sample, now, it, outputs)
         it.ran_forward = True
@@ -414,7 +427,7 @@ class LLMEngine:
         it.prefill_tokens = sched.num_prefill_tokens
         it.decode_tokens = sched.num_decode_tokens
         it.duration = now - t0
-        it.num_generation_tokens = len(res.sampled)
+        it.num_generation_tokens = len(res.sampled) + spec_tokens
         if not self._seqs:
             # Idle: hand cached activation segments back (torch.cuda.empty_cache on CUDA), so
             # an idle engine reports its real free memory and no allocator "fragmentation" —
@@ -571,4 +584,5 @@ class LLMEngine:
                          "tokens_stored": live.kv_tokens_stored, "waste_ratio": live.kv_waste_ratio,
                          "usage_ratio": live.kv_usage_ratio, "bytes_per_block": self.kv_bytes_per_block},
             **sections,
+            **({"spec_decode": self.spec.stats(self.precision)} if self.spec else {}),
         }

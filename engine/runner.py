@@ -45,6 +45,8 @@ class StepResult:
         prompt_logprobs: ``(sequence, num_cached, entries)`` for each chunk that scored prompt
             tokens: ``entries[j]`` is prompt position ``num_cached + 1 + j`` (see
             :meth:`Sequence.set_prompt_logprobs`).
+        verify: ``(sequence, logits [k+1, V])`` of each sequence fed with draft tokens
+            (speculative decoding; not in ``sampled``).
     """
 
     sampled: list[Sequence]
@@ -52,6 +54,7 @@ class StepResult:
     num_tokens: int
     activation_bytes: int
     prompt_logprobs: list[tuple[Sequence, int, list[PromptLogprobEntry]]] = field(default_factory=list)
+    verify: list[tuple[Sequence, torch.Tensor]] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -85,8 +88,13 @@ class ModelRunner:
         return estimate_step_activation_bytes(num_tokens, num_logits, sum_q_ctx, sum_ctx,
                                               num_logprob_rows=num_logprob_rows, **self._dims)
 
-    def execute(self, scheduled: list[tuple[Sequence, int]]) -> StepResult:
+    def execute(self, scheduled: list[tuple[Sequence, int]], drafts: dict | None = None) -> StepResult:
         """Run one step. Does not change the sequences (the engine commits the result).
+
+        ``drafts`` (speculative decoding, :mod:`inferctl.engine.spec_decode`): ``{request_id:
+        (draft_tokens, q)}`` for decode sequences whose KV slots cover the drafts; each such
+        sequence is fed ``[last token, *drafts]`` in one chunk and its k+1 logits rows come back
+        in ``StepResult.verify`` instead of being sampled.
 
         Raises ``torch.OutOfMemoryError`` (budget, injected or CUDA) and whatever the model
         raises; the caller decides what to do with the step's sequences.
@@ -99,9 +107,22 @@ class ModelRunner:
         scored: list[tuple[Sequence, int, int, int]] = []   # (seq, cached, first row, rows)
         sum_q_ctx = sum_ctx = 0
         num_logits = num_scored = 0
+        verify: list[tuple[Sequence, int, int]] = []     # (seq, first row, rows): spec decode
         for seq, n in scheduled:
             c = seq.num_computed_tokens
             end = c + n
+            d = drafts.get(seq.request_id) if drafts else None
+            if d:
+                m = len(d[0]) + 1
+                ids.append(seq.token_ids[c])
+                ids.extend(d[0])
+                positions.extend(range(c, c + m))
+                chunks.append((seq.block_table, c, m, True))
+                verify.append((seq, num_logits, m))
+                num_logits += m
+                sum_q_ctx += m * (c + m)
+                sum_ctx += c + m
+                continue
             if n == 1:
                 ids.append(seq.token_ids[c])
                 positions.append(c)
@@ -135,8 +156,9 @@ class ModelRunner:
                                     self.kv_cache, meta)
                 prompt_lps = [(seq, c, self._score_prompt(logits[start:start + m], seq, c))
                               for seq, c, start, m in scored]
+                ver = [(seq, logits[start:start + m]) for seq, start, m in verify]
                 if not sampled:
-                    return StepResult(sampled, None, T, act, prompt_lps)
+                    return StepResult(sampled, None, T, act, prompt_lps, ver)
                 if len(rows) != num_logits:
                     logits = logits.index_select(0, torch.tensor(rows, dtype=torch.long, device=dev))
                 sample = self.sampler(logits, [s.params for s in sampled],
@@ -145,7 +167,7 @@ class ModelRunner:
                                       [len(s.prompt_token_ids) for s in sampled])
         finally:
             self.accountant.release_activations(handle)
-        return StepResult(sampled, sample, T, act, prompt_lps)
+        return StepResult(sampled, sample, T, act, prompt_lps, ver)
 
     @staticmethod
     def _score_prompt(logits: torch.Tensor, seq: Sequence, cached: int) -> list[PromptLogprobEntry]:
