@@ -47,6 +47,10 @@ class LaunchConfig(_Model):
     host: str = "127.0.0.1"
     memory_budget: str | None = Field(None, description="--memory-budget passed to the engine, e.g. 512MiB")
     args: list[str] = Field(default_factory=list, description="extra `inferctl engine serve` arguments")
+    enable_prefix_caching: bool = Field(True, description="the engine's --enable-prefix-caching (false: "
+                                        "--no-enable-prefix-caching)")
+    repetition_stop: bool = Field(False, description="the engine's --repetition-stop: stop looping outputs of "
+                                  "requests that do not say")
     health_timeout_seconds: float = Field(60.0, gt=0)
     stop_timeout_seconds: float = Field(30.0, gt=0, description="SIGTERM to SIGKILL")
     shutdown_grace_seconds: float | None = Field(None, ge=0, description="the engine's --shutdown-grace-seconds;"
@@ -75,6 +79,11 @@ class LaunchConfig(_Model):
                              f" s must fit inside stop_timeout_seconds ({self.stop_timeout_seconds:g}): the"
                              " supervisor would SIGKILL a draining engine")
         return self
+
+    def engine_args(self) -> list[str]:
+        """The ``engine serve`` flags of the keys above, then ``args`` (given later, they win)."""
+        flags = [] if self.enable_prefix_caching else ["--no-enable-prefix-caching"]
+        return flags + (["--repetition-stop"] if self.repetition_stop else []) + list(self.args)
 
     def grace_seconds(self) -> float:
         """The engine's shutdown grace (s): ``shutdown_grace_seconds``, else ``stop_timeout_seconds``

@@ -233,7 +233,7 @@ def build_runtime(config: ControllerConfig, admin_token: str, *, engine_log_dir:
                 continue
             tokens[e.name] = tokens[e.name] or admin_token
             argv = engine_serve_argv(e.launch.port, e.launch.host, e.launch.model, e.launch.memory_budget,
-                                     e.launch.args, shutdown_grace_seconds=e.launch.grace_seconds())
+                                     e.launch.engine_args(), shutdown_grace_seconds=e.launch.grace_seconds())
             log_path = None if engine_log_dir is None else Path(engine_log_dir) / f"engine-{e.name}.log"
             owner = None if config.event_log == ":memory:" else owner_key(config.event_log, e.name)
             sup = EngineSupervisor(e.name, argv, e.url or "", env={"INFERCTL_ADMIN_TOKEN": tokens[e.name] or ""},

@@ -1,7 +1,7 @@
 """Model loading and conversion: llama2.c checkpoints, Hugging Face Llama directories, the demo model.
 
 ``load_model(spec)`` dispatches: ``None`` → :func:`build_demo_model`; a ``.bin`` file →
-:func:`load_llama2c`; a ``.gguf`` file → :func:`load_gguf`; a directory → :func:`load_hf_dir`. Every loader returns a
+:func:`load_llama2c`; a directory → :func:`load_hf_dir`. Every loader returns a
 :class:`ModelBundle`. Bad inputs raise FileNotFoundError / ValueError naming the path and
 what is wrong.
 """
@@ -37,8 +37,6 @@ class ModelBundle:
     #: it samples BOS ("data-dependent terminating condition: the BOS (=1) token delimits
     #: sequences"), so ``load_llama2c`` sets ``(bos_id,)``. ``ignore_eos`` disables these too.
     stop_token_ids: tuple[int, ...] = ()
-    #: The model's own Jinja chat template (GGUF ``tokenizer.chat_template``), None when it has none.
-    chat_template: str | None = None
 
 
 def _tensor(buf: bytes, offset: int, shape: tuple[int, ...], path: Path, what: str) -> tuple[torch.Tensor, int]:
@@ -328,25 +326,6 @@ def save_hf_dir(bundle: ModelBundle, path: str | Path) -> Path:
     return out
 
 
-# ---- GGUF ---------------------------------------------------------------------------------
-
-def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-              name: str | None = None) -> ModelBundle:
-    """Load a llama GGUF file (:mod:`inferctl.engine.gguf`): weights dequantized to fp32 (then
-    cast to ``dtype``), the byte-level BPE tokenizer and the chat template from the metadata.
-
-    Generation stops at the metadata's EOS (``tokenizer.ggml.eos_token_id``; SmolLM2:
-    ``<|im_end|>``, id 2). Raises FileNotFoundError / ValueError naming the file.
-    """
-    from inferctl.engine.gguf import read_gguf_model
-
-    g = read_gguf_model(path)
-    model = LlamaModel(g.args, g.weights, device=device, dtype=dtype)
-    del g.weights
-    return ModelBundle(name=name or g.name, model=model, tokenizer=g.tokenizer, args=g.args,
-                       source_path=str(Path(path)), chat_template=g.chat_template)
-
-
 # ---- demo and dispatch ---------------------------------------------------------------------
 
 def build_demo_model(seed: int = 0, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
@@ -372,8 +351,7 @@ def build_demo_model(seed: int = 0, device: str | torch.device = "cpu", dtype: t
 
 def load_model(spec: str | Path | None, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                tokenizer_path: str | Path | None = None, name: str | None = None) -> ModelBundle:
-    """Load by spec: None or "demo" → demo model; ``*.bin`` → llama2.c; ``*.gguf`` → GGUF; a directory →
-    Hugging Face.
+    """Load by spec: None or "demo" → demo model; ``*.bin`` → llama2.c; a directory → Hugging Face.
 
     Raises FileNotFoundError for a missing path and ValueError for a path of another kind.
     """
@@ -389,7 +367,4 @@ def load_model(spec: str | Path | None, device: str | torch.device = "cpu", dtyp
         raise FileNotFoundError(f"model not found: {p}")
     if p.suffix == ".bin":
         return load_llama2c(p, tokenizer_path=tokenizer_path, device=device, dtype=dtype, name=name)
-    if p.suffix.lower() == ".gguf":
-        return load_gguf(p, device=device, dtype=dtype, name=name)
-    raise ValueError(f"{p}: unknown model format (expected a llama2.c .bin file, a .gguf file or a "
-                     "Hugging Face directory)")
+    raise ValueError(f"{p}: unknown model format (expected a llama2.c .bin file or a Hugging Face directory)")
