@@ -7,6 +7,7 @@ every error names the field as the YAML reads (``engines[0].url: ...``). Times a
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -51,6 +52,9 @@ class LaunchConfig(_Model):
                                         "--no-enable-prefix-caching)")
     repetition_stop: bool = Field(False, description="the engine's --repetition-stop: stop looping outputs of "
                                   "requests that do not say")
+    speculative_config: dict | None = Field(None, description="the engine's --speculative-config (vLLM's JSON "
+                                            "object, e.g. {method: ngram, num_speculative_tokens: 4}); checked "
+                                            "at load")
     health_timeout_seconds: float = Field(60.0, gt=0)
     stop_timeout_seconds: float = Field(30.0, gt=0, description="SIGTERM to SIGKILL")
     shutdown_grace_seconds: float | None = Field(None, ge=0, description="the engine's --shutdown-grace-seconds;"
@@ -71,6 +75,18 @@ class LaunchConfig(_Model):
                              " (KiB/MiB/GiB powers of 1024, KB/MB/GB of 1000)") from None
         return str(v)
 
+    @field_validator("speculative_config")
+    @classmethod
+    def _speculative(cls, v: Any) -> Any:
+        """Checked at load with the engine's own parser (contract.speculative)."""
+        from inferctl.contract.speculative import SpeculativeConfigError, parse_speculative_config
+
+        try:
+            parse_speculative_config(v)
+        except SpeculativeConfigError as err:
+            raise ValueError(str(err)) from None
+        return v or None
+
     @model_validator(mode="after")
     def _grace_fits(self) -> "LaunchConfig":
         if self.shutdown_grace_seconds is not None and self.grace_seconds() + GRACE_MARGIN_SECONDS > \
@@ -83,6 +99,8 @@ class LaunchConfig(_Model):
     def engine_args(self) -> list[str]:
         """The ``engine serve`` flags of the keys above, then ``args`` (given later, they win)."""
         flags = [] if self.enable_prefix_caching else ["--no-enable-prefix-caching"]
+        if self.speculative_config:
+            flags += ["--speculative-config", json.dumps(self.speculative_config)]
         return flags + (["--repetition-stop"] if self.repetition_stop else []) + list(self.args)
 
     def grace_seconds(self) -> float:

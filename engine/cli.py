@@ -164,6 +164,16 @@ def _load(spec: Optional[str], tokenizer: Optional[str], device: str, dtype: str
         _die(str(exc))
 
 
+def _speculative_option(text: Optional[str]):  # noqa: ANN202 - SpeculativeConfig | None
+    """``--speculative-config`` checked before the model loads (a clear message naming the key)."""
+    from inferctl.contract.speculative import SpeculativeConfigError, parse_speculative_config
+
+    try:
+        return parse_speculative_config(text)
+    except SpeculativeConfigError as exc:
+        _die(f"--speculative-config: {exc}")
+
+
 def _build_engine(bundle, config, precision: str, budget_flag: str = "--memory-budget"):  # noqa: ANN001, ANN202
     from inferctl.engine.async_engine import AsyncLLMEngine
     from inferctl.engine.config import ConfigError
@@ -250,6 +260,10 @@ def serve(
                                                "$INFERCTL_API_KEY (a flag is visible in `ps`)."),
     access_log: bool = typer.Option(True, "--access-log/--no-access-log",
                                     help="Log every HTTP request (uvicorn's access log)."),
+    speculative_config: Optional[str] = typer.Option(
+        None, "--speculative-config", metavar="JSON", help="Speculative decoding of the main model, vLLM's JSON: "
+        '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\'; methods ngram, '
+        "draft_model (with \"model\": PATH), int8_self (docs/speculative-decoding.md)."),
 ) -> None:
     ("Serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions) "
      "with /health, /stats, /metrics, /admin.")
@@ -270,6 +284,7 @@ def serve(
         _die(f"--kv-cache-dtype: must be auto or int8, got {kv_cache_dtype!r}")
     if precision not in ("full", "int8"):
         _die(f"--precision: must be full or int8, got {precision!r}")
+    spec = _speculative_option(speculative_config)
     if chat_template not in CHAT_TEMPLATES:
         _die(f"--chat-template: must be one of {', '.join(CHAT_TEMPLATES)}, got {chat_template!r}")
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
@@ -298,7 +313,7 @@ def serve(
     main_name = served_model_name or bundle.name
     engines = {main_name: _build_engine(bundle, _config(
         **common, num_kv_blocks=num_kv_blocks, memory_budget_bytes=budget, gpu_memory_utilization=main_util,
-        served_model_name=main_name), precision)}
+        served_model_name=main_name, speculative_config=spec), precision)}
     if light_model:
         light_bundle = _load(light_model, light_tokenizer, device, dtype)
         name = light_name or light_bundle.name

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inferctl.engine.config import ConfigError, EngineConfig
-from inferctl.engine.spec_decode.config import SpeculativeConfig, SpeculativeConfigError, parse_speculative_config
+from inferctl.contract.speculative import SpeculativeConfig, SpeculativeConfigError, parse_speculative_config
 
 
 def test_ngram_config_parses_with_defaults():
@@ -49,3 +49,17 @@ def test_bad_values_are_refused_naming_the_key(value, field, text):
     with pytest.raises(ConfigError) as info:    # the engine's config error, same field
         EngineConfig(speculative_config=value)
     assert info.value.field == field
+
+
+def test_controller_launch_key_is_checked_at_load_and_passed_as_the_flag():
+    from pydantic import ValidationError
+
+    from inferctl.controller.config import LaunchConfig
+
+    cfg = {"method": "int8_self", "num_speculative_tokens": 3}
+    args = LaunchConfig(speculative_config=cfg).engine_args()
+    i = args.index("--speculative-config")
+    assert parse_speculative_config(args[i + 1]) == SpeculativeConfig("int8_self", 3)
+    assert "--speculative-config" not in LaunchConfig().engine_args()
+    with pytest.raises(ValidationError, match="speculative_config.method: must be one of"):
+        LaunchConfig(speculative_config={"method": "medusa", "num_speculative_tokens": 3})
