@@ -131,6 +131,15 @@ class Thresholds:
     repetition_for: str = "15m"
     degenerate_for: str = "15m"
     perplexity_drift_for: str = "30m"
+    #: Speculative decoding (engine --speculative-config): the acceptance rate (accepted / draft
+    #: tokens over ``spec_acceptance_window``) below which draft and target are said to disagree,
+    #: given at least ``spec_acceptance_min_draft_tokens`` draft tokens in the window. Measured on
+    #: stories260K (docs/speculative-decoding.md): int8_self accepts ~0.97, ngram ~0.18 on free
+    #: stories and more on text that repeats its prompt; 0.05 is far below both (operator default).
+    spec_acceptance_min_ratio: float = 0.05
+    spec_acceptance_min_draft_tokens: int = 100
+    spec_acceptance_window: str = "15m"
+    spec_acceptance_for: str = "15m"
 
     # --- availability -------------------------------------------------------------------
     #: ``for:`` of the ``up == 0`` and ``absent(...)`` alerts of engine and controller.

@@ -67,6 +67,11 @@ def perplexity_record(t: Thresholds = THRESHOLDS) -> str:
     return f"job_model:inferctl_engine_output_perplexity:avg_rate{t.perplexity_window}"
 
 
+def spec_acceptance_record(t: Thresholds = THRESHOLDS) -> str:
+    """Name of the recorded speculative-decoding acceptance rate (accepted / draft tokens) per engine."""
+    return f"job_instance:inferctl_engine_spec_decode_acceptance:ratio_rate{t.spec_acceptance_window}"
+
+
 def _latency_recordings(t: Thresholds) -> list[RecordingRule]:
     labels = ("job", "model")
     rules: list[RecordingRule] = []
@@ -98,6 +103,14 @@ def _quality_recordings(t: Thresholds) -> list[RecordingRule]:
             record=perplexity_record(t),
             expr=q.histogram_mean("inferctl_engine_output_perplexity", ("job", "model"), t.perplexity_window),
             labels=("job", "model")),
+        RecordingRule(
+            record=spec_acceptance_record(t),
+            expr=q.ratio(
+                q.rate_sum("inferctl_engine_spec_decode_num_accepted_tokens_total", ("job", "instance"),
+                           t.spec_acceptance_window),
+                q.rate_sum("inferctl_engine_spec_decode_num_draft_tokens_total", ("job", "instance"),
+                           t.spec_acceptance_window)),
+            labels=("job", "instance")),
     ]
 
 
@@ -143,6 +156,8 @@ def _quality_alerts(t: Thresholds) -> list[AlertRule]:
     window = spoken(t.quality_rate_window)
     volume = q.rate_sum("inferctl_engine_outputs_total", ("job", "model", "prompt_len_bucket"), t.quality_rate_window,
                         fn="increase")
+    spec_volume = q.rate_sum("inferctl_engine_spec_decode_num_draft_tokens_total", ("job", "instance"),
+                             t.spec_acceptance_window, fn="increase")
     return [
         AlertRule(
             "InferctlOutputRepetitionHigh", f"{rep} > {t.repetition_ratio:g}", t.repetition_for, "warning",
@@ -160,6 +175,16 @@ def _quality_alerts(t: Thresholds) -> list[AlertRule]:
             "{{ $value | humanizePercentage }} of the outputs of model {{ $labels.model }} (job {{ $labels.job }}) "
             f"for prompts in bucket {{{{ $labels.prompt_len_bucket }}}} were degenerate over the last {window}, above "
             f"{t.degenerate_ratio:.0%}."),
+        AlertRule(
+            "InferctlSpecDecodeAcceptanceCollapsed",
+            f"{spec_acceptance_record(t)} < {t.spec_acceptance_min_ratio:g} and on (job, instance) "
+            f"({spec_volume} >= {t.spec_acceptance_min_draft_tokens})",
+            t.spec_acceptance_for, "warning",
+            "Speculative decoding on {{ $labels.instance }}: the target rejects almost every draft token.",
+            "Only {{ $value | humanizePercentage }} of the draft tokens of engine {{ $labels.instance }} (job "
+            f"{{{{ $labels.job }}}}) were accepted over the last {spoken(t.spec_acceptance_window)}, below "
+            f"{t.spec_acceptance_min_ratio:.0%}: draft and target disagree, so speculation costs time and "
+            "saves none."),
         AlertRule(
             "InferctlPerplexityDrift",
             f"{drift} > {t.perplexity_drift_factor:g} or {drift} < {1 / t.perplexity_drift_factor:.4g}",

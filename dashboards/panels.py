@@ -318,7 +318,37 @@ def model_health() -> DashboardSpec:
                       "non-finite {{instance}}"),
                 ), "short"),
             )),
+            ("Speculative decoding", _spec_decode_panels()),
         ))
+
+
+def _spec_decode_panels() -> tuple[PanelSpec, ...]:
+    """Model health's speculative-decoding row: acceptance (draft and target agree), volume, by position.
+    No data on engines started without --speculative-config."""
+    eng = ("job", "instance")
+    drafted = q.rate_sum("inferctl_engine_spec_decode_num_draft_tokens_total", eng, W)
+    accepted = q.rate_sum("inferctl_engine_spec_decode_num_accepted_tokens_total", eng, W)
+    drafts = q.rate_sum("inferctl_engine_spec_decode_num_drafts_total", eng, W)
+    per_pos = q.rate_sum("inferctl_engine_spec_decode_num_accepted_tokens_per_pos_total", eng + ("position",), W)
+    return (
+        PanelSpec("Draft acceptance rate",
+                  "Accepted / proposed draft tokens. The red line is the InferctlSpecDecodeAcceptanceCollapsed "
+                  "threshold: below it draft and target disagree and speculation only costs time.", (
+                      T(q.ratio(accepted, drafted), "{{instance}}"),
+                  ), "percentunit", threshold=THRESHOLDS.spec_acceptance_min_ratio, min=0, max=1, width=8),
+        PanelSpec("Draft and accepted tokens per second",
+                  "Draft tokens the target verified, those it accepted, and drafts (sequence-steps with drafts).", (
+                      T(drafted, "drafted {{instance}}"),
+                      T(accepted, "accepted {{instance}}"),
+                      T(drafts, "drafts {{instance}}"),
+                  ), "short", width=8),
+        PanelSpec("Acceptance by draft position",
+                  "Accepted tokens at draft position i / drafts: how often the i-th draft token survives (falls "
+                  "with i; drafts shortened near max_tokens count as rejected at the missing positions).", (
+                      T(f"({per_pos}) / on (job, instance) group_left () ({drafts} > 0)",
+                        "position {{position}} {{instance}}"),
+                  ), "percentunit", min=0, max=1, width=8),
+    )
 
 
 def control_plane(t: Thresholds = THRESHOLDS) -> DashboardSpec:
@@ -489,6 +519,11 @@ def router(t: Thresholds = THRESHOLDS) -> DashboardSpec:
                     T(q.rate_sum("inferctl_router_stream_errors_total", r, W), "cut {{replica}}"),
                     T(q.rate_sum("inferctl_router_client_disconnects_total", r, W), "client left {{replica}}"),
                 ), "short", width=8),
+                PanelSpec("Rate limited (429) per second",
+                          "Requests refused by a per-key rate limit, by the key's configured name (default: keys "
+                          "not listed in --config) and the limit hit (requests or tokens per minute).", (
+                    T(q.rate_sum("inferctl_router_rate_limited_total", ("key", "limit"), W), "{{key}} {{limit}}"),
+                ), "reqps", width=8),
             )),
             ("Latency", (
                 PanelSpec("Upstream time to first byte P50 / P99",
