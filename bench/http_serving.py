@@ -62,17 +62,17 @@ def _cpu_seconds(pid: int) -> float:
         return float("nan")
 
 
-def start_server(model: Path, max_num_seqs: int, log: Path,
-                 extra: Sequence[str] = ()) -> tuple[subprocess.Popen, str]:
-    """``inferctl engine serve`` on a free loopback port; returns the process and its base URL
-    once ``/ready`` answers 200.
+def start_server(model: Path, max_num_seqs: int, log: Path, extra: Sequence[str] = (),
+                 python: str = sys.executable) -> tuple[subprocess.Popen, str]:
+    """``inferctl engine serve`` on a free loopback port (run by ``python``); returns the
+    process and its base URL once ``/ready`` answers 200.
 
     Raises RuntimeError when the server does not become ready within 120 s.
     """
     import httpx
 
     port = _port()
-    argv = [sys.executable, "-m", "inferctl", "engine", "serve", "--model", str(model), "--port", str(port),
+    argv = [python, "-m", "inferctl", "engine", "serve", "--model", str(model), "--port", str(port),
             "--max-num-seqs", str(max_num_seqs), "--log-level", "warning", *extra]
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -180,8 +180,10 @@ def _cpu_timed(fn, *args, **kwargs) -> RunResult:
 
 
 def run(model: str, n: int, repeats: int, threads: int | None, quick: bool = False,
-        profile: Path | None = None) -> dict:
-    """Every side, ``repeats`` rounds taking turns; returns {side: [RunResult per round]}."""
+        profile: Path | None = None, alt_python: str | None = None) -> dict:
+    """Every side, ``repeats`` rounds taking turns; returns {side: [RunResult per round]}.
+    ``alt_python``: a second server run by that interpreter (e.g. a venv with
+    ``inferctl[serving]``), side ``http-alt``, measured in the same rounds."""
     import torch
 
     from inferctl.engine.async_engine import AsyncLLMEngine
@@ -198,16 +200,23 @@ def run(model: str, n: int, repeats: int, threads: int | None, quick: bool = Fal
     aeng.start()
     proc, url = start_server(d, n, workdir / "server.log")
     pid = proc.pid
+    alt = start_server(d, n, workdir / "server-alt.log", python=alt_python) if alt_python else None
     served = json.loads(_get(url + "/v1/models"))["data"][0]["id"]
     out: dict[str, list[RunResult]] = {"in-process": [], "async": [], "http": []}
+    if alt is not None:
+        out["http-alt"] = []
     spy = None
     try:
         asyncio.run(_stream_all(url, served, reqs[:4]))   # warm-up
+        if alt is not None:
+            asyncio.run(_stream_all(alt[1], served, reqs[:4]))
         spy = start_profiler(pid, profile) if profile is not None else None
         for k in range(repeats):
             out["in-process"].append(_cpu_timed(run_engine, d, reqs, threads, name=model, engine=sync_eng))
             out["async"].append(_cpu_timed(run_async, aeng, model, reqs, f"r{k}"))
             out["http"].append(run_http(url, pid, served, reqs))
+            if alt is not None:
+                out["http-alt"].append(run_http(alt[1], alt[0].pid, served, reqs))
             print(f"round {k + 1}: " + ", ".join(f"{s} {fmt(v[-1].tok_s)} tok/s" for s, v in out.items()),
                   file=sys.stderr)
         if spy is not None:
@@ -215,6 +224,8 @@ def run(model: str, n: int, repeats: int, threads: int | None, quick: bool = Fal
             spy.wait(60)
     finally:
         aeng.shutdown()
+        if alt is not None:
+            alt[0].terminate()
         proc.terminate()
         try:
             proc.wait(60)
@@ -223,23 +234,34 @@ def run(model: str, n: int, repeats: int, threads: int | None, quick: bool = Fal
     return out
 
 
+def server_stack(python: str = sys.executable) -> str:
+    """The event loop and HTTP parser uvicorn's ``auto`` picks for ``python``: uvloop and
+    httptools when importable (``pip install inferctl[serving]``), else asyncio and h11."""
+    probe = ("import importlib.util as u; print(('uvloop' if u.find_spec('uvloop') else 'asyncio') + ' + ' + "
+             "('httptools' if u.find_spec('httptools') else 'h11'))")
+    return subprocess.run([python, "-c", probe], capture_output=True, text=True, check=False).stdout.strip()
+
+
 def _get(url: str) -> str:
     import httpx
 
     return httpx.get(url, timeout=10).text
 
 
-def render(model: str, res: dict, threads: int | None) -> str:
+def render(model: str, res: dict, threads: int | None, alt_python: str | None = None) -> str:
     """The markdown table (best of the rounds per side) and the verdict."""
     best = {s: max(v, key=lambda r: r.tok_s) for s, v in res.items()}
     base = best["in-process"].tok_s
     rows = []
-    for side, label in (("in-process", "in-process, `LLMEngine.step()` loop"),
-                        ("async", "in-process, AsyncLLMEngine + asyncio consumers"),
-                        ("http", "HTTP, uvicorn server, streaming clients")):
+    sides = [("in-process", "in-process, `LLMEngine.step()` loop"),
+             ("async", "in-process, AsyncLLMEngine + asyncio consumers"),
+             ("http", f"HTTP, uvicorn server ({server_stack()}), streaming clients")]
+    if "http-alt" in best:
+        sides.append(("http-alt", f"HTTP, the same server run by {alt_python} ({server_stack(alt_python)})"))
+    for side, label in sides:
         r = best[side]
         cpu = fmt(1000 * r.extra["cpu_s"] / r.useful_tokens * 1000, 0)
-        if side == "http":
+        if side.startswith("http"):
             cpu += f" (client {fmt(1000 * r.extra['client_cpu_s'] / r.useful_tokens * 1000, 0)})"
         rows.append([side if side != "http" else "**http**", label, fmt(r.tok_s),
                      " / ".join(fmt(x.tok_s, 0) for x in res[side]), fmt(100 * r.tok_s / base, 0) + " %",
@@ -255,7 +277,11 @@ def render(model: str, res: dict, threads: int | None) -> str:
             f"- CPU per token, in-process ÷ HTTP server (a load-independent view: on a busy machine the wall "
             f"times above mostly measure the other processes): "
             f"**{fmt(100 * _cpu_per_tok(best['in-process']) / _cpu_per_tok(best['http']), 0)} %**; "
-            f"the client used {fmt(100 * best['http'].extra['client_cpu_s'] / best['http'].seconds, 0)} % of a core.")
+            f"the client used {fmt(100 * best['http'].extra['client_cpu_s'] / best['http'].seconds, 0)} % of a core."
+            + (f"\n- http-alt / in-process: **{fmt(100 * best['http-alt'].tok_s / base, 0)} %**; CPU per token "
+               f"in-process ÷ http-alt server "
+               f"{fmt(100 * _cpu_per_tok(best['in-process']) / _cpu_per_tok(best['http-alt']), 0)} %."
+               if "http-alt" in best else ""))
 
 
 def _cpu_per_tok(r: RunResult) -> float:
@@ -294,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="torch threads in-process (default 0 = the engine default, as in the server)")
     ap.add_argument("--quick", action="store_true", help="tiny lengths (smoke test), no doc write")
     ap.add_argument("--no-write", action="store_true", help="print only")
+    ap.add_argument("--alt-python", default=None,
+                    help="also measure a server run by this interpreter (e.g. a venv with inferctl[serving])")
     ap.add_argument("--profile-server", type=Path, default=None,
                     help="run the server under py-spy, raw samples to this file, and print a summary")
     a = ap.parse_args(argv)
@@ -301,8 +329,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--profile-server needs py-spy on PATH")
     facts = machine_facts()
     threads = a.threads or None
-    res = run(a.model, a.n, a.repeats, threads, a.quick, a.profile_server)
-    body = (f"Best of {a.repeats} rounds, the sides taking turns in each round.\n\n" + render(a.model, res, threads))
+    res = run(a.model, a.n, a.repeats, threads, a.quick, a.profile_server, a.alt_python)
+    body = (f"Best of {a.repeats} rounds, the sides taking turns in each round.\n\n"
+            + render(a.model, res, threads, a.alt_python))
     print(body)
     if a.profile_server is not None:
         print(summarize_profile(a.profile_server))

@@ -84,11 +84,16 @@ async def next_output(agen: AsyncIterator[RequestOutput], served: ServedModel, r
     except (StopAsyncIteration, APIError, asyncio.CancelledError):
         raise
     except Exception as exc:  # noqa: BLE001 - engine failures become clean HTTP errors
-        api = engine_error_to_api(exc, served, retry_after)
-        if api is None:
-            log.error("engine stream failed: %s: %s", type(exc).__name__, exc)
-            api = APIError(500, f"engine error: {type(exc).__name__}: {exc}", code="engine_error")
-        raise api from None
+        raise _api_error(exc, served, retry_after) from None
+
+
+def _api_error(exc: Exception, served: ServedModel, retry_after: int) -> APIError:
+    """An engine exception as the APIError the client gets (500 ``engine_error`` for the unknown)."""
+    api = engine_error_to_api(exc, served, retry_after)
+    if api is None:
+        log.error("engine stream failed: %s: %s", type(exc).__name__, exc)
+        api = APIError(500, f"engine error: {type(exc).__name__}: {exc}", code="engine_error")
+    return api
 
 
 async def outputs(agen: AsyncIterator[RequestOutput], first: RequestOutput | None, served: ServedModel,
@@ -97,14 +102,19 @@ async def outputs(agen: AsyncIterator[RequestOutput], first: RequestOutput | Non
     ones until one is finished or the iterator ends; engine errors become APIError
     (:func:`next_output`). Failed outputs are yielded, not raised (callers decide)."""
     out = first
+    step = agen.__anext__   # next_output inlined: one coroutine less per token
     while out is not None:
         yield out
         if getattr(out, "finished", False):
             return
         try:
-            out = await next_output(agen, served, retry_after)
+            out = await step()
         except StopAsyncIteration:
             return
+        except (APIError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - engine failures become clean HTTP errors
+            raise _api_error(exc, served, retry_after) from None
 
 
 async def aclose(agen: AsyncIterator[Any]) -> None:
