@@ -83,10 +83,10 @@ class BlockManager:
         need = self._new_blocks(seq, num_new_tokens)
         if need > self.pool.num_free_blocks:
             return False
-        self.pool.register(seq.request_id, seq.block_table, seq.token_ids, seq.num_computed_tokens)
         if need > 0:
             seq.block_table.extend(self.pool.take(need))
         total = seq.num_computed_tokens + num_new_tokens
+        self.pool.register(seq.request_id, seq.block_table, seq.token_ids, total)
         old = self._tokens.get(seq.request_id, 0)
         if total > old:
             self._tokens[seq.request_id] = total
@@ -101,7 +101,7 @@ class BlockManager:
         """Return all of ``seq``'s blocks to the free list and clear its block table (its
         computed full blocks stay cached, evictable)."""
         if seq.block_table:
-            self.pool.register(seq.request_id, seq.block_table, seq.token_ids, seq.num_computed_tokens)
+            self.pool.unpublish_uncomputed(seq.request_id, seq.block_table, seq.num_computed_tokens)
             self.pool.release(seq.block_table)
             seq.block_table = []
         self.pool.forget(seq.request_id)

@@ -23,9 +23,14 @@ a cached block with no reference is **free** (evictable at no cost, as vLLM coun
 sequences stores its ``block_size`` tokens once: ``tokens_shared`` is the
 ``(r - 1) × block_size`` the block manager takes off its per-sequence token sum.
 
-Staleness. Blocks are registered (hashed) only once their K/V are committed (the block
-manager registers up to ``num_computed_tokens`` when the sequence next allocates or is
-freed), so a failed step never publishes unwritten slots. :meth:`PrefixCachePool.reset`
+Publishing (vLLM's timing). A block is registered (hashed) when the scheduler allocates the
+step that fills it with the sequence's own tokens (never a speculative draft's: only blocks
+full of ``token_ids`` are hashed), so a request scheduled later in the same step already
+shares it: the attention writes every new K/V of the packed batch into the pool before any
+sequence reads it (:mod:`inferctl.engine.attention`). If that step fails (OOM, error), the
+sequence is freed with ``num_computed_tokens`` not advanced and
+:meth:`PrefixCachePool.unpublish_uncomputed` drops the hashes of the blocks it never
+computed, so no unwritten slot stays published. :meth:`PrefixCachePool.reset`
 drops every hash (the precision switch: new weights make every cached K/V stale) and bumps
 a generation; sequences admitted before it never register their blocks (their K/V mix both
 weights). A restart builds a new, empty pool.
@@ -185,10 +190,11 @@ class PrefixCachePool:
             self.hits -= len(blocks) * self.block_size
 
     def register(self, request_id: str, block_table: list[int], token_ids: list[int],
-                 num_computed_tokens: int) -> None:
-        """Hash and publish the sequence's full blocks whose K/V are computed (up to
-        ``num_computed_tokens``). A hash already published keeps its first block (the
-        duplicate stays private). Nothing for a sequence admitted before the last reset."""
+                 num_tokens: int) -> None:
+        """Hash and publish the sequence's blocks that are full of its own tokens once its first
+        ``num_tokens`` are computed (at most ``len(token_ids)``: draft tokens never count). A
+        hash already published keeps its first block (the duplicate stays private). Nothing
+        for a sequence admitted before the last reset."""
         if not self.enable_caching:
             return
         st = self._seqs.get(request_id)
@@ -196,7 +202,8 @@ class PrefixCachePool:
             st = self._seqs[request_id] = _SeqCache(self.generation)
         if st.generation != self.generation:
             return
-        full = min(num_computed_tokens // self.block_size, len(block_table))
+        full = min(num_tokens, len(token_ids)) // self.block_size
+        full = min(full, len(block_table))
         have = len(st.hashes)
         if full <= have:
             return
@@ -207,6 +214,19 @@ class PrefixCachePool:
             if h not in self._cached and self._hash[b] is None:
                 self._cached[h] = b
                 self._hash[b] = h
+
+    def unpublish_uncomputed(self, request_id: str, block_table: list[int], num_computed_tokens: int) -> None:
+        """Drop the hashes this sequence published for blocks past ``num_computed_tokens`` (a
+        step that failed before computing them)."""
+        st = self._seqs.get(request_id)
+        if st is None:
+            return
+        for i in range(num_computed_tokens // self.block_size, min(len(st.hashes), len(block_table))):
+            h, b = st.hashes[i], block_table[i]
+            if self._cached.get(h) == b:
+                del self._cached[h]
+                self._hash[b] = None
+        del st.hashes[num_computed_tokens // self.block_size:]
 
     def forget(self, request_id: str) -> None:
         """Drop a freed sequence's state (its blocks stay cached)."""

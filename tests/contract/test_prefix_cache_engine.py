@@ -161,3 +161,18 @@ def test_precision_switch_invalidates_the_cache(bundle, prompts):
     fresh.add_request("after", ps[0], params)
     ref, _ = drain(fresh)
     assert after["after"] == ref["after"]
+
+
+def test_a_burst_shares_the_prefix_within_one_step(bundle, prompts):
+    ps, _ = prompts
+    params = SamplingParams(max_tokens=12, temperature=0.0)
+    on = LLMEngine(bundle, EngineConfig(num_kv_blocks=128))
+    off = LLMEngine(bundle, EngineConfig(num_kv_blocks=128, enable_prefix_caching=False))
+    for engine in (on, off):
+        for i, p in enumerate(ps[:4]):
+            engine.add_request(f"r{i}", p, params)
+    got, ref = drain(on)[0], drain(off)[0]
+    assert got == ref
+    shared = next(i for i, (x, y) in enumerate(zip(ps[0], ps[1])) if x != y) // BS * BS
+    # all four are admitted in the first step; r1..r3 reuse what r0 computes in that very step
+    assert metric(on, "inferctl_engine_prefix_cache_hits_total") == 3 * shared

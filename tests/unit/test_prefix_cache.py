@@ -34,14 +34,34 @@ def test_hash_chains_the_parent():
     assert hash_block(None, (1, 2, 3, 4)) == a
 
 
-def test_blocks_are_published_only_once_computed():
+def test_a_request_in_the_same_step_shares_blocks_being_computed():
     bm = BlockManager(16, BS, enable_prefix_caching=True)
     a = seq("a", list(range(1, 10)))
-    assert bm.allocate_waiting(a, 10_000) == 9
-    assert bm.allocate_waiting(seq("b", list(range(1, 10))), 10_000) == 9   # a's K/V not committed yet
-    a.num_computed_tokens = 9
-    assert bm.allocate(a, 1)                    # a's next step publishes its 2 full blocks
-    assert bm.pool.num_cached_blocks == 2
+    assert bm.allocate_waiting(a, 10_000) == 9       # publishes its 2 full blocks for this step
+    b = seq("b", list(range(1, 10)))
+    assert bm.allocate_waiting(b, 10_000) == 1       # same step: reads them after a writes them
+    assert b.block_table[:2] == a.block_table[:2]
+
+
+def test_a_failed_step_unpublishes_what_it_did_not_compute():
+    bm = BlockManager(16, BS, enable_prefix_caching=True)
+    a = seq("a", list(range(1, 14)))
+    assert bm.allocate_waiting(a, 6) == 6             # chunk of 6: block 0 full → published
+    a.num_computed_tokens = 6
+    assert bm.allocate(a, 7)                          # next chunk publishes blocks 1 and 2 ...
+    assert bm.pool.num_cached_blocks == 3
+    bm.free(a)                                        # ... but that step failed (requeue/error)
+    a.reset_for_recompute()
+    assert bm.pool.num_cached_blocks == 1             # only the computed block 0 stays
+    assert run_prefill(bm, seq("b", list(range(1, 14)))) == 9
+
+
+def test_draft_tokens_are_never_hashed():
+    bm = BlockManager(16, BS, enable_prefix_caching=True)
+    a = seq("a", list(range(1, 6)))                   # 5 tokens: block 0 full, block 1 has 1
+    run_prefill(bm, a)
+    assert bm.allocate(a, 4)                          # slots for 1 real + 3 draft tokens
+    assert bm.pool.num_cached_blocks == 1             # block 1 is not full of real tokens
 
 
 def test_second_request_shares_full_prefix_blocks_and_skips_their_prefill():
