@@ -40,6 +40,7 @@ from inferctl.router.config import RouterConfig
 from inferctl.router.keys import affinity_prefix, request_id
 from inferctl.router.metrics import build_router_registry
 from inferctl.router.probe import Prober
+from inferctl.router.ratelimit import Admission, RateLimiter, bearer_key
 from inferctl.router.proxy import Forwarder
 from inferctl.router.replicas import ReplicaSet
 
@@ -57,6 +58,7 @@ class RouterState:
     registry: CollectorRegistry
     metrics: dict
     limits: ProtocolLimits
+    limiter: RateLimiter
 
 
 def error_response(err: APIError, rid: str | None = None) -> JSONResponse:
@@ -96,7 +98,8 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
     prober = Prober(replicas, client, timeout=config.probe_timeout_seconds, controller=config.controller,
                     metrics=metrics)
     state = RouterState(config, replicas, client, prober, Forwarder(config, replicas, client, metrics),
-                        registry, metrics, limits or ProtocolLimits())
+                        registry, metrics, limits or ProtocolLimits(),
+                        RateLimiter(config.rate_keys, config.rate_default))
     prober.update_gauges()
 
     @contextlib.asynccontextmanager
@@ -131,10 +134,16 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
             return _rejected(state, err, rid, path, t0)
         except APIError as err:
             return _rejected(state, err, rid, path, t0)
+        admission = state.limiter.admit(bearer_key(request.headers.get("authorization")))
+        if not admission.ok:
+            return _rate_limited(state, admission, rid, path, t0)
         session = request.headers.get("x-session-id") or None
         prefix = affinity_prefix(req, config.affinity_chars, config.affinity_min_chars)
+        charge = None
+        if admission.name is not None:
+            charge = lambda tokens, name=admission.name: state.limiter.charge(name, tokens)  # noqa: E731
         return await state.forwarder.forward(request, path, raw, model=req.model, session=session, prefix=prefix,
-                                             rid=rid, t0=t0)
+                                             rid=rid, t0=t0, charge=charge)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -193,6 +202,17 @@ class _Captured:
         async for chunk in self.request.stream():
             self.chunks.append(chunk)
             yield chunk
+
+
+def _rate_limited(state: RouterState, adm: Admission, rid: str, path: str, t0: float) -> Response:
+    """429, OpenAI-shaped (``rate_limit_exceeded``), with ``Retry-After`` in whole seconds."""
+    state.metrics["inferctl_router_rate_limited_total"].labels(adm.name, adm.limit).inc()
+    per = "requests" if adm.limit == "requests" else "tokens"
+    err = APIError(429, f"rate limit of key {adm.name!r} reached ({per} per minute); retry after"
+                        f" {adm.retry_after} s", code="rate_limit_exceeded", err_type="rate_limit_error",
+                   headers={"Retry-After": str(adm.retry_after)})
+    state.forwarder.access(rid, path, None, 429, t0, 0, None, rate_limit_key=adm.name, limit=adm.limit)
+    return error_response(err, rid)
 
 
 def _rejected(state: RouterState, err: APIError, rid: str, path: str, t0: float) -> Response:

@@ -11,11 +11,14 @@ from typing import List, Optional
 import typer
 
 from inferctl.contract.units import parse_size
-from inferctl.router.config import ConfigError, RouterConfig, parse_engine
+from inferctl.router.config import ConfigError, RouterConfig, load_config_file, parse_engine
 
 
 def router(
-    engine: List[str] = typer.Option(..., "--engine", help="A replica as NAME=URL (repeat for each replica)."),
+    engine: List[str] = typer.Option([], "--engine", help="A replica as NAME=URL (repeat for each replica; "
+                                     "added to the --config file's engines)."),
+    config_file: Optional[str] = typer.Option(None, "--config", help="A YAML file: engines, controller, "
+                                              "rate_limits (per-key requests/tokens per minute); docs/router.md."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8080, "--port", min=1, max=65535, help="Port to listen on."),
     controller: Optional[str] = typer.Option(None, "--controller",
@@ -47,8 +50,12 @@ def router(
     from inferctl.router.logs import configure_logging
 
     try:
+        from_file = load_config_file(config_file) if config_file else {"engines": [], "controller": None,
+                                                                          "rate_keys": {}, "rate_default": None}
         config = RouterConfig(
-            engines=tuple(parse_engine(e) for e in engine), controller=controller,
+            engines=tuple(from_file["engines"]) + tuple(parse_engine(e) for e in engine),
+            controller=controller or from_file["controller"],
+            rate_keys=from_file["rate_keys"], rate_default=from_file["rate_default"],
             probe_interval_seconds=probe_interval, probe_timeout_seconds=probe_timeout, max_retries=max_retries,
             affinity_chars=affinity_chars, affinity_min_chars=affinity_min_chars, epsilon=epsilon,
             max_body_bytes=parse_size(max_body_bytes, "--max-body-bytes"),

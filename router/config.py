@@ -7,8 +7,11 @@ Every limit is configuration; :meth:`RouterConfig.validate` raises :class:`Confi
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
+
+from inferctl.router.ratelimit import DEFAULT_NAME, KeyLimit
 
 #: A replica name: what ``replica`` labels and logs carry.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -61,6 +64,8 @@ class RouterConfig:
     engine). ``upstream_timeout_seconds``: read deadline between two upstream bytes.
     ``connect_timeout_seconds``: upstream connect deadline. ``retry_after_seconds``: the
     ``Retry-After`` of a 503 when no replica is ready. ``log_format``: ``text`` or ``json``.
+    ``rate_keys``: per-key rate limits by raw API key (never logged); ``rate_default``: the
+    limits of keys not listed (:mod:`inferctl.router.ratelimit`; ``--config`` ``rate_limits``).
     """
 
     engines: tuple[EngineSpec, ...]
@@ -77,6 +82,8 @@ class RouterConfig:
     connect_timeout_seconds: float = 2.0
     retry_after_seconds: int = 1
     log_format: str = "text"
+    rate_keys: Mapping[str, KeyLimit] = field(default_factory=dict, repr=False)
+    rate_default: KeyLimit | None = None
 
     def validate(self) -> "RouterConfig":
         """Check every field; returns ``self``.
@@ -87,7 +94,7 @@ class RouterConfig:
                 ``log_format``, a controller URL that is not http(s).
         """
         if not self.engines:
-            raise ConfigError("--engine: at least one NAME=URL is required")
+            raise ConfigError("--engine: at least one NAME=URL is required (or engines in --config)")
         names = [e.name for e in self.engines]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -120,3 +127,119 @@ class RouterConfig:
     def attempts(self) -> int:
         """Attempts per request: 1 + min(max_retries, replicas - 1)."""
         return 1 + min(self.max_retries, len(self.engines) - 1)
+
+
+#: The top-level keys of a ``--config`` file.
+FILE_KEYS = ("engines", "controller", "rate_limits")
+_LIMIT_KEYS = ("requests_per_minute", "tokens_per_minute")
+
+
+def load_config_file(path: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Read a router ``--config`` YAML file (docs/router.md "Configuration file") into
+    ``{"engines": [EngineSpec], "controller": str | None, "rate_keys": {raw key: KeyLimit},
+    "rate_default": KeyLimit | None}``. ``env``: where ``key_env`` names are looked up
+    (default ``os.environ``).
+
+    Raises:
+        ConfigError: the file cannot be read or is not a YAML mapping, or a field is wrong; the
+            message names the file and the field's path (``rate_limits.keys[1].tokens_per_minute:
+            must be a number > 0, got -5``).
+    """
+    import os
+
+    import yaml
+
+    env = os.environ if env is None else env
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
+    except OSError as exc:
+        raise ConfigError(f"--config: cannot read {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--config: {path} is not valid YAML ({str(exc).splitlines()[0]})") from None
+    doc = {} if doc is None else doc
+    if not isinstance(doc, dict):
+        raise ConfigError(f"--config: {path} must be a mapping of {', '.join(FILE_KEYS)}")
+
+    def fail(where: str, msg: str) -> ConfigError:
+        return ConfigError(f"--config {path}: {where}: {msg}")
+
+    unknown = sorted(str(k) for k in doc if k not in FILE_KEYS)
+    if unknown:
+        raise fail(unknown[0], f"unknown key (known: {', '.join(FILE_KEYS)})")
+    engines = []
+    raw_engines = doc.get("engines") or []
+    if not isinstance(raw_engines, list):
+        raise fail("engines", "must be a list of {name, url}")
+    for i, e in enumerate(raw_engines):
+        if not isinstance(e, dict) or set(e) != {"name", "url"}:
+            raise fail(f"engines[{i}]", "must be a mapping with exactly name and url")
+        try:
+            engines.append(parse_engine(f"{e['name']}={e['url']}"))
+        except ConfigError as exc:
+            raise fail(f"engines[{i}]", str(exc).removeprefix("--engine: ")) from None
+    controller = doc.get("controller")
+    if controller is not None and not isinstance(controller, str):
+        raise fail("controller", f"must be a URL string, got {controller!r}")
+    keys, default = _rate_limits(doc.get("rate_limits"), env, fail)
+    return {"engines": engines, "controller": controller, "rate_keys": keys, "rate_default": default}
+
+
+def _limit(where: str, raw: Any, name: str, fail: Callable[[str, str], ConfigError],
+           extra: tuple[str, ...] = ()) -> KeyLimit:
+    if not isinstance(raw, dict):
+        raise fail(where, f"must be a mapping of {', '.join(extra + _LIMIT_KEYS)}")
+    unknown = sorted(str(k) for k in raw if k not in extra + _LIMIT_KEYS)
+    if unknown:
+        raise fail(f"{where}.{unknown[0]}", f"unknown key (known: {', '.join(extra + _LIMIT_KEYS)})")
+    values = {}
+    for k in _LIMIT_KEYS:
+        v = raw.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0
+                              or v == float("inf")):
+            raise fail(f"{where}.{k}", f"must be a number > 0 (per minute), got {v!r}")
+        values[k] = None if v is None else float(v)
+    if values["requests_per_minute"] is None and values["tokens_per_minute"] is None:
+        raise fail(where, "give requests_per_minute and/or tokens_per_minute")
+    return KeyLimit(name, values["requests_per_minute"], values["tokens_per_minute"])
+
+
+def _rate_limits(raw: Any, env: Mapping[str, str],
+                 fail: Callable[[str, str], ConfigError]) -> tuple[dict[str, KeyLimit], KeyLimit | None]:
+    if raw is None:
+        return {}, None
+    if not isinstance(raw, dict) or not set(raw) <= {"keys", "default"}:
+        raise fail("rate_limits", "must be a mapping of keys (a list) and default")
+    default = None if raw.get("default") is None else _limit("rate_limits.default", raw["default"], DEFAULT_NAME,
+                                                             fail)
+    keys: dict[str, KeyLimit] = {}
+    names: set[str] = set()
+    entries = raw.get("keys") or []
+    if not isinstance(entries, list):
+        raise fail("rate_limits.keys", "must be a list")
+    for i, entry in enumerate(entries):
+        where = f"rate_limits.keys[{i}]"
+        lim = _limit(where, entry, str(entry.get("name")) if isinstance(entry, dict) else "",
+                     fail, ("name", "key", "key_env"))
+        name = entry.get("name")
+        if not isinstance(name, str) or not _NAME.match(name) or name == DEFAULT_NAME:
+            raise fail(f"{where}.name", "a name of 1-64 letters, digits, '_', '.', '-' (not 'default') is required"
+                       " (metrics carry it, never the key)")
+        if name in names:
+            raise fail(f"{where}.name", f"duplicate name {name!r}")
+        names.add(name)
+        if ("key" in entry) == ("key_env" in entry):
+            raise fail(where, "give exactly one of key and key_env")
+        if "key_env" in entry:
+            var = entry["key_env"]
+            key = env.get(var) if isinstance(var, str) else None
+            if not key:
+                raise fail(f"{where}.key_env", f"environment variable {var!r} is not set or empty")
+        else:
+            key = entry["key"]
+            if not isinstance(key, str) or not key.strip():
+                raise fail(f"{where}.key", "must be a non-empty string")
+        if key in keys:
+            raise fail(f"{where}.key", f"the same key as {keys[key].name}")
+        keys[key] = lim
+    return keys, default

@@ -66,6 +66,10 @@ ROUTER_METRICS: list[MetricSpec] = [
     {"name": "inferctl_router_replicas_ready", "type": "gauge", "unit": "replicas",
      "help": "Replicas the router may send to now.",
      "labels": ()},
+    {"name": "inferctl_router_rate_limited_total", "type": "counter", "unit": "requests",
+     "help": "Requests refused with 429 by a per-key rate limit, by the key's configured name (default: keys "
+             "not listed) and the limit (requests or tokens per minute). Never the raw key.",
+     "labels": ("key", "limit")},
     {"name": "inferctl_router_controller_up", "type": "gauge", "unit": "",
      "help": "1 when the last read of the controller's /status succeeded, 0 when it failed "
              "(the router keeps the last known view); absent without --controller.",

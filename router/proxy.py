@@ -22,7 +22,7 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 
 import anyio
@@ -34,6 +34,7 @@ from starlette.types import Receive, Scope, Send
 from inferctl.contract.errors import APIError
 from inferctl.router.balancer import choose
 from inferctl.router.config import RouterConfig
+from inferctl.router.ratelimit import UsageMeter
 from inferctl.router.replicas import Replica, ReplicaSet
 from inferctl.router.ring import HashRing
 
@@ -116,8 +117,10 @@ class Forwarder:
                         "reason": reason, **extra})
 
     async def forward(self, request: Request, path: str, body: bytes, *, model: str | None,
-                      session: str | None, prefix: str | None, rid: str, t0: float) -> Response:
-        """Send ``body`` (the client's bytes, unchanged) to ``path`` of a replica; the answer."""
+                      session: str | None, prefix: str | None, rid: str, t0: float,
+                      charge: Callable[[int], None] | None = None) -> Response:
+        """Send ``body`` (the client's bytes, unchanged) to ``path`` of a replica; the answer.
+        ``charge``: called once with the answer's tokens at its end (a per-key tokens limit)."""
         headers = forward_headers(request.headers, rid)
         tried: set[str] = set()
         last_503: tuple[str, httpx.Response, bytes] | None = None
@@ -172,7 +175,7 @@ class Forwarder:
                 if resp.headers.get("content-type", "").startswith("text/event-stream"):
                     handed_off = True
                     relay = self._relay(r, resp, chunks, first, rid=rid, path=path, t0=t0,
-                                        attempts=attempt + 1, reason=reason)
+                                        attempts=attempt + 1, reason=reason, charge=charge)
                     return RelayResponse(relay, status_code=resp.status_code, headers=out_headers)
                 try:
                     rest = [chunk async for chunk in chunks]
@@ -183,7 +186,12 @@ class Forwarder:
                     await resp.aclose()
                 self.metrics["inferctl_router_requests_total"].labels(r.name, str(resp.status_code)).inc()
                 self.access(rid, path, r.name, resp.status_code, t0, attempt + 1, reason)
-                return Response(first + b"".join(rest), status_code=resp.status_code, headers=out_headers)
+                answer = first + b"".join(rest)
+                if charge is not None:
+                    meter = UsageMeter(stream=False)
+                    meter.feed(answer)
+                    charge(meter.tokens)
+                return Response(answer, status_code=resp.status_code, headers=out_headers)
             finally:
                 if not handed_off:
                     self._inc_outstanding(r, -1)
@@ -203,13 +211,20 @@ class Forwarder:
         return Response(_dumps(err.body()), status_code=503, headers=err.headers, media_type="application/json")
 
     async def _relay(self, r: Replica, resp: httpx.Response, chunks: AsyncIterator[bytes], first: bytes, *,
-                     rid: str, path: str, t0: float, attempts: int, reason: str | None) -> AsyncIterator[bytes]:
-        """The upstream body, chunk by chunk; closes the upstream stream however it ends."""
+                     rid: str, path: str, t0: float, attempts: int, reason: str | None,
+                     charge: Callable[[int], None] | None = None) -> AsyncIterator[bytes]:
+        """The upstream body, chunk by chunk; closes the upstream stream however it ends.
+        ``charge`` gets the stream's tokens (:class:`UsageMeter`) however it ends."""
         outcome = "disconnected"
+        meter = UsageMeter(stream=True) if charge is not None else None
         try:
             if first:
+                if meter is not None:
+                    meter.feed(first)
                 yield first
             async for chunk in chunks:
+                if meter is not None:
+                    meter.feed(chunk)
                 yield chunk
             outcome = "complete"
         except httpx.HTTPError as exc:
@@ -221,6 +236,8 @@ class Forwarder:
             with anyio.CancelScope(shield=True):
                 await resp.aclose()
             self._inc_outstanding(r, -1)
+            if meter is not None:
+                charge(meter.tokens)
             if outcome == "disconnected":
                 self.metrics["inferctl_router_client_disconnects_total"].labels(r.name).inc()
             self.metrics["inferctl_router_requests_total"].labels(r.name, str(resp.status_code)).inc()

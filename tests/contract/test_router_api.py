@@ -518,3 +518,42 @@ def test_the_routers_own_404_and_405_carry_a_request_id(apps):
     assert missing.status_code == 404 and len(missing.headers["x-request-id"]) == 32
     assert wrong_method.status_code == 405 and len(wrong_method.headers["x-request-id"]) == 32
     assert given.headers["x-request-id"] == "mine-1"
+
+
+# ------------------------------------------------------------------ per-key rate limits
+
+
+def test_per_key_rate_limits_answer_429_with_retry_after_and_count_by_key_name(apps):
+    from inferctl.router.ratelimit import KeyLimit
+
+    keys = {"sk-secret-a": KeyLimit("team-a", requests_per_minute=2),
+            "sk-secret-b": KeyLimit("team-b", tokens_per_minute=6)}
+    rec = Recording(apps["a"])
+
+    async def go():
+        app, st = build_router({"a": rec}, rate_keys=keys)
+        await st.prober.round()
+        auth_a = {"Authorization": "Bearer sk-secret-a"}
+        auth_b = {"Authorization": "Bearer sk-secret-b"}
+        async with rclient(app) as c:
+            a = [await c.post("/v1/completions", json=completion(), headers=auth_a) for _ in range(3)]
+            other = await c.post("/v1/completions", json=completion())            # no key: not limited
+            b = [await c.post("/v1/completions", json=completion(max_tokens=8), headers=auth_b) for _ in range(2)]
+            metrics = (await c.get("/metrics")).text
+        return a, other, b, metrics, st
+
+    a, other, b, metrics, st = run(go())
+    assert [r.status_code for r in a] == [200, 200, 429]
+    err = a[2].json()["error"]
+    assert err["code"] == "rate_limit_exceeded" and err["type"] == "rate_limit_error"
+    assert "team-a" in err["message"] and "requests per minute" in err["message"]
+    assert a[2].headers["retry-after"] == "30" and a[2].headers["x-request-id"]
+    assert other.status_code == 200
+    # team-b: the first answer's usage (prompt + 8 tokens > 6) overdraws the tokens bucket
+    assert b[0].status_code == 200 and b[0].json()["usage"]["total_tokens"] > 6
+    assert b[1].status_code == 429 and b[1].json()["error"]["message"].endswith(
+        f"retry after {b[1].headers['retry-after']} s") and int(b[1].headers["retry-after"]) >= 1
+    assert sample(st, "inferctl_router_rate_limited_total", {"key": "team-a", "limit": "requests"}) == 1
+    assert sample(st, "inferctl_router_rate_limited_total", {"key": "team-b", "limit": "tokens"}) == 1
+    assert "sk-secret" not in metrics
+    assert len(rec.posts()) == 4                     # the two 429s never reached the replica
