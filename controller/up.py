@@ -35,6 +35,7 @@ from inferctl.controller.loop import Controller
 from inferctl.controller.state import ControllerState
 from inferctl.controller.metrics import build_registry
 from inferctl.controller.reset import GpuResetter
+from inferctl.controller.router_watch import RouterWatch
 from inferctl.controller.supervisor import find_owned, owner_key
 
 TOKEN_BYTES = 24   # secrets.token_urlsafe(24): 32 characters, 192 bits
@@ -460,6 +461,7 @@ def serve(config: ControllerConfig, admin_token: str | None = None, *, token_sou
     runtime: Runtime | None = None
     sock: socket.socket | None = None
     router_sup: EngineSupervisor | None = None
+    watch: RouterWatch | None = None
     try:
         check_ports_free(config, router, port_flags)
         sock = _bind(config.listen.host, config.listen.port)
@@ -477,6 +479,9 @@ def serve(config: ControllerConfig, admin_token: str | None = None, *, token_sou
             if e.launch is None:
                 echo(f"watching:   {e.url}  ({e.name}, {e.kind})")
         runtime.controller.start()
+        if router_sup is not None:      # a router that exits on its own is started again
+            watch = RouterWatch(router_sup, runtime.controller.event_log, echo)
+            watch.start()
         if runtime.maintenance is not None:
             runtime.maintenance.start()
         echo(f"controller: {_url(config.listen.host, port)}  (/status /events /metrics; actions need the token)")
@@ -504,6 +509,8 @@ def serve(config: ControllerConfig, admin_token: str | None = None, *, token_sou
     finally:
         for s in (signal.SIGINT, signal.SIGTERM):
             signal.signal(s, note)          # a second Ctrl-C must not break the shutdown
+        if watch is not None:
+            watch.stop()
         if runtime is not None:
             echo("stopping: controller, then engine(s)" + (", then the router" if router_sup else ""))
             runtime.close()
