@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal, NotRequired, TypedDict
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 MetricType = Literal["counter", "gauge", "histogram"]
 
@@ -57,6 +57,11 @@ def build_registry(specs: Iterable[MetricSpec],
             ``buckets``.
         ValueError: prometheus-client rejects a name or a duplicate.
     """
+    # no ``*_created`` series (one per counter and histogram child: a quarter of the controller's
+    # /metrics at 1,024 engines, read by nothing here; prometheus-client's documented switch,
+    # https://prometheus.github.io/client_python/instrumentation/#disabling-_created-metrics,
+    # process-wide and idempotent: every registry built here is the same)
+    disable_created_metrics()
     registry = registry if registry is not None else CollectorRegistry()
     metrics: dict = {}
     for spec in specs:

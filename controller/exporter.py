@@ -45,32 +45,65 @@ class Exporter:
         self._invalid_exported: dict[str, int] = {}
         self._gpus_counted: set[str] = set()
         self._mig_seen: dict[str, set[tuple[str, ...]]] = {}
+        # labelled children by (metric, label values): ``labels()`` once per series life, and
+        # the value last set, so an unchanged gauge costs one dict look-up per poll
+        self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
+        self._set: dict[tuple[str, tuple[str, ...]], float] = {}
 
     # ------------------------------------------------------------------ primitives
+    def _child(self, name: str, labels: Mapping[str, str]) -> tuple[tuple[str, tuple[str, ...]], Any] | None:
+        """(key, labelled child) of metric ``name`` for ``labels``; None when the metric is
+        absent. ``labels()`` runs once per series life (cached until the series is removed)."""
+        order = _LABELS.get(name)
+        if order is None:
+            return None
+        key = (name, tuple([labels[k] for k in order]))
+        child = self._children.get(key)
+        if child is None:
+            m = self.metrics.get(name)
+            if m is None:
+                return None
+            child = self._children[key] = m.labels(*key[1])
+        return key, child
+
     def zero(self, name: str, **labels: str) -> None:
         """Create a counter's series at 0 (no-op when it exists or the metric is absent)."""
-        c = self.metrics.get(name)
-        if c is not None:
-            c.labels(**labels)
+        self._child(name, labels)
 
     def inc(self, name: str, amount: float = 1.0, **labels: str) -> None:
         """Add ``amount`` to a counter's series (no-op when the metric is absent)."""
-        c = self.metrics.get(name)
-        if c is not None:
-            c.labels(**labels).inc(amount)
+        found = self._child(name, labels)
+        if found is not None:
+            found[1].inc(amount)
 
     def gauge(self, name: str, value: float | None, **labels: str) -> None:
-        """Set a gauge; None (no data) removes the series rather than reading as 0."""
-        g = self.metrics.get(name)
-        if g is None:
+        """Set a gauge; None (no data) removes the series rather than reading as 0.
+
+        Only a changed value is written, and a series is removed only when it exists: a poll
+        that changes nothing costs a dict look-up per gauge (the hot path at 1,024 engines)."""
+        order = _LABELS.get(name)
+        if order is None:
             return
+        key = (name, tuple([labels[k] for k in order]))
         if value is None:
-            try:
-                g.remove(*[labels[k] for k in _LABELS[name]])
-            except KeyError:
-                pass
+            if self._children.pop(key, None) is not None:
+                self._set.pop(key, None)
+                try:
+                    self.metrics[name].remove(*key[1])
+                except KeyError:
+                    pass
             return
-        g.labels(**labels).set(float(value))
+        v = float(value)
+        if self._set.get(key) == v:
+            return
+        child = self._children.get(key)
+        if child is None:
+            g = self.metrics.get(name)
+            if g is None:
+                return
+            child = self._children[key] = g.labels(*key[1])
+        child.set(v)
+        self._set[key] = v
 
     # ------------------------------------------------------------------ start
     def init_counters(self, jobs: Iterable[str], engine_kinds: Mapping[str, str | None],

@@ -164,7 +164,8 @@ CONTROLLER_METRICS: list[MetricSpec] = [
     {"name": "inferctl_event_log_retention_deleted_rows_total", "type": "counter", "unit": "rows",
      "help": "Event-log rows deleted by retention, by bound (age, rows, bytes).", "labels": ("reason",)},
     {"name": "inferctl_poll_duration_seconds", "type": "histogram", "unit": "seconds",
-     "help": "Duration of one poll of a source or engine, by poller (gpu, or engine:NAME).", "labels": ("poller",),
+     "help": ("Duration of one poll, by poller: gpu, or engines (every engine's polls in one histogram; "
+              "per engine: /status last_duration_seconds)."), "labels": ("poller",),
      "buckets": DURATION_BUCKETS},
     {"name": "inferctl_poll_errors_total", "type": "counter", "unit": "errors",
      "help": "Failed polls, by poller (gpu, or engine:NAME).", "labels": ("poller",)},

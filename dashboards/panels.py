@@ -429,7 +429,8 @@ def control_plane(t: Thresholds = THRESHOLDS) -> DashboardSpec:
                     T(q.rate_sum("inferctl_events_total", ("kind",), W), "{{kind}}"),
                 ), "short", width=8),
                 PanelSpec("Poll duration P99 and errors",
-                          "P99 duration of one poll, and failed polls per second, by poller (gpu, or engine:NAME).", (
+                          ("P99 duration of one poll by poller (gpu; engines: every engine's polls in one "
+                           "histogram), and failed polls per second by poller (gpu, or engine:NAME)."), (
                     T(q.quantile(t.latency_quantile, "inferctl_poll_duration_seconds", ("poller",), W),
                       f"{_pct(t.latency_quantile)} {{{{poller}}}}"),
                     T(q.rate_sum("inferctl_poll_errors_total", ("poller",), W), "errors/s {{poller}}"),
