@@ -51,6 +51,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from pydantic_core import PydanticCustomError
 
 from inferctl.contract.errors import APIError, validation_error_to_api_error
+from inferctl.contract import openapi as _doc
 from inferctl.contract.jsontypes import JsonFloat, JsonInt, StrictModel as _Strict
 
 # ---------------------------------------------------------------------------------------------
@@ -157,14 +158,14 @@ class _SamplingFields(_Strict):
     temperature: JsonFloat | None = Field(default=None, ge=0.0, le=2.0)
     top_p: JsonFloat | None = Field(default=None, gt=0.0, le=1.0)
     top_k: JsonInt | None = Field(default=None, ge=-1)
-    n: JsonInt | None = 1
+    n: JsonInt | None = Field(default=1, json_schema_extra=_doc.N_CHOICES)
     stream: bool | None = False
-    stop: Any = None
+    stop: Any = Field(default=None, json_schema_extra=_doc.STOP_SCHEMA)
     seed: JsonInt | None = None
     repetition_penalty: JsonFloat | None = Field(default=None, gt=0.0)
     presence_penalty: JsonFloat | None = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: JsonFloat | None = Field(default=0.0, ge=-2.0, le=2.0)
-    logit_bias: dict[str, Any] | None = None
+    logit_bias: dict[str, Any] | None = Field(default=None, json_schema_extra=_doc.EMPTY_OBJECT)
     user: str | None = None
     ignore_eos: bool | None = False
     repetition_stop: bool | None = None
@@ -233,12 +234,12 @@ class CompletionRequest(_SamplingFields):
     of top alternatives per generated token (0 = only the chosen token's logprob).
     """
 
-    prompt: Any = Field(default=None, validate_default=True)
+    prompt: Any = Field(default=None, validate_default=True, json_schema_extra=_doc.PROMPT_SCHEMA)
     echo: bool | None = False
     logprobs: JsonInt | None = Field(default=None, ge=0)
     prompt_logprobs: JsonInt | None = Field(default=None, ge=0)
-    suffix: str | None = None
-    best_of: JsonInt | None = None
+    suffix: str | None = Field(default=None, json_schema_extra=_doc.EMPTY_STRING)
+    best_of: JsonInt | None = Field(default=None, json_schema_extra=_doc.ONLY_ONE)
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -361,7 +362,7 @@ class ChatMessage(_Strict):
     a string or a list of text parts. ``name`` is accepted and ignored."""
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: Any = None
+    content: Any = Field(default=None, json_schema_extra=_doc.CONTENT_SCHEMA)
     name: str | None = None
 
     @field_validator("content", mode="before")
@@ -401,15 +402,15 @@ class ChatCompletionRequest(_SamplingFields):
     ``prompt_logprobs`` is refused (400): it is served on ``/v1/completions`` only.
     """
 
-    messages: list[ChatMessage]
+    messages: list[ChatMessage] = Field(json_schema_extra=_doc.NON_EMPTY)
     max_completion_tokens: JsonInt | None = Field(default=None, ge=1)
     logprobs: bool | None = False
     top_logprobs: JsonInt | None = Field(default=None, ge=0)
-    tools: list[Any] | None = None
-    functions: list[Any] | None = None
-    tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
-    prompt_logprobs: Any = None
+    tools: list[Any] | None = Field(default=None, json_schema_extra=_doc.EMPTY_LIST)
+    functions: list[Any] | None = Field(default=None, json_schema_extra=_doc.EMPTY_LIST)
+    tool_choice: Any = Field(default=None, json_schema_extra=_doc.NONE_CHOICE)
+    response_format: dict[str, Any] | None = Field(default=None, json_schema_extra=_doc.TEXT_FORMAT)
+    prompt_logprobs: Any = Field(default=None, json_schema_extra=_doc.ONLY_NULL)
 
     @field_validator("prompt_logprobs")
     @classmethod

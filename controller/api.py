@@ -52,6 +52,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from starlette.concurrency import run_in_threadpool
 
 from inferctl.contract.http import BodyRejected, HostGuard, RequestRejected, Unauthorized, check_bearer, read_json_body
+from inferctl.contract.openapi import ControllerErrorEnvelope, Param, allow_header, install_openapi, route_doc
 from inferctl.controller.actions import ActionResult
 from inferctl.controller.events import EVENT_KINDS, json_safe
 from inferctl.controller.operator import ReleaseRefused
@@ -219,7 +220,7 @@ def create_app(controller: Any, admin_token: str, *, bind_host: str | None = Non
     """
     if not admin_token:
         raise ValueError("admin_token: required (generate one; the actions must not be open)")
-    app = FastAPI(title="inferctl controller", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="inferctl controller", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     if bind_host is not None:
         app.add_middleware(HostGuard, bind_host=bind_host, allowed_hosts=tuple(allowed_hosts), render=_render_refusal)
 
@@ -233,7 +234,8 @@ def create_app(controller: Any, admin_token: str, *, bind_host: str | None = Non
 
     @app.exception_handler(405)
     async def _method(request: Request, _exc: Exception) -> Response:
-        return _error(ApiError(405, "method_not_allowed", f"{request.method} not allowed on {request.url.path}"))
+        return _error(ApiError(405, "method_not_allowed", f"{request.method} not allowed on {request.url.path}",
+                               headers={"Allow": allow_header(request.app, request.url.path)}))
 
     def auth(request: Request) -> str:
         try:
@@ -248,19 +250,19 @@ def create_app(controller: Any, admin_token: str, *, bind_host: str | None = Non
                            " of letters, digits, '_', '.', '@', '-'", "x-inferctl-actor")
         return f"operator:{name}"
 
-    @app.get("/health")
+    @app.get("/health", **_doc(response_schema={"type": "object", "required": ["status"]}))
     def health() -> Response:
         return _json({"status": "ok"})
 
-    @app.get("/metrics")
+    @app.get("/metrics", **_doc(metrics=True))
     def metrics() -> Response:
         return Response(generate_latest(controller.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/status")
+    @app.get("/status", **_doc(response_schema={"type": "object"}))
     def status() -> Response:
         return _json(controller.status())
 
-    @app.get("/events")
+    @app.get("/events", **_doc(response_schema=_EVENTS, errors=(400, 503), params=_EVENT_PARAMS))
     def events(request: Request) -> Response:
         since_id = _int_param(request, "since_id", None, 0, MAX_EVENT_ID)
         limit = _int_param(request, "limit", 100, 1, MAX_EVENTS)
@@ -295,9 +297,10 @@ def create_app(controller: Any, admin_token: str, *, bind_host: str | None = Non
             res = await run_in_threadpool(lambda: controller.manual(action, name, actor, **force))
             return _result(res)
 
-        app.add_api_route(f"/actions/{action}", run_action, methods=["POST"], name=f"action_{action}")
+        app.add_api_route(f"/actions/{action}", run_action, methods=["POST"], name=f"action_{action}",
+                          **_action_doc(RestartBody if action == "restart" else EngineActionBody, 404))
 
-    @app.post("/actions/unpin")
+    @app.post("/actions/unpin", **_action_doc(EngineActionBody, 404, 409))
     async def unpin(request: Request) -> Response:
         actor = auth(request)
         body = await _body(request, EngineActionBody)
@@ -312,7 +315,7 @@ def create_app(controller: Any, admin_token: str, *, bind_host: str | None = Non
                       "message": decisions[0].reason if decisions else "unpinned",
                       "decisions": [json_safe(d) for d in decisions]})
 
-    @app.post("/actions/reset-gpu")
+    @app.post("/actions/reset-gpu", **_action_doc(ResetGpuBody))
     async def reset_gpu(request: Request) -> Response:
         actor = auth(request)
         body = await _body(request, ResetGpuBody)
@@ -351,9 +354,10 @@ def create_app(controller: Any, admin_token: str, *, bind_host: str | None = Non
                                "reason" if "reason" in str(exc)[:8] else "scope") from None
             return _json(doc)
 
-        app.add_api_route(f"/actions/{verb}", pause_or_resume, methods=["POST"], name=f"action_{verb}")
+        app.add_api_route(f"/actions/{verb}", pause_or_resume, methods=["POST"], name=f"action_{verb}",
+                          **_action_doc(PauseBody if verb == "pause" else ResumeBody, 404, 409))
 
-    @app.post("/actions/release-gpu")
+    @app.post("/actions/release-gpu", **_action_doc(ReleaseGpuBody, 409))
     async def release_gpu(request: Request) -> Response:
         actor = auth(request)
         body = await _body(request, ReleaseGpuBody)
@@ -365,4 +369,32 @@ def create_app(controller: Any, admin_token: str, *, bind_host: str | None = Non
             raise ApiError(409, "release_refused", str(exc), "gpu") from None
         return _json({**doc, "refused": False})
 
+    install_openapi(app, description="The inferctl controller: status, events, metrics and the operator's actions.")
     return app
+
+
+def _doc(**kw: Any) -> dict:
+    """:func:`inferctl.contract.openapi.route_doc` with the controller's error envelope."""
+    return route_doc(envelope=ControllerErrorEnvelope, **kw)
+
+
+def _action_doc(body: type[BaseModel], *errors: int) -> dict:
+    """An action route's documentation: ``body``, the bearer token, 409 (a rail refused) and 502
+    (the engine or device call failed) with the action answer, and ``errors``."""
+    either = {"anyOf": [_ACTION, {"$ref": "#/components/schemas/ControllerErrorEnvelope"}]}
+    answer = {"content": {"application/json": {"schema": either}}}
+    return _doc(request=body, bearer=True, errors=(*errors, 409, 502), response_schema=_ACTION,
+                extra={409: answer, 502: answer})
+
+
+#: The action answer's schema (200, 409 and 502 alike; see the module docstring).
+_ACTION = {"type": "object", "required": ["ok", "action", "target", "message"],
+           "properties": {"ok": {"type": "boolean"}, "action": {"type": "string"}, "target": {"type": "string"},
+                          "message": {"type": "string"}}}
+_EVENTS = {"type": "object", "required": ["events", "last_id"],
+           "properties": {"events": {"type": "array", "items": {"type": "object"}},
+                          "last_id": {"type": ["integer", "null"]}, "buffered": {"type": "integer"}}}
+_EVENT_PARAMS = [Param("since_id", {"type": "integer", "minimum": 0, "maximum": MAX_EVENT_ID}, "events after this id"),
+                 Param("limit", {"type": "integer", "minimum": 1, "maximum": MAX_EVENTS}, "at most this many (100)"),
+                 Param("kind", {"enum": list(EVENT_KINDS)}, "only events of this kind"),
+                 Param("target", {"type": "string"}, "only events of this target")]

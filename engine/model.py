@@ -339,10 +339,8 @@ class LlamaModel(torch.nn.Module):
         return self.output.weight_t.index_select(1, input_ids).t()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
-                meta: AttentionMetadata, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        """Run one packed step; see the class docstring. ``inputs_embeds`` [T, dim] (optional)
-        replaces the token embeddings of ``input_ids`` (long-text memory compression feeds a
-        vector there). Raises ValueError on mismatched shapes."""
+                meta: AttentionMetadata) -> torch.Tensor:
+        """Run one packed step; see the class docstring. Raises ValueError on mismatched shapes."""
         a = self.args
         T = input_ids.shape[0]
         if positions.shape[0] != T or meta.slot_mapping.shape[0] != T:
@@ -353,7 +351,7 @@ class LlamaModel(torch.nn.Module):
         H, Hkv, D = a.n_heads, a.n_kv_heads, a.head_dim
         meta.prepare(kv_cache.block_size)
         cos, sin = _rope_cos_sin(positions, D, a.rope_theta)
-        x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds.to(self.dtype)
+        x = self.embed(input_ids)
         eps = a.norm_eps
         for li, blk in enumerate(self.layers):
             h = F.rms_norm(x, (a.dim,), blk.attention_norm, eps)

@@ -35,7 +35,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inferctl.contract.errors import REJECTION_CODES, APIError
 from inferctl.contract.http import HostGuard, RequestRejected, read_json_body
-from inferctl.contract.openai import ChatCompletionRequest, CompletionRequest, ProtocolLimits, validate_model
+from inferctl.contract.openai import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
+                                     CompletionResponse, ModelList, ProtocolLimits, validate_model)
+from inferctl.contract.openapi import allow_header, install_openapi, route_doc
 from inferctl.router.config import RouterConfig
 from inferctl.router.keys import affinity_prefix, request_id
 from inferctl.router.metrics import build_router_registry
@@ -114,7 +116,8 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
             if owns_client:
                 await client.aclose()
 
-    app = FastAPI(title="inferctl router", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="inferctl router", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url="/openapi.json")
     app.state.router = state
     _install_errors(app)
     if bind_host is not None:   # outermost: a refused Host never reaches the router
@@ -145,15 +148,17 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
         return await state.forwarder.forward(request, path, raw, model=req.model, session=session, prefix=prefix,
                                              rid=rid, t0=t0, charge=charge)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", **route_doc(request=CompletionRequest, response=CompletionResponse,
+                                             errors=(404, 429, 503), stream=True))
     async def completions(request: Request) -> Response:
         return await serve(request, CompletionRequest, "/v1/completions")
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", **route_doc(request=ChatCompletionRequest, response=ChatCompletionResponse,
+                                                  errors=(404, 429, 503), stream=True))
     async def chat_completions(request: Request) -> Response:
         return await serve(request, ChatCompletionRequest, "/v1/chat/completions")
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", **route_doc(response=ModelList))
     async def models() -> Response:
         docs = await asyncio.gather(*[_models_of(client, r.url, config.probe_timeout_seconds)
                                       for r in replicas.routable()])
@@ -163,18 +168,19 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
                 cards.setdefault(str(card.get("id")), card)
         return JSONResponse({"object": "list", "data": [cards[k] for k in sorted(cards)]})
 
-    @app.get("/health")
+    @app.get("/health", **route_doc(response_schema={"type": "object", "required": ["status"]}))
     async def health() -> Response:
         return JSONResponse({"status": "ok"})
 
-    @app.get("/ready")
+    @app.get("/ready", **route_doc(response_schema=_READY, errors=(503,),
+                                  extra={503: {"content": {"application/json": {"schema": _READY}}}}))
     async def ready() -> Response:
         n = len(replicas.routable())
         if n:
             return JSONResponse({"ready": True, "replicas_ready": n})
         return JSONResponse({"ready": False, "reason": "no_ready_replica", "replicas_ready": 0}, status_code=503)
 
-    @app.get("/replicas")
+    @app.get("/replicas", **route_doc(response_schema={"type": "object", "additionalProperties": {"type": "object"}}))
     async def replica_states() -> Response:
         return JSONResponse({r.name: {"url": r.url, "routable": r.routable, "ready": r.ready, "reason": r.reason,
                                       "blocked": r.blocked, "outstanding": r.outstanding, "waiting": r.waiting,
@@ -182,11 +188,18 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
                                       "models": None if r.models is None else sorted(r.models),
                                       "last_probe": r.last_probe} for r in replicas})
 
-    @app.get("/metrics")
+    @app.get("/metrics", **route_doc(metrics=True))
     async def metrics_route() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    install_openapi(app, description="The inferctl router: the OpenAI API in front of engine replicas.")
     return app
+
+
+#: The ``/ready`` document's schema (200 and 503).
+_READY = {"type": "object", "required": ["ready", "replicas_ready"],
+          "properties": {"ready": {"type": "boolean"}, "reason": {"type": "string"},
+                         "replicas_ready": {"type": "integer", "minimum": 0}}}
 
 
 class _Captured:
@@ -239,7 +252,7 @@ def _install_errors(app: FastAPI) -> None:
             err = APIError(404, f"no route {request.method} {request.url.path}", code="not_found")
         elif exc.status_code == 405:
             err = APIError(405, f"method {request.method} is not allowed on {request.url.path}",
-                           code="method_not_allowed")
+                           code="method_not_allowed", headers={"Allow": allow_header(request.app, request.url.path)})
         else:
             err = APIError(exc.status_code, str(exc.detail))
         return error_response(err, request_id(request.headers.get("x-request-id")))

@@ -21,6 +21,7 @@ from inferctl.contract.admin import AdminDrainRequest, AdminFaultRequest, AdminP
 from inferctl.contract.errors import APIError
 from inferctl.contract.http import Unauthorized, check_bearer
 from inferctl.contract.openai import validate_model
+from inferctl.contract.openapi import route_doc
 from inferctl.engine.entrypoints.serving import read_json
 from inferctl.engine.entrypoints.sse import json_response
 from inferctl.engine.entrypoints.state import ServerState, server_state
@@ -44,6 +45,10 @@ async def admin_state(request: Request, state: Annotated[ServerState, Depends(se
 
 AdminState = Annotated[ServerState, Depends(admin_state)]
 router = APIRouter(prefix="/admin")
+ROUTES_SCHEMA = {"type": "object", "required": ["routes"],
+                 "properties": {"routes": {"type": "object", "additionalProperties": {"type": "string"}}}}
+#: The statuses every admin route can give (bearer token: 401; no token configured: 403).
+ADMIN_ERRORS = (400, 403, 404, 413)
 
 
 async def _body(request: Request, state: ServerState, cls: type[B]) -> B:
@@ -52,7 +57,9 @@ async def _body(request: Request, state: ServerState, cls: type[B]) -> B:
     return validate_model(cls, await read_json(request, state))
 
 
-@router.post("/precision")
+@router.post("/precision", **route_doc(request=AdminPrecisionRequest, bearer=True, errors=ADMIN_ERRORS,
+                                            response_schema={"type": "object",
+                                                             "required": ["requested", "current", "models"]}))
 async def admin_precision(request: Request, state: AdminState) -> Response:
     """Ask the named (or every) model for a precision switch, applied before its next step."""
     body = await _body(request, state, AdminPrecisionRequest)
@@ -66,7 +73,9 @@ async def admin_precision(request: Request, state: AdminState) -> Response:
     return json_response({"requested": body.mode, "current": main.precision(), "models": [t.name for t in targets]})
 
 
-@router.post("/fault")
+@router.post("/fault", **route_doc(request=AdminFaultRequest, bearer=True, errors=ADMIN_ERRORS,
+                                        response_schema={"type": "object",
+                                                         "required": ["injected", "count", "model"]}))
 async def admin_fault(request: Request, state: AdminState) -> Response:
     """Make the next ``count`` steps of one model run out of memory for real."""
     body = await _body(request, state, AdminFaultRequest)
@@ -78,7 +87,8 @@ async def admin_fault(request: Request, state: AdminState) -> Response:
     return json_response({"injected": body.kind, "count": body.count, "model": served.name})
 
 
-@router.post("/drain")
+@router.post("/drain", **route_doc(request=AdminDrainRequest, bearer=True, errors=ADMIN_ERRORS,
+                                        response_schema={"type": "object", "required": ["draining", "models"]}))
 async def admin_drain(request: Request, state: AdminState) -> Response:
     """Stop (or resume) admitting requests on the named (or every) model."""
     body = await _body(request, state, AdminDrainRequest)
@@ -89,7 +99,8 @@ async def admin_drain(request: Request, state: AdminState) -> Response:
     return json_response({"draining": body.draining, "models": [t.name for t in targets]})
 
 
-@router.post("/route")
+@router.post("/route", **route_doc(request=AdminRouteRequest, bearer=True, errors=ADMIN_ERRORS,
+                                        response_schema=ROUTES_SCHEMA))
 async def admin_route(request: Request, state: AdminState) -> Response:
     """Set or clear the route of one served model to another."""
     body = await _body(request, state, AdminRouteRequest)
@@ -102,7 +113,7 @@ async def admin_route(request: Request, state: AdminState) -> Response:
     return json_response({"routes": dict(state.routes)})
 
 
-@router.get("/route")
+@router.get("/route", **route_doc(bearer=True, errors=(403,), response_schema=ROUTES_SCHEMA))
 async def admin_routes(state: AdminState) -> Response:
     """The active routes."""
     return json_response({"routes": dict(state.routes)})

@@ -34,6 +34,7 @@ from fastapi import FastAPI
 
 from inferctl.contract.http import HostGuard
 from inferctl.contract.openai import ProtocolLimits
+from inferctl.contract.openapi import install_openapi
 from inferctl.engine import __version__
 from inferctl.engine.chat_template import render_chat_prompt
 from inferctl.engine.entrypoints import admin, chat, completions, health, tokenization
@@ -93,6 +94,7 @@ def create_app(engines: dict[str, AsyncEngineHandle], *, admin_token: str | None
     install_error_handlers(app)
     for family in (completions, chat, tokenization, health, admin):
         app.include_router(family.router)
+    install_openapi(app, description="The bundled inference engine: OpenAI API, tokenizer, health, metrics, admin.")
     app.add_middleware(InFlightMiddleware, state=state)  # state.in_flight, read by the SIGTERM drain
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)

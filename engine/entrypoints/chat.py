@@ -16,7 +16,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from inferctl.contract.openai import ChatCompletionRequest
+from inferctl.contract.openai import ChatCompletionRequest, ChatCompletionResponse
+from inferctl.contract.openapi import route_doc
 from inferctl.engine.chat_template import render_chat_prompt
 from inferctl.engine.entrypoints.errors import raise_on_failure
 from inferctl.engine.entrypoints.generation import (PromptJob, Started, gather_collect, merged,
@@ -31,7 +32,8 @@ from inferctl.engine.sampling_params import SamplingParams
 router = APIRouter()
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", **route_doc(request=ChatCompletionRequest, response=ChatCompletionResponse,
+                                                 errors=(400, 404, 413, 503), stream=True))
 async def chat_completions(request: Request, state: Annotated[ServerState, Depends(server_state)]) -> Response:
     """Validate, render, prepare and answer one chat request (errors as the OpenAI object)."""
     return await guarded(request, state, _chat)

@@ -17,7 +17,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from inferctl.contract.openai import CompletionRequest
+from inferctl.contract.openai import CompletionRequest, CompletionResponse
+from inferctl.contract.openapi import route_doc
 from inferctl.engine.entrypoints.errors import raise_on_failure
 from inferctl.engine.entrypoints.generation import (PromptJob, Started, gather_collect, merged,
                                                     output_logprobs, start_all, token_counts)
@@ -33,7 +34,8 @@ DEFAULT_MAX_TOKENS = 16
 router = APIRouter()
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", **route_doc(request=CompletionRequest, response=CompletionResponse,
+                                            errors=(400, 404, 413, 503), stream=True))
 async def completions(request: Request, state: Annotated[ServerState, Depends(server_state)]) -> Response:
     """Validate, prepare and answer one completions request (errors as the OpenAI object)."""
     return await guarded(request, state, _completions)

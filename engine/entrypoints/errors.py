@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 
 from inferctl.contract.errors import REJECTION_CODES, APIError, validation_error_to_api_error
 from inferctl.contract.http import RequestRejected
+from inferctl.contract.openapi import allow_header
 from inferctl.engine.entrypoints.state import ServedModel
 
 if TYPE_CHECKING:
@@ -61,7 +62,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(405)
     async def _method(request: Request, _exc: Exception) -> JSONResponse:
         return error_response(APIError(405, f"method {request.method} is not allowed on {request.url.path}",
-                                       code="method_not_allowed"))
+                                       code="method_not_allowed",
+                                       headers={"Allow": allow_header(request.app, request.url.path)}))
 
     @app.exception_handler(Exception)
     async def _internal(_request: Request, exc: Exception) -> JSONResponse:

@@ -28,10 +28,18 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import Metric
 
 from inferctl.contract.openai import ModelCard, ModelList
+from inferctl.contract.openapi import Param, route_doc
 from inferctl.engine.entrypoints.sse import json_response
 from inferctl.engine.entrypoints.state import ServerState, server_state
 
 State = Annotated[ServerState, Depends(server_state)]
+#: The documented shapes of ``/health`` and ``/ready`` (their OpenAPI schemas).
+HEALTH_SCHEMA = {"type": "object", "required": ["status", "precision", "models", "routes"],
+                 "properties": {"status": {"enum": ["ok", "degraded", "draining"]}, "precision": {"type": "string"},
+                                "models": {"type": "object"}, "routes": {"type": "object"}}}
+READY_SCHEMA = {"type": "object", "required": ["ready", "status", "model", "models"],
+                "properties": {"ready": {"type": "boolean"}, "reason": {"enum": ["starting", "draining", "stopping"]},
+                               "status": {"type": "string"}, "model": {"type": "string"}, "models": {"type": "object"}}}
 router = APIRouter()
 
 
@@ -52,7 +60,7 @@ def health_document(state: ServerState) -> dict:
     return {"status": status, "precision": main["precision"], "models": per_model, "routes": dict(state.routes)}
 
 
-@router.get("/health")
+@router.get("/health", **route_doc(response_schema=HEALTH_SCHEMA))
 async def health(state: State) -> Response:
     """Liveness and the serving mode (never an error while the process serves)."""
     return json_response(health_document(state))
@@ -79,7 +87,8 @@ def ready_document(state: ServerState) -> tuple[bool, dict]:
     return ready, doc
 
 
-@router.get("/ready")
+@router.get("/ready", **route_doc(response_schema=READY_SCHEMA, errors=(503,), extra={
+    503: {"content": {"application/json": {"schema": READY_SCHEMA}}}}))
 async def ready(state: State) -> Response:
     """Readiness: 200 when the default model admits requests, else 503 with ``Retry-After``."""
     is_ready, doc = ready_document(state)
@@ -88,7 +97,8 @@ async def ready(state: State) -> Response:
     return json_response(doc, status=503, headers={"Retry-After": str(state.retry_after_seconds)})
 
 
-@router.get("/stats")
+@router.get("/stats", **route_doc(response_schema={"type": "object", "required": ["engine"]}, errors=(404,),
+                                  params=[Param("model", {"type": "string"}, "a served model (default: main)")]))
 async def stats(request: Request, state: State) -> Response:
     """The named (default: main) model's ``/stats`` document; 404 for an unknown model."""
     served = state.lookup(request.query_params.get("model"))
@@ -103,7 +113,7 @@ async def stats(request: Request, state: State) -> Response:
     return json_response(doc)
 
 
-@router.get("/metrics")
+@router.get("/metrics", **route_doc(metrics=True))
 async def metrics(state: State) -> Response:
     """Prometheus text exposition of every served engine's registry, merged."""
     registry = CollectorRegistry(auto_describe=False)
@@ -111,7 +121,7 @@ async def metrics(state: State) -> Response:
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", **route_doc(response=ModelList))
 async def models(state: State) -> Response:
     """The OpenAI model list: one card per served model."""
     created = int(state.started)

@@ -20,7 +20,8 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from inferctl.contract.openai import validate_model
-from inferctl.contract.tokenize import DetokenizeRequest, TokenizeRequest
+from inferctl.contract.openapi import route_doc
+from inferctl.contract.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 from inferctl.engine.chat_template import render_chat_prompt
 from inferctl.engine.entrypoints.checks import check_token_ids
 from inferctl.engine.entrypoints.logprobs import token_text
@@ -31,13 +32,15 @@ from inferctl.engine.entrypoints.state import ServerState, server_state
 router = APIRouter()
 
 
-@router.post("/tokenize")
+@router.post("/tokenize", **route_doc(request=TokenizeRequest, response=TokenizeResponse,
+                                      errors=(400, 404, 413)))
 async def tokenize(request: Request, state: Annotated[ServerState, Depends(server_state)]) -> Response:
     """Text or a conversation → token ids (errors as the OpenAI object)."""
     return await guarded(request, state, _tokenize)
 
 
-@router.post("/detokenize")
+@router.post("/detokenize", **route_doc(request=DetokenizeRequest, response=DetokenizeResponse,
+                                        errors=(400, 404, 413)))
 async def detokenize(request: Request, state: Annotated[ServerState, Depends(server_state)]) -> Response:
     """Token ids → text (errors as the OpenAI object)."""
     return await guarded(request, state, _detokenize)
