@@ -4,6 +4,6 @@ Imports only :mod:`inferctl.contract`; it reaches the engines and the controller
 Modules: ``config`` (RouterConfig, ``--engine NAME=URL``), ``ring`` (consistent hashing with
 bounded loads), ``balancer`` (the routing rule), ``replicas`` (per-replica state), ``probe``
 (readiness, ``/stats`` and the controller's view), ``proxy`` (forwarding, retries, streaming),
-``app`` (the FastAPI app), ``metrics`` (the catalog), ``logs`` (request ids, JSON logs),
-``cli`` (``register(app)``). See docs/router.md.
+``app`` (the FastAPI app), ``metrics`` (the catalog), ``keys`` (request ids; the JSON logs are
+:mod:`inferctl.contract.logs`), ``cli`` (``register(app)``). See docs/router.md.
 """

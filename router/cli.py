@@ -47,7 +47,7 @@ def router(
     import uvicorn
 
     from inferctl.router.app import create_app
-    from inferctl.router.logs import configure_logging
+    from inferctl.contract.logs import configure_logging
 
     try:
         from_file = load_config_file(config_file) if config_file else {"engines": [], "controller": None,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
+from inferctl.contract.logs import check_log_format
 from inferctl.router.ratelimit import DEFAULT_NAME, KeyLimit
 
 #: A replica name: what ``replica`` labels and logs carry.
@@ -116,8 +117,10 @@ class RouterConfig:
             raise ConfigError(f"vnodes: must be >= 1, got {self.vnodes}")
         if self.max_body_bytes < 1:
             raise ConfigError(f"--max-body-bytes: must be >= 1, got {self.max_body_bytes}")
-        if self.log_format not in ("text", "json"):
-            raise ConfigError(f"--log-format: must be text or json, got {self.log_format!r}")
+        try:
+            check_log_format(self.log_format)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if self.controller is not None:
             parts = urlsplit(self.controller)
             if parts.scheme not in ("http", "https") or not parts.hostname:

@@ -18,7 +18,7 @@ from inferctl.contract.openai import ChatCompletionRequest, CompletionRequest, v
 from inferctl.router.balancer import ReplicaLoad, choose, least_loaded, load_score
 from inferctl.router.config import ConfigError, EngineSpec, RouterConfig, parse_engine
 from inferctl.router.keys import affinity_prefix, request_id
-from inferctl.router.logs import JsonFormatter
+from inferctl.contract.logs import JsonFormatter
 from inferctl.router.metrics import ROUTER_METRICS, build_router_registry
 from inferctl.router.probe import Prober, controller_block
 from inferctl.router.replicas import ReplicaSet
