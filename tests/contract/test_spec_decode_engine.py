@@ -203,3 +203,20 @@ def test_sampled_tokens_follow_the_target_distribution(bundle, method):
     for pos in (1, 2):
         stat, df = _chi2_two_sample(hist[("off", pos)], hist[(method, pos)])
         assert df >= 2 and stat < _chi2_crit_p001(df), (pos, stat, df)
+
+
+def test_draft_model_method_with_its_own_kv_pool(bundle, stories_dir, baseline, stop_string):
+    """draft_model: a second checkpoint drafts (here the same file, so every draft is accepted)."""
+    cfg = spec("draft_model", 3, model=str(stories_dir / "stories260K.bin"))
+    engine, tokens, *_ = run(bundle, cfg, requests(stop_string), max_num_batched_tokens=24)
+    assert tokens == baseline[1]
+    st = engine.stats()["spec_decode"]
+    assert st["num_drafts"] > 0 and st["acceptance_rate"] == pytest.approx(1.0, abs=0.02)
+
+
+def test_draft_model_that_cannot_load_is_a_config_error(bundle, tmp_path):
+    from inferctl.engine.config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        LLMEngine(bundle, EngineConfig(speculative_config=spec("draft_model", 2, model=str(tmp_path / "none.bin"))))
+    assert info.value.field == "speculative_config.model"
