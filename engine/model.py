@@ -24,6 +24,7 @@ embedding lookup gathers its columns.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, asdict
 from typing import Literal
 
@@ -57,6 +58,15 @@ class ModelArgs:
     rope_style: str = "interleaved"
     tie_embeddings: bool = True
     head_dim: int | None = None
+    #: RoPE frequency scaling (Hugging Face ``rope_scaling``): None, "linear" (position
+    #: interpolation, Chen et al. 2023 arXiv:2306.15595: every frequency / factor) or "llama3"
+    #: (Meta Llama 3.1: low frequencies / factor, high kept, a smooth ramp between; see
+    #: :func:`rope_inv_freq`).
+    rope_scaling_type: str | None = None
+    rope_scaling_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_seq_len: int = 8192
 
     def __post_init__(self) -> None:
         for name in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "hidden_dim", "max_seq_len"):
@@ -73,6 +83,13 @@ class ModelArgs:
             raise ValueError(f"ModelArgs.head_dim must be even for RoPE, got {self.head_dim}")
         if self.rope_style not in ("interleaved", "half"):
             raise ValueError(f"ModelArgs.rope_style must be 'interleaved' or 'half', got {self.rope_style!r}")
+        if self.rope_scaling_type not in (None, "linear", "llama3"):
+            raise ValueError(f"ModelArgs.rope_scaling_type must be None, 'linear' or 'llama3', "
+                             f"got {self.rope_scaling_type!r}")
+        if not self.rope_scaling_factor > 0 or not self.rope_high_freq_factor > self.rope_low_freq_factor > 0:
+            raise ValueError("ModelArgs: rope_scaling_factor must be > 0 and rope_high_freq_factor > "
+                             f"rope_low_freq_factor > 0, got {self.rope_scaling_factor}, "
+                             f"{self.rope_high_freq_factor}, {self.rope_low_freq_factor}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -140,9 +157,35 @@ class Linear(torch.nn.Module):
         self.q = None
 
 
-def _rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [T, 1, D/2] float32 of angle ``pos · theta^(-2i/D)`` (llama2.c run.c, HF LlamaRotaryEmbedding)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+def rope_inv_freq(head_dim: int, theta: float, args: ModelArgs | None = None,
+                  device: torch.device | str = "cpu") -> torch.Tensor:
+    """RoPE inverse frequencies [D/2] float32: ``theta^(-2i/D)``, scaled per ``args.rope_scaling_type``.
+
+    "linear": all / factor. "llama3" (transformers ``_compute_llama3_parameters``, Meta's
+    Llama 3.1 reference): wavelength ``2π/f``; above ``original_max / low_freq_factor`` → f /
+    factor; below ``original_max / high_freq_factor`` → f; between, the mix ``(1-s)·f/factor +
+    s·f`` with ``s = (original_max/wavelen - low) / (high - low)``.
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    kind = args.rope_scaling_type if args is not None else None
+    if kind == "linear":
+        return inv_freq / args.rope_scaling_factor
+    if kind == "llama3":
+        factor, low, high = args.rope_scaling_factor, args.rope_low_freq_factor, args.rope_high_freq_factor
+        old = args.rope_original_max_seq_len
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - low) / (high - low)
+        medium = (wavelen >= old / high) & (wavelen <= old / low)
+        return torch.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+    return inv_freq
+
+
+def _rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
+                  args: ModelArgs | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, 1, D/2] float32 of angle ``pos · inv_freq`` (:func:`rope_inv_freq`; llama2.c run.c,
+    HF LlamaRotaryEmbedding)."""
+    inv_freq = rope_inv_freq(head_dim, theta, args, positions.device)
     ang = positions.to(torch.float32)[:, None] * inv_freq[None, :]
     return torch.cos(ang)[:, None, :], torch.sin(ang)[:, None, :]
 
@@ -156,6 +199,27 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str
     h = x.shape[-1] // 2
     x1, x2 = x[..., :h], x[..., h:]
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def rope_tables(cos: torch.Tensor, sin: torch.Tensor, style: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full-width tables [T, 1, D] for :func:`apply_rope_tables` from cos/sin [T, 1, D/2]: the
+    cosine of each lane and the sine signed for the lane's partner (built once per step)."""
+    if style == "interleaved":
+        return cos.repeat_interleave(2, dim=-1), torch.stack((-sin, sin), dim=-1).flatten(-2)
+    return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+
+
+def apply_rope_tables(x: torch.Tensor, cos_full: torch.Tensor, sin_signed: torch.Tensor, style: str) -> torch.Tensor:
+    """:func:`apply_rope` in 4 ops: ``x · cos + partner(x) · ±sin`` where ``partner`` swaps each
+    rotated pair ((0,1),(2,3)… interleaved, (i, i+D/2) half). Bit-identical to ``apply_rope``:
+    ``a - b`` is ``a + (-b)`` exactly in IEEE arithmetic and each lane adds the same two
+    products (addition commutes)."""
+    if style == "interleaved":
+        partner = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    else:
+        partner = x.roll(x.shape[-1] // 2, dims=-1)
+    out = x * cos_full + partner * sin_signed
+    return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
 class Block(torch.nn.Module):
@@ -339,8 +403,10 @@ class LlamaModel(torch.nn.Module):
         return self.output.weight_t.index_select(1, input_ids).t()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
-                meta: AttentionMetadata) -> torch.Tensor:
-        """Run one packed step; see the class docstring. Raises ValueError on mismatched shapes."""
+                meta: AttentionMetadata, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """Run one packed step; see the class docstring. ``inputs_embeds`` [T, dim] (optional)
+        replaces the token embeddings of ``input_ids`` (long-text memory compression feeds a
+        vector there). Raises ValueError on mismatched shapes."""
         a = self.args
         T = input_ids.shape[0]
         if positions.shape[0] != T or meta.slot_mapping.shape[0] != T:
@@ -350,13 +416,13 @@ class LlamaModel(torch.nn.Module):
             raise ValueError(f"kv_cache has {kv_cache.n_layers} layers, model has {a.n_layers}")
         H, Hkv, D = a.n_heads, a.n_kv_heads, a.head_dim
         meta.prepare(kv_cache.block_size)
-        cos, sin = _rope_cos_sin(positions, D, a.rope_theta)
-        x = self.embed(input_ids)
+        cos, sin = rope_tables(*_rope_cos_sin(positions, D, a.rope_theta, a), a.rope_style)
+        x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds.to(self.dtype)
         eps = a.norm_eps
         for li, blk in enumerate(self.layers):
             h = F.rms_norm(x, (a.dim,), blk.attention_norm, eps)
             qkv = blk.wqkv(h)
-            qk = apply_rope(qkv[:, : (H + Hkv) * D].view(T, H + Hkv, D), cos, sin, a.rope_style)
+            qk = apply_rope_tables(qkv[:, : (H + Hkv) * D].view(T, H + Hkv, D), cos, sin, a.rope_style)
             q = qk[:, :H]
             k = qk[:, H:]
             v = qkv[:, (H + Hkv) * D:].view(T, Hkv, D)

@@ -68,3 +68,13 @@ def test_prefill_chunk_over_a_shuffled_table_equals_sdpa():
     ref = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k[slots].transpose(0, 1)[None],
                                          v[slots].transpose(0, 1)[None], attn_mask=mask, enable_gqa=True)
     assert torch.allclose(out, ref[0].transpose(0, 1), atol=1e-5)
+
+
+@pytest.mark.parametrize("style", ["interleaved", "half"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_in_four_ops_is_bit_identical_to_the_reference(style, dtype):
+    from inferctl.engine.model import _rope_cos_sin, apply_rope, apply_rope_tables, rope_tables
+
+    x = torch.randn(7, 5, 64, generator=torch.Generator().manual_seed(4)).to(dtype)
+    cos, sin = _rope_cos_sin(torch.arange(1000, 1007), 64, 10000.0)
+    assert torch.equal(apply_rope_tables(x, *rope_tables(cos, sin, style), style), apply_rope(x, cos, sin, style))
