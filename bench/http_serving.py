@@ -332,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     res = run(a.model, a.n, a.repeats, threads, a.quick, a.profile_server, a.alt_python)
     body = (f"Best of {a.repeats} rounds, the sides taking turns in each round.\n\n"
             + render(a.model, res, threads, a.alt_python))
+    if facts["load_1m"] > (facts["cpus"] or 1):
+        body += (f"\n- The load average ({facts['load_1m']}) was above the CPU count ({facts['cpus']}): these "
+                 "ratios are not a verdict; re-run on a quiet machine.")
     print(body)
     if a.profile_server is not None:
         print(summarize_profile(a.profile_server))
