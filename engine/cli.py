@@ -158,6 +158,12 @@ def _load(spec: Optional[str], tokenizer: Optional[str], device: str, dtype: str
             dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
     if dtype not in names:
         _die(f"--dtype: must be auto, float32, bfloat16 or float16, got {dtype!r}")
+    if dtype == "bfloat16" and dev == "cpu":
+        from inferctl.engine.model import cpu_bf16_supported
+
+        if not cpu_bf16_supported():
+            typer.echo("warning: --dtype bfloat16: this CPU has no avx512_bf16/amx_bf16; bf16 matmuls are "
+                       "emulated and slower than float32 here (docs/performance.md)", err=True)
     try:
         return load_model(spec, device=dev, dtype=names[dtype], tokenizer_path=tokenizer, name=name)
     except (FileNotFoundError, ValueError) as exc:
@@ -234,7 +240,9 @@ def serve(
                                                 "any name is accepted unless some are listed."),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name",
                                                     help="Name clients send as 'model' (default: the model's name)."),
-    chat_template: str = typer.Option("plain", "--chat-template", help="plain | roles"),
+    chat_template: Optional[str] = typer.Option(
+        None, "--chat-template", help="Jinja chat template: a file path or the template text (vLLM's flag), or "
+                                      "plain | roles. Default: the model's own template (GGUF metadata), else plain."),
     max_body_bytes: str = typer.Option("4MiB", "--max-body-bytes", help="Largest request body (413 above)."),
     max_oom_retries: int = typer.Option(3, "--max-oom-retries",
                                         help="Times the request blamed for an OOM is re-queued before it fails "
@@ -248,6 +256,9 @@ def serve(
                                                  help="After SIGTERM/SIGINT, seconds in-flight requests get to "
                                                       "finish before they are aborted (then exit 0)."),
     log_level: str = typer.Option("info", "--log-level"),
+    log_format: str = typer.Option("text", "--log-format",
+                                   help="text | json (one JSON object per line; a /v1 request's line carries its "
+                                        "X-Request-Id as request_id)."),
     enable_prefix_caching: bool = typer.Option(True, "--enable-prefix-caching/--no-enable-prefix-caching",
                                                help="Reuse the KV blocks of shared prompt prefixes across "
                                                     "requests (vLLM's automatic prefix caching; on by default)."),
@@ -267,11 +278,10 @@ def serve(
 ) -> None:
     ("Serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions) "
      "with /health, /stats, /metrics, /admin.")
-    import logging
-
     import uvicorn
 
-    from inferctl.engine.chat_template import CHAT_TEMPLATES
+    from inferctl.contract.logs import configure_logging
+    from inferctl.engine.chat_template import resolve_chat_template
     from inferctl.engine.entrypoints.lifecycle import DEFAULT_FLUSH_SECONDS, GracefulServer
     from inferctl.engine.server import create_app
 
@@ -284,11 +294,16 @@ def serve(
         _die(f"--kv-cache-dtype: must be auto or int8, got {kv_cache_dtype!r}")
     if precision not in ("full", "int8"):
         _die(f"--precision: must be full or int8, got {precision!r}")
+    if chat_template is not None:   # a bad template fails before the model loads
+        try:
+            resolve_chat_template(chat_template)
+        except ValueError as exc:
+            _die(str(exc))
     spec = _speculative_option(speculative_config)
-    if chat_template not in CHAT_TEMPLATES:
-        _die(f"--chat-template: must be one of {', '.join(CHAT_TEMPLATES)}, got {chat_template!r}")
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        configure_logging(log_format, log_level)   # contract/logs.py, as the router's
+    except ValueError as exc:
+        _die(str(exc))
     budget = parse_size(memory_budget) if memory_budget else None
     light_budget = parse_size(light_memory_budget, "--light-memory-budget") if light_memory_budget else None
     body_limit = parse_size(max_body_bytes, "--max-body-bytes")
@@ -323,13 +338,19 @@ def serve(
             **common, memory_budget_bytes=light_budget, gpu_memory_utilization=light_util,
             served_model_name=name), precision, "--light-memory-budget")
 
-    app = create_app(engines, admin_token=admin_token, default_model=main_name, chat_template=chat_template,
+    try:
+        template = resolve_chat_template(chat_template, getattr(bundle, "chat_template", None),
+                                         bos_token=bundle.tokenizer.id_to_piece(bundle.tokenizer.bos_id),
+                                         eos_token=bundle.tokenizer.id_to_piece(bundle.tokenizer.eos_id))
+    except ValueError as exc:
+        _die(str(exc))
+    app = create_app(engines, admin_token=admin_token, default_model=main_name, chat_template=template,
                      max_body_bytes=body_limit, manage_engines=True, bind_host=host,
                      allowed_hosts=tuple(allowed_host), api_key=api_key or None)
     typer.echo(f"serving {', '.join(engines)} on http://{host}:{port} (admin API "
                f"{'enabled' if admin_token else 'disabled: no --admin-token'})", err=True)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), access_log=access_log,
-                            timeout_graceful_shutdown=int(DEFAULT_FLUSH_SECONDS))
+                            log_config=None, timeout_graceful_shutdown=int(DEFAULT_FLUSH_SECONDS))
     server = GracefulServer(config, app.state.server, grace_seconds=shutdown_grace_seconds)
     server.run()
     if not server.started:

@@ -222,6 +222,28 @@ def apply_rope_tables(x: torch.Tensor, cos_full: torch.Tensor, sin_signed: torch
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
+def cpu_bf16_supported(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU computes bfloat16 matmuls natively (``avx512_bf16`` or ``amx_bf16`` in
+    ``/proc/cpuinfo``'s flags; ``cpuinfo`` overrides the file's text, for tests).
+
+    Without them oneDNN emulates bf16 through fp32 conversions: measured on an AVX2-only EPYC
+    (torch 2.13), a bf16 linear ran 2–10× slower than fp32 (384×2048 batch 32: 6.3 ms vs 2.2 ms),
+    so ``--dtype bfloat16`` on such a CPU is correct but slow. False when the file is unreadable.
+    """
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as fh:
+                cpuinfo = fh.read()
+        except OSError:
+            return False
+    flags = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.split(":", 1)[1].split())
+            break
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
 class Block(torch.nn.Module):
     """One decoder layer: fused QKV, paged attention, output projection, SwiGLU."""
 

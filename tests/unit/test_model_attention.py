@@ -78,3 +78,11 @@ def test_rope_in_four_ops_is_bit_identical_to_the_reference(style, dtype):
     x = torch.randn(7, 5, 64, generator=torch.Generator().manual_seed(4)).to(dtype)
     cos, sin = _rope_cos_sin(torch.arange(1000, 1007), 64, 10000.0)
     assert torch.equal(apply_rope_tables(x, *rope_tables(cos, sin, style), style), apply_rope(x, cos, sin, style))
+
+
+def test_cpu_bf16_support_is_read_from_the_cpu_flags():
+    from inferctl.engine.model import cpu_bf16_supported
+
+    assert cpu_bf16_supported("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    assert cpu_bf16_supported("flags : sse avx2 amx_bf16 amx_tile\n")
+    assert not cpu_bf16_supported("flags\t\t: fpu avx2 avx512f avx512bw\n")
