@@ -200,13 +200,14 @@ def run(model: str, n: int, repeats: int, threads: int | None, quick: bool = Fal
     aeng.start()
     proc, url = start_server(d, n, workdir / "server.log")
     pid = proc.pid
-    alt = start_server(d, n, workdir / "server-alt.log", python=alt_python) if alt_python else None
-    served = json.loads(_get(url + "/v1/models"))["data"][0]["id"]
+    alt = None
     out: dict[str, list[RunResult]] = {"in-process": [], "async": [], "http": []}
-    if alt is not None:
-        out["http-alt"] = []
     spy = None
     try:
+        if alt_python:
+            alt = start_server(d, n, workdir / "server-alt.log", python=alt_python)
+            out["http-alt"] = []
+        served = json.loads(_get(url + "/v1/models"))["data"][0]["id"]
         asyncio.run(_stream_all(url, served, reqs[:4]))   # warm-up
         if alt is not None:
             asyncio.run(_stream_all(alt[1], served, reqs[:4]))
