@@ -227,7 +227,7 @@ def cpu_bf16_supported(cpuinfo: str | None = None) -> bool:
     ``/proc/cpuinfo``'s flags; ``cpuinfo`` overrides the file's text, for tests).
 
     Without them oneDNN emulates bf16 through fp32 conversions: measured on an AVX2-only EPYC
-    (torch 2.13), a bf16 linear ran 2–10× slower than fp32 (384×2048 batch 32: 6.3 ms vs 2.2 ms),
+    (torch 2.13), a bf16 linear ran 1.3–8× slower than fp32 (384×2048 batch 32: 6.3 ms vs 2.2 ms),
     so ``--dtype bfloat16`` on such a CPU is correct but slow. False when the file is unreadable.
     """
     if cpuinfo is None:
