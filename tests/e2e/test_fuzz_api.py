@@ -33,7 +33,7 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "tok-fuzz-e2e-0123456789"
 #: Cases per operation: enough for every documented shape, few enough for CI (a few minutes).
-MAX_EXAMPLES = int(os.environ.get("INFERCTL_FUZZ_EXAMPLES", "25"))
+MAX_EXAMPLES = int(os.environ.get("INFERCTL_FUZZ_EXAMPLES", "20"))
 #: Statuses a schema-valid request may get besides 2xx: what JSON Schema cannot say (a prompt
 #: over the context or an id outside the vocabulary: 400; unknown model/engine/GPU: 404; a rail
 #: or the current state: 409; draining: 503). Each is a documented answer of the operation.
