@@ -152,9 +152,11 @@ class LatencyQuantiles(TypedDict):
 class RecentRequest(TypedDict):
     """``requests.recent[]``: one finished request. ``seq_rep`` {"1".."4"}, ``distinct``
     {"1","2"} (inferctl.contract.quality); ``precision`` "mixed" after a switch mid-request;
-    the quality fields are None for an output with no token."""
+    the quality fields are None for an output with no token. ``request_id`` is the engine's
+    id (``cmpl-…``), ``x_request_id`` the HTTP request's ``X-Request-Id`` (None: not over HTTP)."""
 
     request_id: str
+    x_request_id: str | None
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str
@@ -213,6 +215,8 @@ class FaultRecord(TypedDict):
     precision: str
     source: str
     action: str
+    request_id: str | None      # the engine id of the request the OOM was blamed on
+    x_request_id: str | None    # that request's X-Request-Id (None: not over HTTP)
 
 
 class FaultsSection(TypedDict):

@@ -52,6 +52,8 @@ class LaunchConfig(_Model):
                                         "--no-enable-prefix-caching)")
     repetition_stop: bool = Field(False, description="the engine's --repetition-stop: stop looping outputs of "
                                   "requests that do not say")
+    log_format: Literal["text", "json"] = Field("text", description="the engine's --log-format (json: one JSON "
+                                                "object per line with the request id)")
     speculative_config: dict | None = Field(None, description="the engine's --speculative-config (vLLM's JSON "
                                             "object, e.g. {method: ngram, num_speculative_tokens: 4}); checked "
                                             "at load")
@@ -101,6 +103,7 @@ class LaunchConfig(_Model):
         flags = [] if self.enable_prefix_caching else ["--no-enable-prefix-caching"]
         if self.speculative_config:
             flags += ["--speculative-config", json.dumps(self.speculative_config)]
+        flags += ["--log-format", self.log_format] if self.log_format != "text" else []
         return flags + (["--repetition-stop"] if self.repetition_stop else []) + list(self.args)
 
     def grace_seconds(self) -> float:

@@ -94,8 +94,10 @@ class AsyncLLMEngine:
 
     # ------------------------------------------------------------------ requests
     async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                       arrival_time: float | None = None) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs; the last one has ``finished=True``.
+                       arrival_time: float | None = None,
+                       x_request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs; the last one has ``finished=True``. ``x_request_id``:
+        the HTTP request's ``X-Request-Id``, kept with the request (``/stats``, OOM faults).
 
         Raises :class:`AdmissionError` (before the first yield) when the engine will not take
         the request, ``RuntimeError`` when the engine is not started, and
@@ -104,6 +106,7 @@ class AsyncLLMEngine:
         if not self.is_running:
             raise RuntimeError("AsyncLLMEngine is not started (call start())")
         seq = self.engine.make_sequence(request_id, prompt_token_ids, params, arrival_time)
+        seq.x_request_id = x_request_id
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         with self._cv:

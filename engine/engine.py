@@ -492,7 +492,7 @@ class LLMEngine:
         it.finished.append(FinishedRequestStats(
             seq.request_id, reason, len(seq.prompt_token_ids), len(seq.output_token_ids), ttft,
             now - seq.arrival_time, quality, seq.precision, seq.num_preemptions, seq.error,
-            *phase_times(seq)))
+            *phase_times(seq), seq.x_request_id))
 
     def _fail(self, seq: Sequence, message: str, status: int, now: float, it: IterationStats,
               outputs: list[RequestOutput], flush: bool) -> None:
@@ -522,8 +522,10 @@ class LLMEngine:
         self.scheduler.requeue(d.requeue)
         for seq, msg, status in d.failed:
             self._fail(seq, msg, status, now, it, outputs, flush=True)
+        blamed = d.culprit
         it.ooms.append(OomFault(d.kind, d.info, d.info.message or str(exc), len(d.requeue),
-                                len(d.failed), self.precision, d.source, d.action))
+                                len(d.failed), self.precision, d.source, d.action,
+                                blamed.request_id if blamed else None, blamed.x_request_id if blamed else None))
 
     # ------------------------------------------------------------------ stats
     def _scheduler_stats(self) -> SchedulerStats:

@@ -42,6 +42,7 @@ class OomDecision:
     action: str
     failed: list[tuple[Sequence, str, int]] = field(default_factory=list)
     requeue: list[Sequence] = field(default_factory=list)
+    culprit: Sequence | None = None   # the request blamed (largest activation share)
 
 
 def oom_info_of(exc: BaseException) -> OomInfo:
@@ -99,7 +100,7 @@ class OomHandler:
         source = getattr(exc, "oom_source", SOURCE_CUDA)
         culprit = max(scheduled, key=lambda sn: (self.acts.share_of(*sn), sn[0].arrival_time))[0]
         req = format_size(info.requested_bytes) if info.requested_bytes is not None else "an unknown size"
-        decision = OomDecision(info, kind, source, ACTION_REJECT)
+        decision = OomDecision(info, kind, source, ACTION_REJECT, culprit=culprit)
         if kind == OOM_IMPOSSIBLE:
             decision.failed.append((culprit, (
                 f"out of memory: a step of this request needs {req}, more than the device's "

@@ -100,7 +100,7 @@ class Sequence:
                  "arrival_wall", "scheduled_time", "first_token_time", "last_token_time", "finish_time", "logprobs",
                  "top_logprobs", "generator", "detokenizer", "itl", "oom_retries",
                  "num_preemptions", "error", "error_status", "precision", "stop_token_ids",
-                 "ignore_eos", "repetition_stop", "prompt_logprobs_k", "prompt_logprobs")
+                 "ignore_eos", "repetition_stop", "prompt_logprobs_k", "prompt_logprobs", "x_request_id")
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: "SamplingParams",
                  max_tokens: int, arrival_time: float, arrival_wall: float,
@@ -127,6 +127,7 @@ class Sequence:
         self.detokenizer = detokenizer
         self.itl: list[float] = []
         self.oom_retries = 0
+        self.x_request_id: str | None = None   # the HTTP request's X-Request-Id (logs, /stats, faults)
         self.num_preemptions = 0
         self.error: str | None = None
         self.error_status: int | None = None

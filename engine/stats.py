@@ -62,6 +62,7 @@ class FinishedRequestStats:
     queue_time: float | None = None
     prefill_time: float | None = None
     decode_time: float | None = None
+    x_request_id: str | None = None
 
 
 def phase_times(seq) -> tuple[float | None, float | None, float | None]:
@@ -84,6 +85,8 @@ class OomFault:
     precision: str
     source: str
     action: str
+    request_id: str | None = None     # the request the OOM was blamed on (engine id)
+    x_request_id: str | None = None   # its X-Request-Id
 
 
 @dataclass
@@ -231,7 +234,7 @@ class EngineStats:
             self.e2e.append(fin.e2e)
         q = fin.quality.to_dict()
         self.recent.append({
-            "request_id": fin.request_id, "prompt_tokens": fin.prompt_tokens,
+            "request_id": fin.request_id, "x_request_id": fin.x_request_id, "prompt_tokens": fin.prompt_tokens,
             "completion_tokens": fin.completion_tokens, "finish_reason": reason,
             "ttft_seconds": fin.ttft, "e2e_seconds": fin.e2e, "precision": fin.precision,
             "preemptions": fin.preemptions, "error": fin.error,
@@ -253,7 +256,8 @@ class EngineStats:
                  "reserved_unallocated_bytes": info.reserved_unallocated_bytes,
                  "total_bytes": info.total_bytes, "fragmentation_ratio": info.fragmentation_ratio,
                  "message": f.message, "requeued_requests": f.requeued, "failed_requests": f.failed,
-                 "precision": f.precision, "source": f.source, "action": f.action}
+                 "precision": f.precision, "source": f.source, "action": f.action,
+                 "request_id": f.request_id, "x_request_id": f.x_request_id}
         self.faults.append(entry)
         self.last_oom = entry
 

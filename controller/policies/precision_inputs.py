@@ -52,6 +52,7 @@ def fault_inputs(fault: Mapping[str, Any], nums: OomNumbers, kind: str) -> dict[
         "engine_precision": fault.get("precision"), "source": fault.get("source"),
         "prompt_len_bucket": fault.get("prompt_len_bucket"),
         "message": fault.get("message"),
+        "request_id": fault.get("request_id"), "x_request_id": fault.get("x_request_id"),
     }
 
 

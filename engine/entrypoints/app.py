@@ -41,6 +41,7 @@ from inferctl.engine.entrypoints import admin, chat, completions, health, tokeni
 from inferctl.engine.entrypoints.auth import ApiKeyMiddleware
 from inferctl.engine.entrypoints.errors import install_error_handlers
 from inferctl.engine.entrypoints.lifecycle import InFlightMiddleware
+from inferctl.engine.entrypoints.request_log import RequestLogMiddleware
 from inferctl.engine.entrypoints.state import (DEFAULT_MAX_BODY_BYTES, DEFAULT_RETRY_AFTER_SECONDS,
                                                AsyncEngineHandle, ServedModel, ServerState)
 
@@ -98,6 +99,7 @@ def create_app(engines: dict[str, AsyncEngineHandle], *, admin_token: str | None
     app.add_middleware(InFlightMiddleware, state=state)  # state.in_flight, read by the SIGTERM drain
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    app.add_middleware(RequestLogMiddleware)   # X-Request-Id and one log line per /v1 request (401s too)
     if bind_host is not None:   # outermost: a refused Host never reaches the app
         app.add_middleware(HostGuard, bind_host=bind_host, allowed_hosts=tuple(allowed_hosts))
     return app

@@ -21,6 +21,7 @@ from fastapi.responses import Response
 
 from inferctl.contract.errors import APIError
 from inferctl.engine.entrypoints.errors import engine_error_to_api, raise_on_failure
+from inferctl.engine.entrypoints.request_log import current_request_id, note_finished, note_first_output
 from inferctl.engine.entrypoints.state import ServedModel
 
 if TYPE_CHECKING:
@@ -104,8 +105,11 @@ async def outputs(agen: AsyncIterator[RequestOutput], first: RequestOutput | Non
     out = first
     step = agen.__anext__   # next_output inlined: one coroutine less per token
     while out is not None:
+        done = getattr(out, "finished", False)
+        if done:
+            note_finished(out)   # the request's log line (request_log)
         yield out
-        if getattr(out, "finished", False):
+        if done:
             return
         try:
             out = await step()
@@ -130,9 +134,10 @@ async def aclose(agen: AsyncIterator[Any]) -> None:
 async def start(served: ServedModel, job: PromptJob, params: SamplingParams, retry_after: int) -> Started:
     """Start one generation and wait for its first output (so admission errors surface
     before any response is sent). Returns ``(iterator, first output or None)``."""
-    agen = served.async_engine.generate(job.request_id, job.token_ids, params)
+    agen = served.async_engine.generate(job.request_id, job.token_ids, params, x_request_id=current_request_id())
     try:
         first = await next_output(agen, served, retry_after)
+        note_first_output(first)
         raise_on_failure(first, retry_after)
     except StopAsyncIteration:
         return agen, None

@@ -26,6 +26,7 @@ from inferctl.contract.openai import (ChatCompletionRequest, CompletionRequest, 
 from inferctl.engine.entrypoints.checks import check_max_tokens, check_prompt_length
 from inferctl.engine.entrypoints.errors import engine_error_to_api, error_response, rejection_to_api_error
 from inferctl.engine.entrypoints.generation import PromptJob, Started, run_unless_disconnected, start_all
+from inferctl.engine.entrypoints.request_log import note_jobs
 from inferctl.engine.entrypoints.sse import event_stream
 from inferctl.engine.entrypoints.state import ServedModel, ServerState
 from inferctl.engine.metrics import ABORT_CLIENT_DISCONNECT
@@ -170,6 +171,7 @@ async def prepare_jobs(served: ServedModel, prompts: list, req_id: str, requeste
                 rid = rid if n == 1 else f"{rid}-{j}"
                 jobs.append(PromptJob(index=i * n + j, request_id=rid, token_ids=ids, echo_text=echo,
                                       max_tokens=max_tokens, sample=j))
+        note_jobs(served.name, req_id, jobs)   # the request's log line (request_log)
         return jobs
     except APIError:
         served.count_error("invalid_request")
