@@ -1,7 +1,7 @@
 """Model loading and conversion: llama2.c checkpoints, Hugging Face Llama directories, the demo model.
 
 ``load_model(spec)`` dispatches: ``None`` → :func:`build_demo_model`; a ``.bin`` file →
-:func:`load_llama2c`; a directory → :func:`load_hf_dir`. Every loader returns a
+:func:`load_llama2c`; a ``.gguf`` file → :func:`load_gguf`; a directory → :func:`load_hf_dir`. Every loader returns a
 :class:`ModelBundle`. Bad inputs raise FileNotFoundError / ValueError naming the path and
 what is wrong.
 """
@@ -37,6 +37,8 @@ class ModelBundle:
     #: it samples BOS ("data-dependent terminating condition: the BOS (=1) token delimits
     #: sequences"), so ``load_llama2c`` sets ``(bos_id,)``. ``ignore_eos`` disables these too.
     stop_token_ids: tuple[int, ...] = ()
+    #: The model's own Jinja chat template (GGUF ``tokenizer.chat_template``), None when it has none.
+    chat_template: str | None = None
 
 
 def _tensor(buf: bytes, offset: int, shape: tuple[int, ...], path: Path, what: str) -> tuple[torch.Tensor, int]:
@@ -189,11 +191,38 @@ def _permute_interleaved_to_half(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.view(n_heads, out // n_heads // 2, 2, inp).transpose(1, 2).reshape(out, inp).contiguous()
 
 
+def _rope_scaling(cfg: dict, cfg_path: Path) -> dict:
+    """:class:`ModelArgs` RoPE-scaling fields from ``rope_scaling`` (transformers 4.x) or
+    ``rope_parameters`` (5.x): ``rope_type``/``type`` "linear" (``factor``) or "llama3"
+    (``factor``, ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``);
+    "default" or absent → none. ValueError naming the file for another type or a missing key."""
+    rs = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if not isinstance(rs, dict):
+        raise ValueError(f"{cfg_path}: rope_scaling must be an object, got {rs!r}")
+    kind = rs.get("rope_type", rs.get("type"))
+    if kind in (None, "default"):
+        return {}
+    if kind not in ("linear", "llama3"):
+        raise ValueError(f"{cfg_path}: rope_scaling type {kind!r} is not supported (only 'linear' and 'llama3')")
+    try:
+        out = {"rope_scaling_type": kind, "rope_scaling_factor": float(rs["factor"])}
+        if kind == "llama3":
+            out.update(rope_low_freq_factor=float(rs["low_freq_factor"]),
+                       rope_high_freq_factor=float(rs["high_freq_factor"]),
+                       rope_original_max_seq_len=int(rs["original_max_position_embeddings"]))
+    except KeyError as e:
+        raise ValueError(f"{cfg_path}: rope_scaling of type {kind!r} lacks {e.args[0]!r}") from e
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{cfg_path}: rope_scaling {rs!r}: {e}") from e
+    return out
+
+
 def load_hf_dir(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                 name: str | None = None) -> ModelBundle:
     """Load a Hugging Face Llama directory: ``config.json``, ``*.safetensors``, ``tokenizer.json``.
 
-    Supports ``model_type`` "llama" without ``rope_scaling``, without biases. RoPE layout
+    Supports ``model_type`` "llama" without biases, with ``rope_scaling`` of type "linear" or
+    "llama3" (Llama 3.x) or none. RoPE layout
     "half". Raises FileNotFoundError for a missing file and ValueError for an unsupported or
     inconsistent config/weights (naming the file and the field).
     """
@@ -211,8 +240,7 @@ def load_hf_dir(path: str | Path, device: str | torch.device = "cpu", dtype: tor
         raise ValueError(f"{cfg_path}: invalid JSON: {e}") from e
     if cfg.get("model_type", "llama") != "llama":
         raise ValueError(f"{cfg_path}: model_type {cfg.get('model_type')!r} is not supported (only 'llama')")
-    if cfg.get("rope_scaling"):
-        raise ValueError(f"{cfg_path}: rope_scaling {cfg['rope_scaling']!r} is not supported")
+    scaling = _rope_scaling(cfg, cfg_path)
     if cfg.get("attention_bias") or cfg.get("mlp_bias"):
         raise ValueError(f"{cfg_path}: attention_bias/mlp_bias are not supported")
     try:
@@ -226,7 +254,7 @@ def load_hf_dir(path: str | Path, device: str | torch.device = "cpu", dtype: tor
             hidden_dim=int(cfg["intermediate_size"]), max_seq_len=int(cfg.get("max_position_embeddings", 2048)),
             norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=float(rope_theta or 10000.0),
             rope_style="half", tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            head_dim=int(cfg["head_dim"]) if cfg.get("head_dim") else None)
+            head_dim=int(cfg["head_dim"]) if cfg.get("head_dim") else None, **scaling)
     except KeyError as e:
         raise ValueError(f"{cfg_path}: missing field {e.args[0]!r}") from e
     files = sorted(d.glob("*.safetensors"))
@@ -319,11 +347,37 @@ def save_hf_dir(bundle: ModelBundle, path: str | Path) -> Path:
         "attention_bias": False, "mlp_bias": False, "bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id,
         "torch_dtype": "float32",
     }
+    if a.rope_scaling_type == "linear":
+        config["rope_scaling"] = {"rope_type": "linear", "factor": a.rope_scaling_factor}
+    elif a.rope_scaling_type == "llama3":
+        config["rope_scaling"] = {"rope_type": "llama3", "factor": a.rope_scaling_factor,
+                                  "low_freq_factor": a.rope_low_freq_factor,
+                                  "high_freq_factor": a.rope_high_freq_factor,
+                                  "original_max_position_embeddings": a.rope_original_max_seq_len}
     (out / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     tcfg = {"bos_token": bos, "eos_token": eos, "unk_token": "<unk>", "add_bos_token": True,
             "add_eos_token": False, "model_max_length": a.max_seq_len, "tokenizer_class": "PreTrainedTokenizerFast"}
     (out / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=2), encoding="utf-8")
     return out
+
+
+# ---- GGUF ---------------------------------------------------------------------------------
+
+def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+              name: str | None = None) -> ModelBundle:
+    """Load a llama GGUF file (:mod:`inferctl.engine.gguf`): weights dequantized to fp32 (then
+    cast to ``dtype``), the byte-level BPE tokenizer and the chat template from the metadata.
+
+    Generation stops at the metadata's EOS (``tokenizer.ggml.eos_token_id``; SmolLM2:
+    ``<|im_end|>``, id 2). Raises FileNotFoundError / ValueError naming the file.
+    """
+    from inferctl.engine.gguf import read_gguf_model
+
+    g = read_gguf_model(path)
+    model = LlamaModel(g.args, g.weights, device=device, dtype=dtype)
+    del g.weights
+    return ModelBundle(name=name or g.name, model=model, tokenizer=g.tokenizer, args=g.args,
+                       source_path=str(Path(path)), chat_template=g.chat_template)
 
 
 # ---- demo and dispatch ---------------------------------------------------------------------
@@ -351,7 +405,8 @@ def build_demo_model(seed: int = 0, device: str | torch.device = "cpu", dtype: t
 
 def load_model(spec: str | Path | None, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                tokenizer_path: str | Path | None = None, name: str | None = None) -> ModelBundle:
-    """Load by spec: None or "demo" → demo model; ``*.bin`` → llama2.c; a directory → Hugging Face.
+    """Load by spec: None or "demo" → demo model; ``*.bin`` → llama2.c; ``*.gguf`` → GGUF; a directory →
+    Hugging Face.
 
     Raises FileNotFoundError for a missing path and ValueError for a path of another kind.
     """
@@ -367,4 +422,7 @@ def load_model(spec: str | Path | None, device: str | torch.device = "cpu", dtyp
         raise FileNotFoundError(f"model not found: {p}")
     if p.suffix == ".bin":
         return load_llama2c(p, tokenizer_path=tokenizer_path, device=device, dtype=dtype, name=name)
-    raise ValueError(f"{p}: unknown model format (expected a llama2.c .bin file or a Hugging Face directory)")
+    if p.suffix.lower() == ".gguf":
+        return load_gguf(p, device=device, dtype=dtype, name=name)
+    raise ValueError(f"{p}: unknown model format (expected a llama2.c .bin file, a .gguf file or a "
+                     "Hugging Face directory)")

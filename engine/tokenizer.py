@@ -387,3 +387,87 @@ def build_hf_tokenizer_json(tok: Llama2cTokenizer) -> str:
     t.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
                                                      special_tokens=[("<s>", 1)])
     return t.to_str()
+
+
+#: Pre-tokenizer split per ``tokenizer.ggml.pre`` (llama.cpp ``llama-vocab.cpp`` regex_exprs;
+#: Hugging Face tokenizer.json of the same models). Absent → GPT-2's ByteLevel regex.
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+class GGUFTokenizer(BaseTokenizer):
+    """Byte-level BPE from GGUF metadata (``tokenizer.ggml.model`` = "gpt2"), built with ``tokenizers``.
+
+    ``tokens``/``merges``/``token_types`` are ``tokenizer.ggml.tokens``/``merges``/``token_type``;
+    tokens of type 3 (control, e.g. ``<|im_start|>``) are added as special tokens, so they
+    encode as single ids wherever they appear in the text, and are skipped by :meth:`decode`;
+    type 4 (user-defined) are added as plain added tokens. Pre-tokenizer: GPT-2's ByteLevel
+    regex, preceded for ``pre`` "smollm"/"starcoder"/"refact" by single-digit splitting
+    (``Digits(individual_digits=True)``, as those models' tokenizer.json and llama.cpp do), or
+    the Llama 3 split regex for "llama-bpe"/"llama3". BOS is prepended only when ``bos`` is
+    asked and the file's ``add_bos_token`` says so (SmolLM2: false, so never).
+
+    Raises ValueError when the vocabulary cannot be built (bad merges, ids out of range).
+    """
+
+    def __init__(self, tokens: list[str], merges: list[str], token_types: list[int], bos_id: int | None,
+                 eos_id: int, add_bos: bool = False, pre: str | None = None, name: str = "gguf"):
+        super().__init__()
+        from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers
+        from tokenizers.models import BPE
+
+        b2u = _bytes_to_unicode()
+        alphabet = set(b2u.values())
+        # Tokens outside the byte alphabet are re-spelled byte-wise (as transformers' GGUF loader does).
+        spelled = [t if set(t) <= alphabet else "".join(b2u[b] for b in t.encode("utf-8")) for t in tokens]
+        vocab: dict[str, int] = {}
+        for i, t in enumerate(spelled):
+            vocab.setdefault(t, i)
+        try:
+            pairs = [tuple(m.split(" ", 1)) for m in merges]
+            self._tok = Tokenizer(BPE(vocab=vocab, merges=pairs, fuse_unk=False))
+        except Exception as e:  # tokenizers raises a bare Exception for bad vocab/merges
+            raise ValueError(f"{name}: cannot build a BPE tokenizer from the GGUF vocabulary: {e}") from e
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        if pre in ("smollm", "starcoder", "refact", "codeshell"):
+            self._tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                               byte_level])
+        elif pre in ("llama-bpe", "llama3", "llama-v3"):
+            self._tok.pre_tokenizer = pre_tokenizers.Sequence([
+                pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        else:
+            self._tok.pre_tokenizer = byte_level
+        self._tok.decoder = decoders.ByteLevel()
+        types = list(token_types) + [1] * (len(tokens) - len(token_types))
+        control = [i for i, ty in enumerate(types) if ty == 3 and set(tokens[i]) <= alphabet]
+        user = [i for i, ty in enumerate(types) if ty == 4]
+        self._tok.add_special_tokens([AddedToken(tokens[i], normalized=False, special=True) for i in control])
+        if user:
+            self._tok.add_tokens([AddedToken(tokens[i], normalized=False, special=False) for i in user])
+        self.name = name
+        self.vocab_size = len(tokens)
+        if not 0 <= eos_id < self.vocab_size or (bos_id is not None and not 0 <= bos_id < self.vocab_size):
+            raise ValueError(f"{name}: BOS {bos_id} / EOS {eos_id} outside the vocabulary [0, {self.vocab_size})")
+        self.eos_id = eos_id
+        self.bos_id = bos_id if bos_id is not None else eos_id
+        self.add_bos = bool(add_bos) and bos_id is not None
+        self.pieces = list(tokens)
+        u2b = {v: k for k, v in b2u.items()}
+        self._skip = set(control) | {self.eos_id} | ({bos_id} if bos_id is not None else set())
+        self._piece_bytes = [bytes(u2b[c] for c in s) if set(s) <= alphabet else s.encode("utf-8") for s in spelled]
+
+    def id_to_piece(self, i: int) -> str:
+        if not 0 <= i < self.vocab_size:
+            raise ValueError(f"token id {i} out of range [0, {self.vocab_size})")
+        return self.pieces[i]
+
+    def token_to_id(self, piece: str) -> int | None:
+        """The id of a token spelled as in the vocabulary (``"<|im_end|>"``), or None."""
+        i = self._tok.token_to_id(piece)
+        return int(i) if i is not None else None
+
+    def encode(self, text: str, bos: bool = True) -> list[int]:
+        """Token ids of ``text``; control tokens written in the text become their single id."""
+        ids = list(self._tok.encode(text, add_special_tokens=False).ids) if text else []
+        return [self.bos_id] + ids if bos and self.add_bos else ids

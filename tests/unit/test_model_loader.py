@@ -111,8 +111,11 @@ def test_hf_dir_errors(stories, tmp_path):
         load_hf_dir(tmp_path / "empty")
     out = save_hf_dir(stories, tmp_path / "ok")
     cfg = json.loads((out / "config.json").read_text())
-    (out / "config.json").write_text(json.dumps({**cfg, "rope_scaling": {"type": "linear", "factor": 2.0}}))
-    with pytest.raises(ValueError, match="rope_scaling"):
+    (out / "config.json").write_text(json.dumps({**cfg, "rope_scaling": {"type": "yarn", "factor": 2.0}}))
+    with pytest.raises(ValueError, match="rope_scaling type 'yarn' is not supported"):
+        load_hf_dir(out)
+    (out / "config.json").write_text(json.dumps({**cfg, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}))
+    with pytest.raises(ValueError, match="lacks 'low_freq_factor'"):
         load_hf_dir(out)
     (out / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "hidden_size"}))
     with pytest.raises(ValueError, match="missing field 'hidden_size'"):
@@ -136,7 +139,11 @@ def test_load_model_dispatch(stories_dir, tmp_path):
     assert load_model(str(stories_dir / "stories260K.bin")).name == "stories260K"
     with pytest.raises(FileNotFoundError, match="model not found"):
         load_model(str(tmp_path / "x.bin"))
-    other = tmp_path / "model.gguf"
-    other.write_bytes(b"GGUF")
+    other = tmp_path / "model.onnx"
+    other.write_bytes(b"ONNX")
     with pytest.raises(ValueError, match="unknown model format"):
         load_model(str(other))
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"GGUF")
+    with pytest.raises(ValueError, match="model.gguf: cannot be read as a GGUF file"):
+        load_model(str(bad))
