@@ -287,13 +287,48 @@ def build_openapi(app: Any, *, description: str = "") -> dict[str, Any]:
     return spec
 
 
-def install_openapi(app: Any, *, description: str = "") -> Callable[[], dict[str, Any]]:
+#: The security scheme of an engine started with ``--api-key`` (its ``/v1/*`` routes).
+API_KEY_SCHEME = "apiKeyAuth"
+
+
+def require_api_key(spec: dict[str, Any], prefix: str = "/v1") -> dict[str, Any]:
+    """Document an API key on every operation of ``spec`` whose path is ``prefix`` or below:
+    a 401 answer (the operation's own error envelope, ``WWW-Authenticate: Bearer``) and the
+    ``apiKeyAuth`` bearer scheme. For a server started with ``--api-key`` only, so the document
+    says exactly what that server does. Returns ``spec`` (changed in place)."""
+    touched = False
+    for path, item in spec.get("paths", {}).items():
+        if path != prefix and not path.startswith(prefix + "/"):
+            continue
+        for op in item.values():
+            if not isinstance(op, dict):
+                continue
+            errors = [r for code, r in sorted(op.get("responses", {}).items())
+                      if code.startswith("4") and "content" in r]
+            resp: dict[str, Any] = {"description": "Missing or wrong API key (the server runs with `--api-key`).",
+                                    "headers": dict(ERROR_HEADERS[401])}
+            if errors:
+                resp["content"] = errors[0]["content"]
+            op.setdefault("responses", {})["401"] = resp
+            op["security"] = [{API_KEY_SCHEME: []}]
+            touched = True
+    if touched:
+        spec.setdefault("components", {}).setdefault("securitySchemes", {})[API_KEY_SCHEME] = {
+            "type": "http", "scheme": "bearer", "description": "The API key (`Authorization: Bearer <key>`)."}
+    return spec
+
+
+def install_openapi(app: Any, *, description: str = "", api_key_prefix: str | None = None
+                    ) -> Callable[[], dict[str, Any]]:
     """Make ``app.openapi()`` (served at ``app.openapi_url``) return :func:`build_openapi`'s
-    document, built once and cached on the app (FastAPI's own convention)."""
+    document, built once and cached on the app (FastAPI's own convention). With
+    ``api_key_prefix`` the routes below it are documented as needing the API key
+    (:func:`require_api_key`)."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = build_openapi(app, description=description)
+            spec = build_openapi(app, description=description)
+            app.openapi_schema = require_api_key(spec, api_key_prefix) if api_key_prefix else spec
         return app.openapi_schema
 
     app.openapi = openapi

@@ -36,7 +36,7 @@ from inferctl.contract.http import HostGuard
 from inferctl.contract.openai import ProtocolLimits
 from inferctl.contract.openapi import install_openapi
 from inferctl.engine import __version__
-from inferctl.engine.chat_template import render_chat_prompt
+from inferctl.engine.chat_template import ChatTemplate, check_chat_template
 from inferctl.engine.entrypoints import admin, chat, completions, health, tokenization
 from inferctl.engine.entrypoints.auth import ApiKeyMiddleware
 from inferctl.engine.entrypoints.errors import install_error_handlers
@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 
 def create_app(engines: dict[str, AsyncEngineHandle], *, admin_token: str | None, default_model: str,
-               limits: ProtocolLimits | None = None, chat_template: str = "plain",
+               limits: ProtocolLimits | None = None, chat_template: ChatTemplate = "plain",
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                retry_after_seconds: int = DEFAULT_RETRY_AFTER_SECONDS,
                manage_engines: bool = False, bind_host: str | None = None,
@@ -62,7 +62,8 @@ def create_app(engines: dict[str, AsyncEngineHandle], *, admin_token: str | None
         admin_token: bearer token for ``/admin/*``; None disables admin (403).
         default_model: the name used when a request has no ``model``; must be in ``engines``.
         limits: request-shape limits (:class:`~inferctl.contract.openai.ProtocolLimits`).
-        chat_template: ``"plain"`` or ``"roles"`` (:func:`inferctl.engine.chat_template.render_chat_prompt`).
+        chat_template: ``"plain"``, ``"roles"`` or a compiled Jinja template
+            (:func:`inferctl.engine.chat_template.resolve_chat_template`).
         max_body_bytes: request bodies above this (bytes) are a 413.
         retry_after_seconds: ``Retry-After`` (seconds) on 503 answers.
         manage_engines: start the engines on app startup and shut them down on exit (the CLI);
@@ -81,7 +82,7 @@ def create_app(engines: dict[str, AsyncEngineHandle], *, admin_token: str | None
         raise ValueError("engines: at least one served model is needed")
     if default_model not in engines:
         raise ValueError(f"default_model: {default_model!r} is not among the served models {sorted(engines)}")
-    render_chat_prompt([], chat_template)  # raises ValueError for an unknown template
+    check_chat_template(chat_template)  # raises ValueError for an unknown or broken template
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes: must be >= 1, got {max_body_bytes}")
     state = ServerState(
@@ -95,7 +96,8 @@ def create_app(engines: dict[str, AsyncEngineHandle], *, admin_token: str | None
     install_error_handlers(app)
     for family in (completions, chat, tokenization, health, admin):
         app.include_router(family.router)
-    install_openapi(app, description="The bundled inference engine: OpenAI API, tokenizer, health, metrics, admin.")
+    install_openapi(app, description="The bundled inference engine: OpenAI API, tokenizer, health, metrics, admin.",
+                    api_key_prefix="/v1" if api_key else None)
     app.add_middleware(InFlightMiddleware, state=state)  # state.in_flight, read by the SIGTERM drain
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)

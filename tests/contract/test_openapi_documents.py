@@ -84,3 +84,22 @@ def test_405_answers_carry_allow_on_every_server(tmp_path, server, method, path,
     r = asyncio.run(call())
     assert r.status_code == 405
     assert r.headers["allow"] == allow
+
+
+def test_an_engine_with_an_api_key_documents_401_on_v1_only():
+    """``--api-key`` guards ``/v1/*`` (engine/entrypoints/auth.py): that server's document says
+    so (401 with the OpenAI envelope and ``WWW-Authenticate``, the ``apiKeyAuth`` scheme); the
+    tokenizer, health and admin routes keep their own rules; without a key nothing changes."""
+    keyed = make_app({"main": demo_engine("main")}, api_key="sk-test-key").openapi()
+    for path, method in (("/v1/completions", "post"), ("/v1/chat/completions", "post"), ("/v1/models", "get")):
+        op = keyed["paths"][path][method]
+        assert op["security"] == [{"apiKeyAuth": []}], path
+        assert op["responses"]["401"]["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/OpenAIErrorEnvelope"}, path
+        assert "WWW-Authenticate" in op["responses"]["401"]["headers"]
+    assert keyed["components"]["securitySchemes"]["apiKeyAuth"]["scheme"] == "bearer"
+    assert "security" not in keyed["paths"]["/tokenize"]["post"]
+    assert keyed["paths"]["/admin/fault"]["post"]["security"] == [{"bearerAuth": []}]
+    plain = make_app({"main": demo_engine("main")}).openapi()
+    assert "401" not in plain["paths"]["/v1/completions"]["post"]["responses"]
+    assert "apiKeyAuth" not in plain.get("components", {}).get("securitySchemes", {})
