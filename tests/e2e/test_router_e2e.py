@@ -30,7 +30,8 @@ def fleet(stories_dir, tmp_path_factory):
             port = free_port()
             log = tmp / f"{name}.log"
             cmd = ["engine", "serve", "--model", str(stories_dir / "stories260K.bin"),
-                   "--port", str(port), "--max-model-len", "512", "--memory-budget", "512MiB"]
+                   "--port", str(port), "--max-model-len", "512", "--memory-budget", "512MiB",
+                   "--log-format", "json"]
             proc = start_inferctl(cmd, log, env=env)
             procs.append(proc)
             engines[name] = {"url": f"http://127.0.0.1:{port}", "proc": proc, "log": log}
@@ -87,6 +88,49 @@ def test_json_logs_carry_the_request_id(fleet):
         time.sleep(0.1)
     assert mine and mine[-1]["status"] == 200 and mine[-1]["replica"] == r.headers["x-inferctl-replica"]
     assert mine[-1]["duration_seconds"] > 0
+
+
+def _json_lines(log, request_id: str, logger: str | None = None, timeout: float = 5) -> list[dict]:
+    """The JSON log lines of ``log`` that carry ``request_id`` (and come from ``logger``), waiting
+    up to ``timeout`` s for one; every line that starts with ``{`` must parse."""
+    deadline = time.monotonic() + timeout
+    while True:
+        docs = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+        mine = [d for d in docs if d.get("request_id") == request_id and logger in (None, d["logger"])]
+        if mine or time.monotonic() > deadline:
+            return mine
+        time.sleep(0.1)
+
+
+def test_one_request_id_in_the_routers_and_the_engines_json_logs(fleet):
+    """Issue 9: the X-Request-Id travels router -> engine -> both JSON logs (and the engine's /stats)."""
+    r = httpx.post(fleet["base"] + "/v1/completions", headers={"X-Request-Id": "e2e-trace-9"},
+                   json={"model": STORIES, "prompt": PROMPT, "max_tokens": 5, "temperature": 0}, timeout=30)
+    assert r.status_code == 200 and r.headers["x-request-id"] == "e2e-trace-9"
+    replica = r.headers["x-inferctl-replica"]
+    engine = fleet["engines"][replica]
+    [routed] = _json_lines(fleet["log"], "e2e-trace-9")
+    assert routed["replica"] == replica and routed["status"] == 200
+    [served] = _json_lines(engine["log"], "e2e-trace-9", "inferctl.engine.requests")
+    assert served["id"] == r.json()["id"] and served["status"] == 200 and served["stream"] is False
+    assert served["completion_tokens"] == r.json()["usage"]["completion_tokens"] == 5
+    assert served["prompt_tokens"] == r.json()["usage"]["prompt_tokens"]
+    other = next(e for n, e in fleet["engines"].items() if n != replica)
+    assert _json_lines(other["log"], "e2e-trace-9", timeout=0) == []
+    recent = httpx.get(engine["url"] + "/stats", timeout=5).json()["requests"]["recent"]
+    assert [q["request_id"] for q in recent if q["x_request_id"] == "e2e-trace-9"] == [r.json()["id"]]
+
+
+def test_the_engines_line_of_a_stream_the_client_left_says_so(fleet):
+    body = {"model": STORIES, "prompt": PROMPT, "max_tokens": 480, "stream": True, "ignore_eos": True}
+    with httpx.Client(timeout=30) as c:
+        with c.stream("POST", fleet["base"] + "/v1/completions", json=body,
+                      headers={"X-Request-Id": "e2e-gone-9"}) as r:
+            replica = r.headers["x-inferctl-replica"]
+            next(r.iter_raw())
+    [served] = _json_lines(fleet["engines"][replica]["log"], "e2e-gone-9", "inferctl.engine.requests", timeout=10)
+    assert served["client_disconnect"] is True and served["stream"] is True
+    assert served["finish_reasons"] == [None]      # the choice never finished: aborted
 
 
 def _metric(base: str, name: str, labels: str) -> float:
