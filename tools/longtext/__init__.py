@@ -30,12 +30,18 @@ is the procedure (``docs/longtext.md``) and ``inferctl longtext BOOK.txt``:
 
 Backends (:class:`LongTextBackend`): :class:`HttpBackend` talks to an engine over HTTP
 (``/tokenize`` and ``prompt_logprobs`` as in vLLM's OpenAI server, ``/v1/completions`` for
-generation); an in-process backend over the bundled engine lives in ``bench/``. A backend
+generation); :class:`~.inproc.InProcessBackend` drives the engine's model in this process. A backend
 that cannot score prompts gives perplexity "no data" (``None``), never 0.
 
+The notes' two aids are options: ``--sep-every N`` (a ``[SEP]`` marker laid into the book's
+tokens every N tokens, never scored) and ``--memory-compression mean`` (the mean input embedding
+of the text before a window fed as one extra position after BOS), :mod:`.markers`.
+
 Modules: :mod:`.config` (defaults, settings, the error), :mod:`.book` (reading a text),
-:mod:`.chunking` (windows and generation plans), :mod:`.measure` (the run and its results),
-:mod:`.http_backend` (an engine over HTTP), :mod:`.report` (CSV, JSON, tables), :mod:`.cli`
+:mod:`.chunking` (windows and generation plans), :mod:`.markers` ([SEP] and the mean summary),
+:mod:`.measure` (the run and its results), :mod:`.http_backend` (an engine over HTTP),
+:mod:`.inproc` (the model in this process: embedding input, one prefill for score + generate),
+:mod:`.aids` (the measurement of the two aids), :mod:`.report` (CSV, JSON, tables), :mod:`.cli`
 (the command). The measures (seq-rep-n, perplexity) are the contract's
 (:mod:`inferctl.contract.quality`).
 """

@@ -5,6 +5,7 @@ generation request."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from inferctl.tools.longtext.config import LongTextConfig, LongTextError
 
@@ -13,7 +14,12 @@ from inferctl.tools.longtext.config import LongTextConfig, LongTextError
 class ChunkPlan:
     """One window: book tokens ``[start, end)``; ``window`` = [BOS] + those tokens;
     ``first_new`` = index in ``window`` of the first token not scored by an earlier window;
-    ``prompt`` / ``max_tokens`` = the generation request (:func:`plan_generation`)."""
+    ``prompt`` / ``max_tokens`` = the generation request (:func:`plan_generation`).
+
+    With markers or a summary (:mod:`.markers`): ``input_ids`` is what the model is given
+    (``window`` with [SEP] tokens / a summary position inserted), ``book_index[i]`` the
+    position in ``input_ids`` of ``window[i]``, ``embeds`` / ``prompt_embeds`` map a position of
+    ``input_ids`` / ``prompt`` to the vector fed there instead of a token embedding."""
 
     index: int
     start: int
@@ -22,6 +28,15 @@ class ChunkPlan:
     first_new: int
     prompt: list[int] = field(default_factory=list)
     max_tokens: int = 0
+    input_ids: list[int] | None = None
+    book_index: list[int] | None = None
+    embeds: dict[int, Any] | None = None
+    prompt_embeds: dict[int, Any] | None = None
+
+    @property
+    def model_input(self) -> list[int]:
+        """The token ids the model is given for scoring (``input_ids``, else ``window``)."""
+        return self.window if self.input_ids is None else self.input_ids
 
 
 def chunk_spans(n_tokens: int, text_tokens: int, overlap: int) -> list[tuple[int, int]]:

@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from inferctl.tools.longtext.book import read_book
 from inferctl.tools.longtext.config import (DEFAULT_CHUNK_SIZE, DEFAULT_MAX_NEW_TOKENS, DEFAULT_OVERLAP,
-                                            DEFAULT_POSITION_BUCKET, DEFAULT_REPETITION_PENALTY,
+                                            DEFAULT_POSITION_BUCKET, DEFAULT_REPETITION_PENALTY, DEFAULT_SEP_TEXT,
                                             LongTextConfig, LongTextError)
 from inferctl.tools.longtext.http_backend import HttpBackend
 from inferctl.tools.longtext.measure import run_longtext
@@ -47,6 +47,14 @@ def register(app: Any) -> None:
         quiet: bool = typer.Option(False, "--quiet", help="Summary only (no per-chunk table)."),
         keep_logs: bool = typer.Option(False, "--keep-logs", help="Keep the started engine's log (deleted after a"
                                        " successful run by default)."),
+        sep_every: Optional[int] = typer.Option(None, "--sep-every", metavar="N", help="Insert a marker before "
+                                                "every book token at a multiple of N (the notes' [SEP] every 1024;"
+                                                " never scored). docs/longtext.md."),
+        sep_text: str = typer.Option(DEFAULT_SEP_TEXT, "--sep-text", metavar="TEXT", help="The marker, as the "
+                                     "model's tokenizer encodes it (one token only where the vocabulary has it)."),
+        memory_compression: str = typer.Option("none", "--memory-compression", metavar="none|mean", help="mean: "
+                                               "feed the mean input embedding of the book before each window as one"
+                                               " extra position after BOS (in-process: needs --model)."),
     ) -> None:
         """Process a book longer than the context in overlapping chunks; perplexity by position
         and repetition of the outputs. Prints the per-chunk table and saves CSV + JSON."""
@@ -59,7 +67,8 @@ def register(app: Any) -> None:
                                  overlap=overlap, max_new_tokens=max_new_tokens,
                                  repetition_penalty=repetition_penalty, temperature=temperature, seed=seed,
                                  position_bucket=position_bucket, max_chunks=max_chunks,
-                                 generate=not no_generate, concurrency=concurrency)
+                                 generate=not no_generate, concurrency=concurrency, sep_every=sep_every,
+                                 sep_text=sep_text, memory_compression=memory_compression)
             text = read_book(book, encoding)
         except LongTextError as exc:
             err.print(f"error: --{exc.field.replace('_', '-')}: {exc.message}" if exc.field and exc.field != "book"
@@ -70,18 +79,26 @@ def register(app: Any) -> None:
                       " or --url of a running engine; without either, longtext would measure the random demo"
                       " model (--model demo does that on purpose)", markup=False, highlight=False, soft_wrap=True)
             raise typer.Exit(2)
+        if cfg.memory_compression != "none" and url is not None:
+            err.print("error: --memory-compression: mean compression feeds an embedding, which HTTP cannot carry; "
+                      "give --model (it runs in this process) instead of --url", markup=False, highlight=False,
+                      soft_wrap=True)
+            raise typer.Exit(2)
         sup = None
         backend = None
         log = None
         ok = False
         try:
-            if url is None:
-                sup, url, log = _start_engine(model, max_model_len, err)
-            backend = HttpBackend(url, model=model if sup is None else None)
+            if cfg.memory_compression != "none":
+                backend = _in_process(model, max_model_len, err)
+            else:
+                if url is None:
+                    sup, url, log = _start_engine(model, max_model_len, err)
+                backend = HttpBackend(url, model=model if sup is None else None)
             if chunk_size is None and cfg.chunk_size > backend.max_window:
                 # over HTTP a scored window is at most max_model_len - 1 tokens (max_tokens 1)
                 cfg = replace(cfg, chunk_size=backend.max_window)
-                err.print(f"note: --chunk-size {cfg.chunk_size}: the longest window the engine at {backend.base_url} "
+                err.print(f"note: --chunk-size {cfg.chunk_size}: the longest window {backend.name} "
                           f"can score (max_model_len {backend.max_model_len} - 1)", markup=False, highlight=False,
                           soft_wrap=True)
             last = {"t": 0.0}
@@ -115,9 +132,24 @@ def register(app: Any) -> None:
             console.print(t)
         for note in report.notes:
             err.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
-        prefix = out if out is not None else Path("out") / "longtext" / output_name(book, model or backend.model)
+        prefix = out if out is not None else Path("out") / "longtext" / output_name(
+            book, model or getattr(backend, "model", None))
         csv_path, json_path = write_outputs(report, prefix)
         err.print(f"wrote {csv_path} and {json_path}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _in_process(model: str, max_model_len: int | None, err: Any) -> Any:
+    """The in-process backend (:mod:`.inproc`); raises RuntimeError when the model
+    does not load (the caller prints it)."""
+    from inferctl.tools.longtext.inproc import InProcessBackend
+
+    err.print(f"loading {model} in this process (--memory-compression runs in-process)", highlight=False,
+              soft_wrap=True)
+    try:
+        backend = InProcessBackend(model, max_model_len=max_model_len)
+    except (FileNotFoundError, ValueError) as exc:
+        raise RuntimeError(f"--model: {exc}") from None
+    return backend
 
 
 def output_name(book: Path, model: str | None, when: float | None = None) -> str:

@@ -13,6 +13,11 @@ DEFAULT_MAX_NEW_TOKENS = 1024
 DEFAULT_REPETITION_PENALTY = 1.2
 DEFAULT_POSITION_BUCKET = 64
 SEQ_REP_NS = (1, 2, 3, 4)
+#: The marker ``--sep-every`` inserts: the text "[SEP]" as the model's tokenizer encodes it (one
+#: token where the vocabulary has a ``[SEP]`` token, e.g. BERT's; several otherwise).
+DEFAULT_SEP_TEXT = "[SEP]"
+#: ``--memory-compression`` values: none, or "mean" (a mean-pooled embedding of the text before the window).
+MEMORY_COMPRESSIONS = ("none", "mean")
 
 class LongTextError(ValueError):
     """Bad input or an engine that cannot do what is asked. ``field`` names the option."""
@@ -31,7 +36,11 @@ class LongTextConfig:
     :func:`plan_generation`); ``repetition_penalty`` (CTRL/HF definition, 1 = off);
     ``temperature`` 0 = greedy; ``seed`` for sampling; ``position_bucket`` width of the
     position profile in tokens; ``max_chunks`` evenly spaced windows (None = all);
-    ``generate`` False skips generation; ``concurrency`` requests in flight (HTTP).
+    ``generate`` False skips generation; ``concurrency`` requests in flight (HTTP);
+    ``sep_every`` inserts ``sep_text`` (tokenized) before every book token whose index in the
+    book is a multiple of it (None = off); ``memory_compression`` "mean" puts the mean input
+    embedding of all book tokens before the window as one extra position after BOS
+    (:mod:`.markers`).
 
     Raises:
         LongTextError: a value out of range, naming the field and the limit.
@@ -47,6 +56,9 @@ class LongTextConfig:
     max_chunks: int | None = None
     generate: bool = True
     concurrency: int = 8
+    sep_every: int | None = None
+    sep_text: str = DEFAULT_SEP_TEXT
+    memory_compression: str = "none"
 
     def __post_init__(self) -> None:
         def integer(name: str, minimum: int, value: Any) -> None:
@@ -60,6 +72,13 @@ class LongTextConfig:
         integer("concurrency", 1, self.concurrency)
         if self.max_chunks is not None:
             integer("max_chunks", 1, self.max_chunks)
+        if self.sep_every is not None:
+            integer("sep_every", 1, self.sep_every)
+        if not self.sep_text:
+            raise LongTextError("sep_text", "must not be empty")
+        if self.memory_compression not in MEMORY_COMPRESSIONS:
+            raise LongTextError("memory_compression", f"must be one of {', '.join(MEMORY_COMPRESSIONS)}, "
+                                                      f"got {self.memory_compression!r}")
         if self.overlap > self.chunk_size - 2:
             raise LongTextError("overlap", f"must be <= chunk_size - 2 = {self.chunk_size - 2} (BOS + at "
                                            f"least one new token per window), got {self.overlap}")

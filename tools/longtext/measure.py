@@ -11,7 +11,8 @@ from typing import Any, Callable, Protocol
 from inferctl.contract.quality import perplexity_value, seq_rep_n
 from inferctl.tools.longtext.book import Book
 from inferctl.tools.longtext.chunking import ChunkPlan, plan_chunks
-from inferctl.tools.longtext.config import SEQ_REP_NS, LongTextConfig
+from inferctl.tools.longtext.config import SEQ_REP_NS, LongTextConfig, LongTextError
+from inferctl.tools.longtext.markers import insert_separators, insert_summary, plan_prompt
 
 
 @dataclass
@@ -134,6 +135,55 @@ def _window_scores(lps: list[float | None] | None, plan: ChunkPlan) -> tuple[flo
     return nll, (math.exp(nll / len(new)) if new else None), perplexity_value(allv)
 
 
+def _prompt_is_window(p: ChunkPlan) -> bool:
+    """The generation prompt is the whole scored input, summary included (one prefill serves both)."""
+    pe, we = p.prompt_embeds or {}, p.embeds or {}
+    return p.prompt == p.model_input and pe.keys() == we.keys() and all(pe[k] is we[k] for k in pe)
+
+
+def _augment(plans: list[ChunkPlan], ids: list[int], backend: LongTextBackend, config: LongTextConfig,
+             notes: list[str], info: dict[str, Any]) -> None:
+    """Apply ``--sep-every`` and ``--memory-compression mean`` to the planned windows (:mod:`.markers`).
+
+    Raises:
+        LongTextError: a window with its markers longer than the backend can score (field
+            ``sep_every``), or mean compression on a backend without embedding input (field
+            ``memory_compression``).
+    """
+    if config.sep_every is None and config.memory_compression == "none":
+        return
+    nbos = 1 if backend.bos_id is not None else 0
+    if config.sep_every is not None:
+        sep = list(backend.tokenize(config.sep_text))
+        if not sep:
+            raise LongTextError("sep_text", f"{config.sep_text!r} encodes to no tokens")
+        info["sep_ids"] = sep
+        for p in plans:
+            insert_separators(p, sep, config.sep_every, nbos)
+        n = sum(len(p.model_input) - len(p.window) for p in plans) // len(sep)
+        longest = max(len(p.model_input) for p in plans)
+        notes.append(f"{config.sep_text!r} (token ids {sep}) inserted before every book token at a multiple of "
+                     f"{config.sep_every}: {n} markers in {len(plans)} windows")
+        if longest > backend.max_window:
+            raise LongTextError("sep_every", f"a window with its markers is {longest} tokens > {backend.max_window}, "
+                                             "the longest the engine can score; lower --chunk-size")
+    if config.memory_compression == "mean":
+        mean = getattr(backend, "mean_embedding", None)
+        if mean is None:
+            raise LongTextError("memory_compression", f"{backend.name} cannot take an embedding as input; "
+                                                      "mean compression runs in-process (--model, not --url)")
+        for p in plans:
+            if p.start > 0:
+                insert_summary(p, mean(ids[:p.start]), nbos)
+        if max(len(p.model_input) for p in plans) > backend.max_window:
+            raise LongTextError("chunk_size", "a window with its summary position is longer than the engine can "
+                                              "score; lower --chunk-size by one")
+        notes.append(f"mean compression: {sum(1 for p in plans if p.embeds)} of {len(plans)} windows carry the mean "
+                     "input embedding of the book before them at position 1")
+    for p in plans:
+        plan_prompt(p, backend.bos_id, config.max_new_tokens, backend.max_model_len)
+
+
 def run_longtext(book: Book, backend: LongTextBackend, config: LongTextConfig,
                  progress: Callable[[str, int, int], None] | None = None) -> LongTextReport:
     """Tokenize, plan, score and generate; return the report.
@@ -145,24 +195,41 @@ def run_longtext(book: Book, backend: LongTextBackend, config: LongTextConfig,
     ids = backend.tokenize(book.text)
     plans, total = plan_chunks(ids, config, backend.bos_id, backend.max_model_len, backend.max_window)
     notes: list[str] = []
+    engine_info: dict[str, Any] = {}
+    _augment(plans, ids, backend, config, notes, engine_info)
     scores: list[list[float | None] | None] = []
     batch = max(1, config.concurrency)
-    for i in range(0, len(plans), batch):
-        scores += backend.score([p.window for p in plans[i:i + batch]])
+    gens: list[Generation | None] = [None] * len(plans)
+    if config.generate and hasattr(backend, "score_and_generate") and all(_prompt_is_window(p) for p in plans):
+        for i in range(0, len(plans), batch):     # one prefill per window (in-process backend)
+            part = plans[i:i + batch]
+            kw = {"embeds": [p.embeds for p in part]} if any(p.embeds for p in part) else {}
+            raw, gens[i:i + len(part)] = backend.score_and_generate([p.model_input for p in part],
+                                                                    [p.max_tokens for p in part], config, **kw)
+            scores += [r if p.book_index is None else [r[j] for j in p.book_index] for p, r in zip(part, raw)]
+            if progress:
+                progress("score+generate", len(scores), len(plans))
+    for i in range(len(scores), len(plans), batch):
+        part = plans[i:i + batch]
+        kw = {"embeds": [p.embeds for p in part]} if any(p.embeds for p in part) else {}
+        raw = backend.score([p.model_input for p in part], **kw)
+        scores += [r if r is None or p.book_index is None else [r[j] for j in p.book_index]
+                   for p, r in zip(part, raw)]
         if progress:
             progress("score", len(scores), len(plans))
     if all(s is None for s in scores):
         notes.append(f"{backend.name} returns no prompt logprobs: perplexity is no data")
-    gens: list[Generation | None] = [None] * len(plans)
-    if config.generate:
+    if config.generate and any(g is None for g in gens):
         done = 0
         for i in range(0, len(plans), batch):
             part = plans[i:i + batch]
-            gens[i:i + len(part)] = backend.generate([p.prompt for p in part], [p.max_tokens for p in part], config)
+            kw = {"embeds": [p.prompt_embeds for p in part]} if any(p.prompt_embeds for p in part) else {}
+            gens[i:i + len(part)] = backend.generate([p.prompt for p in part], [p.max_tokens for p in part], config,
+                                                     **kw)
             done += len(part)
             if progress:
                 progress("generate", done, len(plans))
-        capped = [p for p in plans if p.max_tokens < config.max_new_tokens or len(p.prompt) < len(p.window)]
+        capped = [p for p in plans if p.max_tokens < config.max_new_tokens or len(p.prompt) < len(p.model_input)]
         if capped:
             notes.append(f"{len(capped)} of {len(plans)} generations capped to prompt + max_tokens <= "
                          f"max_model_len {backend.max_model_len} (prompt {capped[0].prompt.__len__()} + "
@@ -189,7 +256,8 @@ def run_longtext(book: Book, backend: LongTextBackend, config: LongTextConfig,
     return LongTextReport(
         book={"path": book.path, "encoding": book.encoding, "gutenberg": book.gutenberg,
               "chars": len(book.text), "raw_bytes": book.raw_bytes},
-        engine={"backend": backend.name, "max_model_len": backend.max_model_len, "bos_id": backend.bos_id},
+        engine={"backend": backend.name, "max_model_len": backend.max_model_len, "bos_id": backend.bos_id,
+                **engine_info},
         config=asdict(config), total_tokens=len(ids), total_chunks=total, chunks=results,
         positions=buckets, seconds=time.monotonic() - t0, notes=notes)
 
