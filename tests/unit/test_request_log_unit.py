@@ -144,3 +144,13 @@ def test_the_fault_inputs_carry_the_blamed_requests_ids():
     nums, _ = fault_numbers(fault)
     inputs = fault_inputs(fault, nums, "exhaustion")
     assert (inputs["request_id"], inputs["x_request_id"]) == ("cmpl-1", "trace-9")
+
+
+def test_the_degrade_decision_on_an_oom_names_the_blamed_request():
+    from inferctl.controller.policies import PrecisionConfig, PrecisionPolicy
+    from tests.policy_helpers import actions, engine, oom
+
+    p = PrecisionPolicy(PrecisionConfig(hold_seconds=10.0, confirm_timeout_seconds=5.0))
+    ds = p.observe(1.0, engine(1.0, faults=[oom(1, 1.0, request_id="cmpl-9", x_request_id="trace-oom")]))
+    assert actions(ds) == ["degrade"]
+    assert (ds[0].inputs["request_id"], ds[0].inputs["x_request_id"]) == ("cmpl-9", "trace-oom")
