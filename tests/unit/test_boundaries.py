@@ -98,7 +98,8 @@ def _graph() -> dict[str, set[str]]:
 
 def _part(module: str) -> str:
     rest = module.split(".")[1:]
-    if not rest or rest[0] == "cli" or rest[0] == "__main__":
+    # the front door's own modules (inferctl/cli.py, __main__.py, help_names.py, ...) are part "inferctl"
+    if not rest or rest[0] not in PARTS:
         return "inferctl"
     return rest[0]
 
