@@ -11,7 +11,8 @@ layer: :func:`note_jobs` (OpenAI id, model, prompt tokens), :func:`note_first_ou
 (time to first token), :func:`note_finished` (completion tokens, finish reasons).
 
 When the answer is sent (or the client left), logger ``inferctl.engine.requests`` writes one
-record (INFO; WARNING for a 5xx) with the ``extra`` fields ``request_id``, ``id`` (``cmpl-…`` /
+record (INFO; WARNING for a 5xx; DEBUG for a successful ``GET`` such as ``/v1/models``, which the
+router polls) with the ``extra`` fields ``request_id``, ``id`` (``cmpl-…`` /
 ``chatcmpl-…``), ``model``, ``endpoint``, ``status``, ``stream``, ``prompt_tokens``,
 ``completion_tokens`` (the choices that finished), ``finish_reasons`` (one per choice, in
 choice order; None for a choice that did not finish), ``ttft_seconds`` (handler start → first
@@ -51,6 +52,7 @@ class RequestRecord:
     request_id: str
     endpoint: str
     start: float
+    method: str = "POST"
     status: int | None = None
     stream: bool = False
     completed: bool = False
@@ -159,7 +161,8 @@ class RequestLogMiddleware:
         rid = safe_request_id(given)
         if rid != given:
             scope = _with_request_id(scope, rid)
-        record = RequestRecord(request_id=rid, endpoint=scope["path"], start=time.monotonic())
+        record = RequestRecord(request_id=rid, endpoint=scope["path"], start=time.monotonic(),
+                               method=scope.get("method", "POST"))
 
         async def send_logged(message: dict) -> None:
             kind = message["type"]
@@ -189,8 +192,10 @@ class RequestLogMiddleware:
 
 
 def emit(record: RequestRecord) -> None:
-    """Write the request's line (INFO; WARNING for a 5xx)."""
+    """Write the request's line (INFO; WARNING for a 5xx; DEBUG for a successful GET)."""
     doc = record.fields(time.monotonic())
-    level = logging.WARNING if doc["status"] >= 500 else logging.INFO
+    status = doc["status"]
+    level = logging.WARNING if status >= 500 else logging.DEBUG if record.method == "GET" and status < 400 \
+        else logging.INFO
     if log.isEnabledFor(level):
         log.log(level, "%s %s %s", record.endpoint, doc["status"], record.request_id, extra=doc)

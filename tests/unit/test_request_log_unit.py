@@ -154,3 +154,24 @@ def test_the_degrade_decision_on_an_oom_names_the_blamed_request():
     ds = p.observe(1.0, engine(1.0, faults=[oom(1, 1.0, request_id="cmpl-9", x_request_id="trace-oom")]))
     assert actions(ds) == ["degrade"]
     assert (ds[0].inputs["request_id"], ds[0].inputs["x_request_id"]) == ("cmpl-9", "trace-oom")
+
+
+def test_a_model_list_poll_is_a_debug_line(caplog):
+    caplog.set_level(logging.DEBUG, logger=REQUEST_LOGGER)
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    sent: list = []
+
+    async def receive():
+        return {"type": "http.request", "body": b""}
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(RequestLogMiddleware(app)({"type": "http", "path": "/v1/models", "method": "GET", "headers": []},
+                                          receive, send))
+    [line] = _lines(caplog)
+    assert line.levelno == logging.DEBUG and line.endpoint == "/v1/models"
