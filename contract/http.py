@@ -159,6 +159,32 @@ def check_admin_token(token: str, source: str) -> str:
     return token
 
 
+#: Longest ``--api-key`` accepted (characters): uvicorn's HTTP/1.1 parser (h11) refuses a header
+#: block over 16 KiB, so a longer key could never reach the server.
+MAX_API_KEY_CHARS = 4096
+
+
+def check_api_key(key: str, source: str) -> str:
+    """Return ``key`` when a client can send it as ``Authorization: Bearer <key>``; ``source``
+    names the flag for the error.
+
+    Raises:
+        ValueError: empty or blank (``/v1`` would look guarded but be open, or no client could
+            match it), longer than :data:`MAX_API_KEY_CHARS`, or holding anything but visible
+            ASCII (0x21..0x7e): spaces are stripped from the header and non-ASCII bytes arrive
+            as Latin-1, so such a key could never match.
+    """
+    if not key.strip():
+        raise ValueError(f"{source}: the API key is empty; give a key or leave the flag out (no key: /v1 open)")
+    if len(key) > MAX_API_KEY_CHARS:
+        raise ValueError(f"{source}: the API key is {len(key)} characters; at most {MAX_API_KEY_CHARS} fit in "
+                         "an HTTP header")
+    if not all(0x21 <= ord(c) <= 0x7E for c in key):
+        raise ValueError(f"{source}: the API key holds whitespace, control or non-ASCII characters (visible "
+                         "ASCII only): no client could send it in 'Authorization: Bearer <key>'")
+    return key
+
+
 def read_token_file(path: str, source: str) -> str:
     """The token in the file at ``path``: its first non-blank line, surrounding whitespace (the
     final newline) stripped. ``source`` names the flag for the error.

@@ -84,7 +84,8 @@ def parse_speculative_config(value: str | dict | SpeculativeConfig | None) -> Sp
     ``None`` or an empty string/dict means speculation off (returns None).
 
     Raises:
-        SpeculativeConfigError: not JSON, not an object, an unknown key, a method outside :data:`METHODS`,
+        SpeculativeConfigError: not JSON (or nested too deeply to parse), not an object, an unknown key,
+            a method outside :data:`METHODS`,
             ``num_speculative_tokens`` outside 1..16, a prompt-lookup bound outside 1..32 or
             min > max, ngram keys with another method, ``model`` missing for draft_model or
             given for another method. The field is ``speculative_config[.key]``.
@@ -99,6 +100,8 @@ def parse_speculative_config(value: str | dict | SpeculativeConfig | None) -> Sp
         except json.JSONDecodeError as err:
             raise ConfigError(_FIELD, f"must be a JSON object, e.g. "
                               f'{{"method": "ngram", "num_speculative_tokens": 4}}: {err}') from None
+        except RecursionError:
+            raise ConfigError(_FIELD, "must be a flat JSON object: nested too deeply to parse") from None
     if not isinstance(value, dict):
         raise ConfigError(_FIELD, f"must be a JSON object, got {type(value).__name__}")
     if not value:

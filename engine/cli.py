@@ -34,6 +34,7 @@ from typing import Optional
 import typer
 
 from inferctl.contract import units
+from inferctl.contract.http import check_api_key
 
 
 def parse_size(text: str, name: str = "--memory-budget") -> int:
@@ -308,6 +309,11 @@ def serve(
     light_budget = parse_size(light_memory_budget, "--light-memory-budget") if light_memory_budget else None
     body_limit = parse_size(max_body_bytes, "--max-body-bytes")
     admin_token = admin_token_option(admin_token, admin_token_file)
+    if api_key is not None:   # click drops an empty $INFERCTL_API_KEY; an explicit --api-key "" lands here
+        try:
+            check_api_key(api_key, "--api-key (or $INFERCTL_API_KEY)")
+        except ValueError as exc:
+            _die(str(exc))
     try:
         oom = oom_options(max_oom_retries, oom_backoff_seconds, oom_backoff_max_seconds)
     except typer.BadParameter as exc:

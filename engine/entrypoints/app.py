@@ -32,7 +32,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import FastAPI
 
-from inferctl.contract.http import HostGuard
+from inferctl.contract.http import HostGuard, check_api_key
 from inferctl.contract.openai import ProtocolLimits
 from inferctl.contract.openapi import install_openapi
 from inferctl.engine import __version__
@@ -76,7 +76,8 @@ def create_app(engines: dict[str, AsyncEngineHandle], *, admin_token: str | None
             :mod:`.auth`); None leaves the API open.
 
     Raises:
-        ValueError: no engines, an unknown ``default_model`` or chat template, or a bad limit.
+        ValueError: no engines, an unknown ``default_model`` or chat template, a bad limit, or an
+            ``api_key`` no client could send (:func:`inferctl.contract.http.check_api_key`).
     """
     if not engines:
         raise ValueError("engines: at least one served model is needed")
@@ -99,8 +100,8 @@ def create_app(engines: dict[str, AsyncEngineHandle], *, admin_token: str | None
     install_openapi(app, description="The bundled inference engine: OpenAI API, tokenizer, health, metrics, admin.",
                     api_key_prefix="/v1" if api_key else None)
     app.add_middleware(InFlightMiddleware, state=state)  # state.in_flight, read by the SIGTERM drain
-    if api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    if api_key is not None:   # checked here: Starlette builds a middleware at the first request
+        app.add_middleware(ApiKeyMiddleware, api_key=check_api_key(api_key, "api_key"))
     app.add_middleware(RequestLogMiddleware)   # X-Request-Id and one log line per /v1 request (401s too)
     if bind_host is not None:   # outermost: a refused Host never reaches the app
         app.add_middleware(HostGuard, bind_host=bind_host, allowed_hosts=tuple(allowed_hosts))

@@ -16,7 +16,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from inferctl.contract.errors import APIError
-from inferctl.contract.http import Unauthorized, check_bearer
+from inferctl.contract.http import Unauthorized, check_api_key, check_bearer
 
 
 def protected(path: str) -> bool:
@@ -27,13 +27,12 @@ def protected(path: str) -> bool:
 class ApiKeyMiddleware:
     """Pure ASGI middleware: 401 on ``/v1/*`` without ``Authorization: Bearer <api_key>``.
 
-    Raises ``ValueError`` for an empty key (an "API key" that lets everyone in)."""
+    Raises ``ValueError`` for a key no client could send (:func:`~inferctl.contract.http.check_api_key`:
+    empty, blank, too long, not visible ASCII)."""
 
     def __init__(self, app: Any, api_key: str) -> None:
-        if not api_key:
-            raise ValueError("api_key: must not be empty")
         self.app = app
-        self.api_key = api_key
+        self.api_key = check_api_key(api_key, "api_key")
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope.get("type") != "http" or not protected(scope.get("path", "")):
