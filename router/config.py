@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
+from inferctl.contract.http import check_api_key
 from inferctl.contract.logs import check_log_format
+from inferctl.contract.yamlfile import load_yaml
 from inferctl.router.ratelimit import DEFAULT_NAME, KeyLimit
 
 #: A replica name: what ``replica`` labels and logs carry.
@@ -63,7 +65,9 @@ class RouterConfig:
     outstanding load is skipped (Mirrokni, Thorup, Zadimoghaddam 2018). ``vnodes``: points per
     replica on the hash ring. ``max_body_bytes``: largest request body (413 above, as the
     engine). ``upstream_timeout_seconds``: read deadline between two upstream bytes.
-    ``connect_timeout_seconds``: upstream connect deadline. ``retry_after_seconds``: the
+    ``connect_timeout_seconds``: upstream connect deadline. ``upstream_connections``: the most
+    upstream connections open at once, all replicas together (each in-flight request holds
+    one; size it above the concurrent clients). ``retry_after_seconds``: the
     ``Retry-After`` of a 503 when no replica is ready. ``log_format``: ``text`` or ``json``.
     ``rate_keys``: per-key rate limits by raw API key (never logged); ``rate_default``: the
     limits of keys not listed (:mod:`inferctl.router.ratelimit`; ``--config`` ``rate_limits``).
@@ -81,6 +85,7 @@ class RouterConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     upstream_timeout_seconds: float = 600.0
     connect_timeout_seconds: float = 2.0
+    upstream_connections: int = 1000
     retry_after_seconds: int = 1
     log_format: str = "text"
     rate_keys: Mapping[str, KeyLimit] = field(default_factory=dict, repr=False)
@@ -115,6 +120,8 @@ class RouterConfig:
                               f"{self.affinity_min_chars}")
         if self.vnodes < 1:
             raise ConfigError(f"vnodes: must be >= 1, got {self.vnodes}")
+        if self.upstream_connections < 1:
+            raise ConfigError(f"--upstream-connections: must be >= 1, got {self.upstream_connections}")
         if self.max_body_bytes < 1:
             raise ConfigError(f"--max-body-bytes: must be >= 1, got {self.max_body_bytes}")
         try:
@@ -135,6 +142,8 @@ class RouterConfig:
 #: The top-level keys of a ``--config`` file.
 FILE_KEYS = ("engines", "controller", "rate_limits")
 _LIMIT_KEYS = ("requests_per_minute", "tokens_per_minute")
+#: Largest per-minute limit accepted (a bigger one is no limit: leave the key out).
+MAX_PER_MINUTE = 1e15
 
 
 def load_config_file(path: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -144,22 +153,24 @@ def load_config_file(path: str, env: Mapping[str, str] | None = None) -> dict[st
     (default ``os.environ``).
 
     Raises:
-        ConfigError: the file cannot be read or is not a YAML mapping, or a field is wrong; the
-            message names the file and the field's path (``rate_limits.keys[1].tokens_per_minute:
-            must be a number > 0, got -5``).
+        ConfigError: the file cannot be read, is not UTF-8, is not a YAML mapping, holds a key
+            twice in one mapping or nests too deeply (:func:`inferctl.contract.yamlfile.load_yaml`),
+            or a field is wrong: a limit outside 1..1e15 per minute, an API key no client could
+            send (:func:`inferctl.contract.http.check_api_key`); the message names the file and
+            the field's path (``rate_limits.keys[1].tokens_per_minute: must be a number >= 1, got -5``).
     """
     import os
-
-    import yaml
 
     env = os.environ if env is None else env
     try:
         with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f)
+            doc = load_yaml(f.read())
     except OSError as exc:
         raise ConfigError(f"--config: cannot read {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--config: {path} is not valid YAML ({str(exc).splitlines()[0]})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"--config: {path} is not UTF-8 text") from None
+    except ValueError as exc:   # invalid YAML, a duplicate key, nesting too deep
+        raise ConfigError(f"--config: {path}: {exc}") from None
     doc = {} if doc is None else doc
     if not isinstance(doc, dict):
         raise ConfigError(f"--config: {path} must be a mapping of {', '.join(FILE_KEYS)}")
@@ -198,9 +209,12 @@ def _limit(where: str, raw: Any, name: str, fail: Callable[[str, str], ConfigErr
     values = {}
     for k in _LIMIT_KEYS:
         v = raw.get(k)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0
-                              or v == float("inf")):
-            raise fail(f"{where}.{k}", f"must be a number > 0 (per minute), got {v!r}")
+        # a bucket must hold one whole request / token: with a capacity below 1 it never would
+        # and every request would be refused forever (with a Retry-After promising otherwise)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 1):
+            raise fail(f"{where}.{k}", f"must be a number >= 1 (per minute), got {v!r}")
+        if v is not None and v > MAX_PER_MINUTE:
+            raise fail(f"{where}.{k}", f"must be at most {MAX_PER_MINUTE:.0e} (per minute), got {v!r}")
         values[k] = None if v is None else float(v)
     if values["requests_per_minute"] is None and values["tokens_per_minute"] is None:
         raise fail(where, "give requests_per_minute and/or tokens_per_minute")
@@ -233,15 +247,21 @@ def _rate_limits(raw: Any, env: Mapping[str, str],
         names.add(name)
         if ("key" in entry) == ("key_env" in entry):
             raise fail(where, "give exactly one of key and key_env")
+        field_ = "key_env" if "key_env" in entry else "key"
         if "key_env" in entry:
             var = entry["key_env"]
-            key = env.get(var) if isinstance(var, str) else None
+            # a secret mounted from a file ends in a newline: strip it, as read_token_file does
+            key = (env.get(var) or "").strip() if isinstance(var, str) else ""
             if not key:
                 raise fail(f"{where}.key_env", f"environment variable {var!r} is not set or empty")
         else:
             key = entry["key"]
             if not isinstance(key, str) or not key.strip():
                 raise fail(f"{where}.key", "must be a non-empty string")
+        try:   # clients send 'Authorization: Bearer KEY' (stripped): a key with spaces would never match
+            check_api_key(key, "key")
+        except ValueError as exc:
+            raise fail(f"{where}.{field_}", str(exc).removeprefix("key: ")) from None
         if key in keys:
             raise fail(f"{where}.key", f"the same key as {keys[key].name}")
         keys[key] = lim

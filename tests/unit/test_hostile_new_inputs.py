@@ -39,3 +39,59 @@ def test_api_key_too_long_for_a_header_is_refused():
 def test_ordinary_api_keys_pass():
     for key in ("k", "sk-abc_DEF.123~+/=", "!#$%&'*"):
         assert check_api_key(key, "--api-key") == key
+
+
+# ------------------------------------------------------------------ router --config
+def load_router(tmp_path, text: str | bytes, env: dict | None = None) -> dict:
+    from inferctl.router.config import load_config_file
+    p = tmp_path / "router.yaml"
+    (p.write_bytes if isinstance(text, bytes) else p.write_text)(text)
+    return load_config_file(str(p), env or {})
+
+
+@pytest.mark.parametrize("text, says", [
+    ("rate_limits:\n  default: {requests_per_minute: 5}\nrate_limits:\n  keys: []\n",
+     "duplicate key 'rate_limits' at line 3"),
+    ("rate_limits:\n  default: {requests_per_minute: 5, requests_per_minute: 9}\n",
+     "duplicate key 'requests_per_minute' at line 2"),
+    ("engines: " + "[" * 5000 + "\n", "nested too deeply to parse"),
+    (b"\xff\xfe\x00garbage", "is not UTF-8 text"),
+])
+def test_router_config_file_that_would_lose_data_or_crash_is_refused(tmp_path, text, says):
+    from inferctl.router.config import ConfigError
+    with pytest.raises(ConfigError, match=says):
+        load_router(tmp_path, text)
+
+
+@pytest.mark.parametrize("value", ["0.5", "1e-300", "0", "-5", str(10**400), ".inf", ".nan", "'60'", "true"])
+@pytest.mark.parametrize("limit", ["requests_per_minute", "tokens_per_minute"])
+def test_router_rate_limit_outside_1_to_1e15_is_refused(tmp_path, limit, value):
+    from inferctl.router.config import ConfigError
+    with pytest.raises(ConfigError, match=rf"rate_limits\.default\.{limit}: must be (a number >= 1|at most 1e\+15)"):
+        load_router(tmp_path, f"rate_limits:\n  default: {{{limit}: {value}}}\n")
+    assert load_router(tmp_path, f"rate_limits:\n  default: {{{limit}: 1}}\n")["rate_default"].name == "default"
+
+
+def test_router_rate_limit_of_one_per_minute_admits_a_request():
+    from inferctl.router.ratelimit import KeyLimit, RateLimiter
+    limiter = RateLimiter({}, KeyLimit("default", requests_per_minute=1.0), clock=lambda: 0.0)
+    assert limiter.admit(None).ok and not limiter.admit(None).ok
+
+
+def test_router_key_env_secret_file_newline_is_stripped_and_unsendable_keys_are_refused(tmp_path):
+    from inferctl.router.config import ConfigError
+    entry = "rate_limits:\n  keys:\n  - {name: a, %s, requests_per_minute: 5}\n"
+    keys = load_router(tmp_path, entry % "key_env: TEAM_KEY", {"TEAM_KEY": "sk-team\n"})["rate_keys"]
+    assert list(keys) == ["sk-team"]
+    with pytest.raises(ConfigError, match=r"keys\[0\]\.key: the API key holds whitespace"):
+        load_router(tmp_path, entry % "key: ' sk-team '")
+    with pytest.raises(ConfigError, match=r"keys\[0\]\.key_env: the API key holds whitespace"):
+        load_router(tmp_path, entry % "key_env: TEAM_KEY", {"TEAM_KEY": "sk team"})
+
+
+def test_load_yaml_keeps_what_safe_load_keeps():
+    from inferctl.contract.yamlfile import load_yaml
+    assert load_yaml("a: &x {b: 1}\nc: *x\n1: i\n'1': s\n") == {"a": {"b": 1}, "c": {"b": 1}, 1: "i", "1": "s"}
+    assert load_yaml("") is None
+    with pytest.raises(ValueError, match="not valid YAML"):
+        load_yaml("a: [\n")
