@@ -16,6 +16,7 @@ from inferctl.controller import signals as sig
 from inferctl.controller.actions import RESTART_REASONS
 from inferctl.controller.events import EVENT_KINDS
 from inferctl.controller.metrics import CONTROLLER_METRICS
+from inferctl.controller.signals.memo import QualityMemo
 from inferctl.controller.policies.hardware_state import STANDING_KINDS, standing_faults
 from inferctl.controller.reset import OUTCOMES as RESET_OUTCOMES
 from inferctl.controller.types import Decision, EngineSnapshot, GpuReading
@@ -49,6 +50,7 @@ class Exporter:
         # the value last set, so an unchanged gauge costs one dict look-up per poll
         self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
         self._set: dict[tuple[str, tuple[str, ...]], float] = {}
+        self._quality = QualityMemo()
 
     # ------------------------------------------------------------------ primitives
     def _child(self, name: str, labels: Mapping[str, str]) -> tuple[tuple[str, tuple[str, ...]], Any] | None:
@@ -153,12 +155,12 @@ class Exporter:
         window = sig.batch_window(prev, snap, c)
         self.gauge("inferctl_padding_ratio", window["padding_ratio"].value, engine=name)
         self.gauge("inferctl_effective_batch_size", window["effective_batch_size"].value, engine=name)
-        rep = sig.repetition_summary(snap.recent_requests, counter=c)
+        quality = self._quality.summaries(name, snap.recent_requests, c)   # recomputed when the window changes
+        rep = quality.repetition
         self.gauge("inferctl_repetition_ratio", rep.mean_seq_rep.value, engine=name)
         for bucket, rate in rep.by_bucket.items():
             self.gauge("inferctl_degenerate_ratio", rate.rate, engine=name, prompt_len_bucket=bucket)
-        self.gauge("inferctl_perplexity", sig.perplexity_summary(snap.recent_requests, counter=c).value,
-                   engine=name)
+        self.gauge("inferctl_perplexity", quality.perplexity.value, engine=name)
         self._count_faults(name, snap)
 
     def _export_precision(self, name: str, snap: EngineSnapshot) -> None:

@@ -8,7 +8,8 @@ exp(−mean logprob), so a valid perplexity is ≥ 1.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from inferctl.contract.quality import (PROMPT_LEN_BUCKETS, PROMPT_LEN_EDGES, edge_labels, is_degenerate_rep,
                                        prompt_len_bucket)

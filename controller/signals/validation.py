@@ -10,10 +10,16 @@ A sample is accepted when it is a finite number >= 0 (and <= 1 for a ratio); any
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Mapping
 
 from inferctl.controller.signals.values import (FleetSignal, InvalidSampleCounter, Signal,
                                                 first_missing, invalid_signal, no_data)
+
+#: The largest finite float: ``0 <= x <= _INF_BELOW`` is False for NaN, -x and +inf alike.
+_INF_BELOW = sys.float_info.max
+#: Integers below this convert to a finite float without an OverflowError.
+_INT_FAST = 2 ** 63
 
 
 def check_number(x: Any, name: str, counter: InvalidSampleCounter | None,
@@ -24,7 +30,15 @@ def check_number(x: Any, name: str, counter: InvalidSampleCounter | None,
     range), a negative value or one above ``upper`` -> invalid, counted in ``counter`` under
     ``name`` with the codes ``not_a_number``, ``nan``, ``inf``, ``negative``, ``above_one``.
     """
-    if x is None:
+    if type(x) is float:   # the common case (a parsed JSON or Prometheus number): no conversion
+        if 0.0 <= x <= _INF_BELOW and (upper is None or x <= upper):
+            return Signal(name, x, None, False, {"raw": x})
+    elif type(x) is int:   # a count: exact as a float below 2**53, always finite below 2**63
+        if 0 <= x < _INT_FAST:
+            v = float(x)
+            if upper is None or v <= upper:
+                return Signal(name, v, None, False, {"raw": v})
+    elif x is None:
         return no_data(name, f"{name}: no data", raw=None)
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return invalid_signal(name, "not_a_number", f"{name}: {str(x)[:80]!r} is not a number", counter,
