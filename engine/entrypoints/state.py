@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from inferctl.contract.errors import APIError
 from inferctl.contract.openai import ProtocolLimits, max_prompt_chars
+from inferctl.engine.chat_template import ChatTemplate
 
 if TYPE_CHECKING:
     from inferctl.engine.engine import LLMEngine, RequestOutput
@@ -166,7 +167,7 @@ class ServerState:
     default_model: str
     admin_token: str | None
     limits: ProtocolLimits
-    chat_template: str
+    chat_template: ChatTemplate
     max_body_bytes: int
     retry_after_seconds: int
     routes: dict[str, str] = field(default_factory=dict)
