@@ -40,7 +40,9 @@ FAULT_SOURCES: tuple[str, ...] = (SOURCE_BUDGET, SOURCE_CUDA, SOURCE_INJECTED)
 ACTION_BACKOFF = "backoff"
 ACTION_EMPTY_CACHE = "empty_cache"
 ACTION_REJECT = "reject"
-FAULT_ACTIONS: tuple[str, ...] = (ACTION_BACKOFF, ACTION_EMPTY_CACHE, ACTION_REJECT)
+#: A speculative draft forward ran out of memory: the step ran without drafts (nothing re-queued).
+ACTION_SKIP_DRAFTS = "skip_drafts"
+FAULT_ACTIONS: tuple[str, ...] = (ACTION_BACKOFF, ACTION_EMPTY_CACHE, ACTION_REJECT, ACTION_SKIP_DRAFTS)
 
 #: ``memory.source``: the simulated caching allocator (CPU) or CUDA's own numbers.
 MEMORY_SIMULATED = "simulated"
@@ -95,6 +97,8 @@ class MemorySection(TypedDict):
     weights_bytes: int
     kv_pool_bytes: int
     activation_bytes: int
+    draft_weights_bytes: int      # the speculative draft model's weights (0: no draft model)
+    draft_kv_pool_bytes: int      # its KV pool (as many blocks as kv_cache.num_blocks)
     full_weights_bytes: int | None
     int8_weights_bytes: int | None
     source: str

@@ -165,7 +165,8 @@ class LLMEngine:
         self._weight_bytes_by_mode = (model.weight_bytes_by_mode()
                                       if hasattr(model, "weight_bytes_by_mode") else {})
         self.acts = ActivationModel.of(self.args, model.dtype)
-        plan = plan_memory(model, self.args, cfg, self.device, self.acts)
+        draft = spec_decoder.build_draft(cfg.speculative_config, model)   # sized by the plan
+        plan = plan_memory(model, self.args, cfg, self.device, self.acts, draft)
         self.accountant = plan.accountant
         self.kv_cache = plan.kv_cache
         self.num_kv_blocks = plan.num_kv_blocks
@@ -181,7 +182,7 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.kv_cache, cfg.block_size, self.accountant, self.sampler)
         # speculative decoding (engine.spec_decode): None when --speculative-config is not given
         self.spec = spec_decoder.create(cfg.speculative_config, model, self.block_manager, self.sampler,
-                                        self.kv_cache.kv_int8)
+                                        plan, draft, cfg.max_num_batched_tokens)
         self.oom = OomHandler(cfg.max_oom_retries, cfg.oom_backoff_seconds,
                               cfg.oom_backoff_max_seconds, self.acts)
         # the two views of one accounting: /stats and /metrics
@@ -391,7 +392,9 @@ class LLMEngine:
         return outputs
 
     def _step(self, it: IterationStats, outputs: list[RequestOutput]) -> None:
-        # schedule
+        # schedule (speculative decoding: each decode's draft tokens are reserved in the budget)
+        if self.spec:
+            self.scheduler.num_speculative_tokens = 0 if self.spec.paused_reason(self.precision) else self.spec.k
         sched = self.scheduler.schedule()
         it.prefix_cache_queries, it.prefix_cache_hits = self.block_manager.pool.take_counters()
         it.num_preempted = len(sched.preempted)
@@ -402,7 +405,7 @@ class LLMEngine:
         t0 = time.monotonic()
         try:
             drafts = (self.spec.propose(sched.scheduled, self.config.max_num_batched_tokens - sched.num_tokens,
-                                        self.precision, self.scheduler.running) if self.spec else None)
+                                        self.precision, self.scheduler.running, it) if self.spec else None)
             res = self.runner.execute(sched.scheduled, drafts)
         except Exception as exc:   # noqa: BLE001 — a failed forward must never kill the engine
             self._handle_step_failure(exc, sched.scheduled, it, outputs)
@@ -578,6 +581,8 @@ class LLMEngine:
                                                if reserved > 0 else None),
                        "weights_bytes": snap["weights_bytes"], "kv_pool_bytes": snap["kv_pool_bytes"],
                        "activation_bytes": snap["activation_bytes"],
+                       "draft_weights_bytes": snap["draft_weights_bytes"],
+                       "draft_kv_pool_bytes": snap["draft_kv_pool_bytes"],
                        "full_weights_bytes": self._weight_bytes_by_mode.get("full"),
                        "int8_weights_bytes": self._weight_bytes_by_mode.get("int8"),
                        "source": MEMORY_CUDA if acct.is_cuda else MEMORY_SIMULATED},

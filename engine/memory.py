@@ -24,7 +24,8 @@ class MemoryAccountant:
     :meth:`reserve_activations` really allocates (then frees into PyTorch's cache, where the
     forward reuses it), so a step that does not fit raises PyTorch's own OOM.
 
-    Every allocation carries a tag (``"weights"``, ``"kv_cache"``, ``"activations"``).
+    Every allocation carries a tag (``"weights"``, ``"kv_cache"``, ``"activations"``; with a
+    speculative draft model also ``"draft_weights"``, ``"draft_kv_cache"``).
     """
 
     def __init__(self, budget_bytes: int, device: torch.device | str = "cpu"):
@@ -154,7 +155,7 @@ class MemoryAccountant:
 
     def snapshot(self) -> dict:
         """Current numbers in bytes: budget, allocated, reserved, reserved-unallocated, free,
-        and per tag (weights, kv_cache, activations)."""
+        and per tag (weights, kv_cache, activations, the speculative draft's weights and KV pool)."""
         allocated, reserved = self.allocated_bytes, self.reserved_bytes
         return {
             "budget_bytes": self.budget_bytes,
@@ -165,4 +166,6 @@ class MemoryAccountant:
             "weights_bytes": self.bytes_by_tag("weights"),
             "kv_pool_bytes": self.bytes_by_tag("kv_cache"),
             "activation_bytes": self.bytes_by_tag("activations"),
+            "draft_weights_bytes": self.bytes_by_tag("draft_weights"),
+            "draft_kv_pool_bytes": self.bytes_by_tag("draft_kv_cache"),
         }

@@ -81,7 +81,10 @@ class ActivationModel:
 @dataclass
 class MemoryPlan:
     """What :func:`plan_memory` set up: the accountant (weights and KV pool accounted), the
-    KV cache, the pool size and the numbers behind it (bytes)."""
+    KV cache, the pool size and the numbers behind it (bytes). With a speculative draft model
+    also its KV pool (``draft_kv_cache``, ``num_kv_blocks`` blocks of
+    ``draft_kv_bytes_per_block``), its weights and its profiled step (tags ``draft_weights``,
+    ``draft_kv_cache``); None / 0 without one."""
 
     accountant: MemoryAccountant
     kv_cache: KVCache
@@ -90,13 +93,17 @@ class MemoryPlan:
     profile_activation_bytes: int
     weights_handle: int
     kv_handle: int
+    draft_kv_cache: KVCache | None = None
+    draft_kv_bytes_per_block: int = 0
+    draft_weights_bytes: int = 0
+    draft_profile_activation_bytes: int = 0
 
 
 #: The simulated allocator rounds each allocation up to 512 bytes; four of them of slack.
 _ROUNDING_SLACK = 4 * 512
 
 
-def plan_memory(model, args, cfg, device: torch.device, acts: ActivationModel) -> MemoryPlan:
+def plan_memory(model, args, cfg, device: torch.device, acts: ActivationModel, draft=None) -> MemoryPlan:
     """Size the budget and the KV pool, allocate both through a new accountant.
 
     The activation headroom kept free is the estimate of vLLM's profile step: one prefill of
@@ -105,9 +112,19 @@ def plan_memory(model, args, cfg, device: torch.device, acts: ActivationModel) -
     explicit budget, the budget covers the worst step instead: B tokens at full context, every
     row's logits and their ``log_softmax`` (a prompt-logprobs prefill).
 
+    Speculative decoding with a draft model (``draft``: ``int8_self`` or ``draft_model``): the
+    draft keeps its own KV pool with as many blocks as the target's (the two share block tables,
+    docs/speculative-decoding.md), so each block costs ``bpb + draft_bpb`` and the pool shrinks to
+    ``(budget - weights - draft weights - headroom) // (bpb + draft_bpb)`` blocks (the int8
+    self-draft's pool is the target's twin: half as many blocks). The draft's forwards run before
+    the target's, never at the same time, so one activation headroom serves both:
+    ``max(profile, draft profile)``, the draft's profile being a ``max_num_batched_tokens``
+    step of the draft model (its catch-up forwards are chunked to that many tokens).
+
     Args:
         model: the loaded model (``weight_bytes()``, ``dtype``); args: its ``ModelArgs``;
-        cfg: the resolved ``EngineConfig``; device: where the engine runs.
+        cfg: the resolved ``EngineConfig``; device: where the engine runs; draft: the draft
+            model (``args``, ``dtype``, ``weight_bytes()``) or None.
 
     Raises:
         ConfigError: the budget cannot hold the weights, one KV block and the profile step, or
@@ -119,39 +136,61 @@ def plan_memory(model, args, cfg, device: torch.device, acts: ActivationModel) -
     weights = model.weight_bytes()
     B, S, L = cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_model_len
     profile = acts.step_bytes(B, 1, B * B, B)
+    d_bpb = d_weights = d_profile = d_worst = 0
+    if draft is not None:
+        da = draft.args
+        d_bpb = KVCache.bytes_per_block(da.n_layers, cfg.block_size, da.n_kv_heads, da.head_dim,
+                                        draft.dtype, kv_int8)
+        d_weights = draft.weight_bytes()
+        d_acts = ActivationModel.of(da, draft.dtype)
+        d_profile = d_acts.step_bytes(B, 1, B * B, B)
+        d_worst = d_acts.step_bytes(B, min(S, B), B * L, min(S, B) * L)
+    headroom = max(profile, d_profile)
+    per_block = bpb + d_bpb
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         budget = cfg.memory_budget_bytes or int(cfg.gpu_memory_utilization * total)
-        in_use = torch.cuda.memory_allocated(device)
-        num_blocks = cfg.num_kv_blocks if cfg.num_kv_blocks is not None else (budget - in_use - profile) // bpb
+        in_use = torch.cuda.memory_allocated(device)   # both models' weights are loaded already
+        num_blocks = (cfg.num_kv_blocks if cfg.num_kv_blocks is not None
+                      else (budget - in_use - headroom) // per_block)
     elif cfg.memory_budget_bytes is None:
         num_blocks = cfg.num_kv_blocks or max(1, min(S * -(-L // cfg.block_size),
-                                                     cfg.cpu_kv_cache_bytes // bpb))
+                                                     cfg.cpu_kv_cache_bytes // per_block))
         worst = acts.step_bytes(B, B, B * L, min(S, B) * L, num_logprob_rows=B)
-        budget = weights + num_blocks * bpb + max(worst, profile) + _ROUNDING_SLACK
+        budget = (weights + d_weights + num_blocks * per_block + max(worst, d_worst, headroom)
+                  + _ROUNDING_SLACK)
     else:
         budget = cfg.memory_budget_bytes
         num_blocks = (cfg.num_kv_blocks if cfg.num_kv_blocks is not None
-                      else (budget - weights - profile - _ROUNDING_SLACK) // bpb)
+                      else (budget - weights - d_weights - headroom - _ROUNDING_SLACK) // per_block)
     if num_blocks < 1:
+        draft_text = (f", the speculative draft's weights take {format_size(d_weights)} and its KV "
+                      f"pool {format_size(d_bpb)} per block" if draft is not None else "")
         raise ConfigError("memory_budget_bytes", (
             f"budget {format_size(budget)} leaves no room for one KV block "
-            f"({format_size(bpb)}): weights take {format_size(weights)} and a "
-            f"{B}-token step needs {format_size(profile)} of activations; raise the budget "
+            f"({format_size(bpb)}): weights take {format_size(weights)}{draft_text} and a "
+            f"{B}-token step needs {format_size(headroom)} of activations; raise the budget "
             "or lower max_num_batched_tokens"))
     accountant = MemoryAccountant(budget, device)
     try:
         weights_handle = accountant.allocate(weights, "weights")
         kv_handle = accountant.allocate(num_blocks * bpb, "kv_cache")
+        if draft is not None:
+            accountant.allocate(d_weights, "draft_weights")
+            accountant.allocate(num_blocks * d_bpb, "draft_kv_cache")
     except torch.OutOfMemoryError as err:
         raise ConfigError("memory_budget_bytes", (
-            f"budget {format_size(budget)} cannot hold the weights ({format_size(weights)}) "
-            f"and {num_blocks} KV blocks ({format_size(num_blocks * bpb)})")) from err
+            f"budget {format_size(budget)} cannot hold the weights ({format_size(weights + d_weights)}) "
+            f"and {num_blocks} KV blocks ({format_size(num_blocks * per_block)})")) from err
     try:
         kv_cache = KVCache.allocate(args.n_layers, num_blocks, cfg.block_size, args.n_kv_heads,
                                     args.head_dim, model.dtype, device, kv_int8=kv_int8)
+        draft_kv = None if draft is None else KVCache.allocate(
+            draft.args.n_layers, num_blocks, cfg.block_size, draft.args.n_kv_heads, draft.args.head_dim,
+            draft.dtype, device, kv_int8=kv_int8)
     except torch.OutOfMemoryError as err:   # CUDA: the device itself could not hold it
         raise ConfigError("num_kv_blocks", (
-            f"{num_blocks} KV blocks ({format_size(num_blocks * bpb)}) do not fit on "
+            f"{num_blocks} KV blocks ({format_size(num_blocks * per_block)}) do not fit on "
             f"{device}: {err}")) from err
-    return MemoryPlan(accountant, kv_cache, num_blocks, bpb, profile, weights_handle, kv_handle)
+    return MemoryPlan(accountant, kv_cache, num_blocks, bpb, profile, weights_handle, kv_handle,
+                      draft_kv, d_bpb, d_weights, d_profile)

@@ -8,7 +8,12 @@ Order per step:
 1. the running queue (kept sorted by arrival time, FCFS): decodes and unfinished prefill
    chunks. When the free list cannot hold a sequence's new tokens, the most recently arrived
    running sequence is preempted by recompute (blocks freed, ``num_computed_tokens = 0``,
-   put at the front of the waiting queue), until the sequence fits or is itself the victim;
+   put at the front of the waiting queue), until the sequence fits or is itself the victim.
+   With speculative decoding (``num_speculative_tokens`` = k > 0), once the running queue is
+   scheduled, its decodes' draft tokens (k each, at most ``max_tokens - generated - 1``) are
+   reserved in the step's budget before the waiting queue's prefills take it (vLLM schedules
+   draft tokens with the decode); the engine's proposer finds them in the budget left
+   (:mod:`inferctl.engine.spec_decode`). Running sequences' own tokens come first;
 2. the waiting queue (FCFS, preempted sequences first), while the token budget, the free list
    and ``max_num_seqs`` allow and no preemption happened in this step (as vLLM does, to avoid
    admitting work that would be preempted next step).
@@ -82,6 +87,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preemptions_total = 0
+        self.num_speculative_tokens = 0   # draft tokens reserved per decode (set by the engine)
 
     # ------------------------------------------------------------------ admission
     def check_admission(self, prompt_len: int, max_tokens: int | None) -> int:
@@ -135,7 +141,7 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         bm = self.block_manager
         running = self.running
-        prefill = decode = 0
+        prefill = decode = drafts = 0
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
@@ -158,10 +164,12 @@ class Scheduler:
             budget -= n
             if remaining == 1 and seq.output_token_ids:
                 decode += 1
+                drafts += max(0, min(self.num_speculative_tokens, seq.max_tokens - len(seq.output_token_ids) - 1))
             else:
                 prefill += n
             i += 1
 
+        budget -= min(budget, drafts)   # the decodes' draft tokens, before the waiting prefills
         if not out.preempted:
             waiting = self.waiting
             while waiting and budget > 0 and len(running) < self.max_num_seqs:

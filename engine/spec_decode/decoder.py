@@ -7,7 +7,13 @@ The engine step with speculation (vLLM's v1 design, one forward of the target pe
    from the proposer, capped so the request can never emit more than ``max_tokens`` (k <=
    tokens left - 1) and the step stays within ``max_num_batched_tokens``. Its KV slots for the
    k extra positions are allocated on top of the scheduler's one; when the pool cannot hold them
-   the sequence simply decodes without drafts this step (speculation never preempts).
+   the sequence simply decodes without drafts this step (speculation never preempts). The
+   scheduler reserved the k tokens in the step's budget before prefills
+   (``Scheduler.num_speculative_tokens``), so a burst of prefills does not starve the drafts.
+   A draft forward that runs out of memory (the accountant's reservation, an injected fault or
+   CUDA) is an OOM fault like the engine's others: recorded in ``it.ooms`` (action
+   ``skip_drafts``; ``empty_cache()`` first for fragmentation), its KV slots given back, and
+   the step runs without drafts, so no request is lost or re-queued.
 2. **verify**: the runner feeds ``[last token, d_1 … d_k]`` as one chunk over the paged cache
    and returns the k+1 logits rows (all sequences, drafts of different lengths, prefill chunks
    and plain decodes in the same packed batch). :mod:`.rejection` picks the emitted tokens:
@@ -34,12 +40,17 @@ from dataclasses import dataclass
 
 import torch
 
+from inferctl.contract.oom import OOM_EXHAUSTION, OOM_FRAGMENTATION, classify_oom
+from inferctl.contract.stats import ACTION_SKIP_DRAFTS, SOURCE_CUDA
+from inferctl.engine.faults import oom_info_of
+from inferctl.engine.oom import ERROR_OOM, classify_error
 from inferctl.engine.sampler import SampleResult
 from inferctl.engine.sequence import Sequence
 from inferctl.engine.spec_decode.config import (METHOD_DRAFT_MODEL, METHOD_INT8_SELF, METHOD_NGRAM,
                                                 SpeculativeConfig)
 from inferctl.engine.spec_decode.proposers import DraftModelProposer, NgramProposer, build_int8_self_draft
 from inferctl.engine.spec_decode.rejection import greedy_accept, rejection_sample, sanitize, target_probs
+from inferctl.engine.stats import OomFault
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +84,17 @@ def _load_draft_model(path: str, target):
     return bundle.model
 
 
+def build_draft(cfg: SpeculativeConfig | None, model):
+    """The draft model of ``cfg`` (``int8_self``: the target's int8 copy; ``draft_model``: the
+    checkpoint loaded on the target's device and dtype), or None (speculation off, ``ngram``).
+    Built before the memory plan, which sizes its weights and KV pool. Raises ConfigError
+    (``speculative_config.model``) when a draft model cannot be loaded or does not share the
+    target's vocabulary."""
+    if cfg is None or cfg.method == METHOD_NGRAM:
+        return None
+    return build_int8_self_draft(model) if cfg.method == METHOD_INT8_SELF else _load_draft_model(cfg.model, model)
+
+
 class SpecDecoder:
     """Speculative decoding for one engine.
 
@@ -82,24 +104,29 @@ class SpecDecoder:
         block_manager: the engine's block manager (drafts' KV slots are allocated and truncated there).
         sampler: the engine's sampler (greedy verification uses it, so argmax and logprobs are
             computed exactly as without speculation).
-        kv_int8: the target's KV cache is int8 (the draft pool follows).
-
-    Raises ConfigError (``speculative_config.model``) when a draft model cannot be loaded or
-    does not share the target's vocabulary.
+        plan: the engine's :class:`~inferctl.engine.memory_plan.MemoryPlan` (the draft's KV pool
+            and the accountant its forwards reserve activations in); needed with a draft model.
+        draft_model: what :func:`build_draft` returned (None for ``ngram``).
+        max_tokens: the engine's ``max_num_batched_tokens`` (the cap of a draft catch-up forward).
     """
 
-    def __init__(self, cfg: SpeculativeConfig, model, block_manager, sampler, kv_int8: bool = False):
+    def __init__(self, cfg: SpeculativeConfig, model, block_manager, sampler, plan=None, draft_model=None,
+                 max_tokens: int | None = None):
         self.cfg = cfg
         self.k = cfg.num_speculative_tokens
         self.bm = block_manager
         self.sampler = sampler
         self.ngram: NgramProposer | None = None
         self.draft: DraftModelProposer | None = None
+        self.accountant = plan.accountant if plan is not None else None
         if cfg.method == METHOD_NGRAM:
             self.ngram = NgramProposer(cfg.prompt_lookup_max, cfg.prompt_lookup_min)
         else:
-            dm = build_int8_self_draft(model) if cfg.method == METHOD_INT8_SELF else _load_draft_model(cfg.model, model)
-            self.draft = DraftModelProposer(dm, block_manager.num_blocks, block_manager.block_size, kv_int8)
+            if draft_model is None or plan is None or plan.draft_kv_cache is None:
+                raise ValueError(f"speculative method {cfg.method!r} needs the draft model and the memory "
+                                 "plan's draft KV pool")
+            self.draft = DraftModelProposer(draft_model, plan.draft_kv_cache, block_manager.block_size,
+                                            self.accountant, max_tokens)
         self.device = torch.device(model.device)
         self._gen = torch.Generator(device=self.device)
         self._gen.seed()
@@ -109,6 +136,12 @@ class SpecDecoder:
         self.accepted_per_pos = [0] * self.k
         self.draft_errors = 0
         self.last_draft_error: str | None = None
+        self.draft_ooms = 0
+        self.memory = ({} if plan is None else
+                       {"draft_weights_bytes": plan.draft_weights_bytes,
+                        "draft_kv_pool_bytes": plan.num_kv_blocks * plan.draft_kv_bytes_per_block,
+                        "draft_kv_bytes_per_block": plan.draft_kv_bytes_per_block,
+                        "draft_profile_activation_bytes": plan.draft_profile_activation_bytes})
 
     # ------------------------------------------------------------------ state
     def paused_reason(self, precision: str) -> str | None:
@@ -125,15 +158,18 @@ class SpecDecoder:
                 "acceptance_rate": (self.num_accepted_tokens / self.num_draft_tokens
                                     if self.num_draft_tokens else None),
                 "accepted_per_position": list(self.accepted_per_pos),
-                "draft_errors": self.draft_errors, "last_draft_error": self.last_draft_error}
+                "draft_errors": self.draft_errors, "last_draft_error": self.last_draft_error,
+                "draft_ooms": self.draft_ooms, **self.memory}
 
     # ------------------------------------------------------------------ 1. propose
     def propose(self, scheduled: list[tuple[Sequence, int]], budget: int, precision: str,
-                running: list[Sequence]) -> Drafts | None:
+                running: list[Sequence], it=None) -> Drafts | None:
         """Drafts for the decode sequences of ``scheduled`` (see the module docstring), their KV
         slots allocated. ``budget``: batched tokens left this step. None when nothing is drafted.
-        A draft model that raises is logged and counted (``draft_errors``); the step then runs
-        without drafts (a draft failure never fails a request)."""
+        A draft forward that runs out of memory is an OOM fault (recorded in ``it.ooms``, see the
+        module docstring); one that raises anything else is logged and counted
+        (``draft_errors``). Either way the step then runs without drafts (a draft failure never
+        fails a request)."""
         if self.paused_reason(precision) is not None or budget < 1:
             return None
         bm = self.bm
@@ -162,13 +198,31 @@ class SpecDecoder:
                 try:
                     out = self.draft.propose(batch)
                 except Exception as err:   # noqa: BLE001 — a draft failure must not fail requests
-                    self.draft_errors += 1
-                    self.last_draft_error = f"{type(err).__name__}: {err}"
-                    log.warning("speculative draft failed, decoding without drafts: %s", self.last_draft_error)
-                    for seq, _ in batch:
-                        bm.truncate(seq, seq.num_computed_tokens + 1)
+                    self._draft_failed(err, batch, precision, it)
                     return None
+                for seq, _ in batch:   # caught up partly this step: no drafts, slots given back
+                    if seq.request_id not in out:
+                        bm.truncate(seq, seq.num_computed_tokens + 1)
         return out or None
+
+    def _draft_failed(self, err: BaseException, batch: list[tuple[Sequence, int]], precision: str, it) -> None:
+        for seq, _ in batch:
+            self.bm.truncate(seq, seq.num_computed_tokens + 1)
+        msg = f"{type(err).__name__}: {err}"
+        if classify_error(err, frozenset()) != ERROR_OOM:
+            self.draft_errors += 1
+            self.last_draft_error = msg
+            log.warning("speculative draft failed, decoding without drafts: %s", msg)
+            return
+        self.draft_ooms += 1
+        info = oom_info_of(err)
+        kind = classify_oom(info) or OOM_EXHAUSTION
+        if kind == OOM_FRAGMENTATION and self.accountant is not None:
+            self.accountant.empty_cache()
+        log.warning("speculative draft out of memory (%s), decoding without drafts: %s", kind, msg)
+        if it is not None:
+            it.ooms.append(OomFault(kind, info, info.message or str(err), 0, 0, precision,
+                                    getattr(err, "oom_source", SOURCE_CUDA), ACTION_SKIP_DRAFTS))
 
     # ------------------------------------------------------------------ 2. verify
     def verify(self, rows: list[tuple[Sequence, torch.Tensor]], drafts: Drafts) -> list[tuple[Sequence, Emitted]]:
@@ -304,10 +358,12 @@ def merge_outputs(outputs: list) -> list:
     return list(merged.values())
 
 
-def create(cfg: SpeculativeConfig | None, model, block_manager, sampler, kv_int8: bool = False) -> SpecDecoder | None:
-    """A :class:`SpecDecoder` for ``cfg``, or None when speculation is off."""
+def create(cfg: SpeculativeConfig | None, model, block_manager, sampler, plan=None, draft_model=None,
+           max_tokens: int | None = None) -> SpecDecoder | None:
+    """A :class:`SpecDecoder` for ``cfg``, or None when speculation is off (arguments as
+    :class:`SpecDecoder`). Raises ValueError for an unknown method."""
     if cfg is None:
         return None
     if cfg.method not in (METHOD_NGRAM, METHOD_INT8_SELF, METHOD_DRAFT_MODEL):
         raise ValueError(f"unknown speculative method {cfg.method!r}")
-    return SpecDecoder(cfg, model, block_manager, sampler, kv_int8)
+    return SpecDecoder(cfg, model, block_manager, sampler, plan, draft_model, max_tokens)

@@ -15,12 +15,16 @@ list they were written through: the target's block table is replaced by a new li
 the sequence loses its blocks (preemption, OOM requeue), which resets ``computed`` to 0. Each
 proposal first catches the draft cache up on the tokens it has not seen (the prompt after the
 target's prefill, accepted tokens), then drafts k tokens; after verification the valid prefix
-is ``min(target's computed tokens, positions the draft wrote)``.
+is ``min(target's computed tokens, positions the draft wrote)``. The catch-up forward feeds at
+most ``max_tokens`` tokens (the engine's ``max_num_batched_tokens``, the step the memory plan
+profiled): a sequence whose catch-up does not fit is caught up partly and drafts from a later step.
 
 The int8 self-draft (``int8_self``) is a :class:`DraftModelProposer` over a copy of the target
 model quantized per output channel (``engine.quant``; ~1/4 of fp32 weight bytes).
-Memory: the draft weights and the draft pool are not yet counted by the engine's memory
-accountant (docs/speculative-decoding.md, what is left).
+Memory: the draft's weights and its pool are sized and accounted by the engine's memory plan
+(:func:`inferctl.engine.memory_plan.plan_memory`, tags ``draft_weights``/``draft_kv_cache``);
+every draft forward reserves its activations through the accountant first, so a draft step that
+does not fit raises ``torch.OutOfMemoryError`` before it runs.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import numpy as np
 import torch
 
 from inferctl.engine.attention import AttentionMetadata, KVCache
+from inferctl.engine.memory_plan import ActivationModel
 from inferctl.engine.sampling_params import SamplingParams
 from inferctl.engine.sequence import Sequence
 from inferctl.engine.spec_decode.rejection import sanitize, target_probs
@@ -66,25 +71,25 @@ class DraftModelProposer:
 
     Args:
         model: the draft model (on the target's device).
-        num_blocks / block_size: the target pool's shape (the draft pool mirrors it).
-        kv_int8: store the draft pool in int8 (as the target's ``kv_cache_dtype``).
+        kv_cache: the draft's pool (as many blocks as the target's; allocated by the memory plan).
+        block_size: tokens per block (the target's).
+        accountant: the engine's :class:`~inferctl.engine.memory.MemoryAccountant`; each draft
+            forward reserves its activations there (None: not accounted).
+        max_tokens: most tokens one catch-up forward feeds (None: no cap).
     """
 
-    def __init__(self, model, num_blocks: int, block_size: int, kv_int8: bool = False):
-        a = model.args
+    def __init__(self, model, kv_cache: KVCache, block_size: int, accountant=None,
+                 max_tokens: int | None = None):
         self.model = model
         self.block_size = block_size
         self.device = torch.device(model.device)
-        self.kv_cache = KVCache.allocate(a.n_layers, num_blocks, block_size, a.n_kv_heads, a.head_dim,
-                                         model.dtype, self.device, kv_int8=kv_int8)
+        self.kv_cache = kv_cache
+        self.accountant = accountant
+        self.acts = ActivationModel.of(model.args, model.dtype)
+        self.max_tokens = max_tokens
         self._state: dict[str, tuple[list[int], int]] = {}
         self._shared_gen = torch.Generator(device=self.device)
         self._shared_gen.seed()
-
-    def nbytes(self) -> int:
-        """Bytes of the draft weights and the draft KV pool."""
-        w = self.model.weight_bytes() if hasattr(self.model, "weight_bytes") else 0
-        return int(w) + self.kv_cache.nbytes()
 
     def computed(self, seq: Sequence) -> int:
         """Valid positions of ``seq`` in the draft cache (0 after the target lost its blocks)."""
@@ -102,15 +107,26 @@ class DraftModelProposer:
         ids: list[int] = []
         pos: list[int] = []
         meta_chunks = []
+        sum_q_ctx = sum_ctx = 0
         for seq, toks, start in chunks:
             ids.extend(toks)
-            pos.extend(range(start, start + len(toks)))
+            end = start + len(toks)
+            pos.extend(range(start, end))
             meta_chunks.append((seq.block_table, start, len(toks), False))
-        dev = self.device
-        meta = AttentionMetadata.build(meta_chunks, self.block_size, dev)
-        with torch.inference_mode():
-            return self.model(torch.tensor(ids, dtype=torch.long, device=dev),
-                              torch.tensor(pos, dtype=torch.long, device=dev), self.kv_cache, meta)
+            sum_q_ctx += len(toks) * end
+            sum_ctx += end
+        acct = self.accountant
+        handle = (acct.reserve_activations(self.acts.step_bytes(len(ids), len(chunks), sum_q_ctx, sum_ctx))
+                  if acct is not None else 0)
+        try:
+            dev = self.device
+            meta = AttentionMetadata.build(meta_chunks, self.block_size, dev)
+            with torch.inference_mode():
+                return self.model(torch.tensor(ids, dtype=torch.long, device=dev),
+                                  torch.tensor(pos, dtype=torch.long, device=dev), self.kv_cache, meta)
+        finally:
+            if acct is not None:
+                acct.release_activations(handle)
 
     def _pick(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[torch.Tensor | None]]:
         work, _ = sanitize(logits)
@@ -132,17 +148,37 @@ class DraftModelProposer:
         num_tokens - 1``, its block table already covering ``num_tokens + k - 1`` positions).
 
         Returns ``{request_id: (drafts, q)}``: q [k, V] the draft distributions of sampled
-        requests, None for greedy ones. Raises what the draft model raises.
+        requests, None for greedy ones; a sequence whose catch-up did not fit in ``max_tokens``
+        is absent (caught up partly). Raises what the draft model raises, and the accountant's
+        ``torch.OutOfMemoryError`` when a draft forward's activations do not fit.
         """
         out: dict[str, tuple[list[int], list]] = {}
         if not batch:
             return {}
         chunks = []
-        for seq, _ in batch:
+        live = []
+        cap = self.max_tokens if self.max_tokens is not None else float("inf")
+        for seq, k in batch:
             dc = self.computed(seq)
-            chunks.append((seq, seq.token_ids[dc:], dc))
-        live = list(batch)
+            take = int(min(seq.num_tokens - dc, cap))
+            if take < 1:
+                continue
+            chunks.append((seq, seq.token_ids[dc:dc + take], dc))
+            cap -= take
+            if dc + take == seq.num_tokens:
+                live.append((seq, k))
+        if not chunks:
+            return {}
         logits = self._forward(chunks)
+        for seq, toks, dc in chunks:
+            if dc + len(toks) < seq.num_tokens:   # caught up partly: drafts from a later step
+                self._state[seq.request_id] = (seq.block_table, dc + len(toks))
+        if len(live) < len(chunks):
+            ready = {id(s) for s, _ in live}
+            rows = [i for i, (s, _, _) in enumerate(chunks) if id(s) in ready]
+            logits = logits[rows]
+        if not live:
+            return {}
         step = 0
         while True:
             toks, qs = self._pick(logits, [s for s, _ in live])
@@ -163,6 +199,10 @@ class DraftModelProposer:
             logits = self._forward([(seq, [out[seq.request_id][0][-1]], seq.num_tokens - 1 + step)
                                     for seq, _ in live])
         return {rid: (d, None if ql[0] is None else torch.stack(ql)) for rid, (d, ql) in out.items()}
+
+    def nbytes(self) -> int:
+        """Bytes of the draft weights and the draft KV pool."""
+        return int(self.model.weight_bytes()) + self.kv_cache.nbytes()
 
     def accepted(self, seq: Sequence) -> None:
         """After verification: the valid draft positions are those the target kept."""

@@ -1,7 +1,8 @@
 """Speculative decoding in the real engine on stories260K: greedy output token-for-token
 identical to non-speculative decoding (ngram and the int8 self-draft, several k, chunked
 prefill, stop strings, repetition stop, max_tokens edge cases, forced preemption), logprobs
-from the target, metrics, the int8 pause, and the sampled distribution."""
+from the target, metrics, the int8 pause, and the sampled distribution (the first speculative
+token against the target's exact softmax; an "always accept" rule fails the same check)."""
 
 from __future__ import annotations
 
@@ -157,20 +158,12 @@ def test_int8_self_pauses_while_the_target_is_int8(bundle):
     assert st["paused"] is None and st["num_drafts"] > 0
 
 
-#: A broad target distribution (the rigorous check of the accept/reject rule is the unit test's
-#: chi-square against a known p; this one checks the engine's wiring end to end).
-TEMP = 1.5
-
-
-def _chi2_two_sample(a: dict[int, int], b: dict[int, int]) -> tuple[float, int]:
-    """Two-sample chi-square for equal sample sizes (sum (a-b)^2/(a+b)), bins with fewer than
-    10 observations pooled into one; returns (statistic, degrees of freedom)."""
-    keys = set(a) | set(b)
-    big = [t for t in keys if a.get(t, 0) + b.get(t, 0) >= 10]
-    rest_a = sum(a.get(t, 0) for t in keys if t not in big)
-    rest_b = sum(b.get(t, 0) for t in keys if t not in big)
-    pairs = [(a.get(t, 0), b.get(t, 0)) for t in big] + ([(rest_a, rest_b)] if rest_a + rest_b else [])
-    return sum((x - y) ** 2 / (x + y) for x, y in pairs), len(pairs) - 1
+#: Temperature of the sampled tests: the target's distribution after the prompt is broad, so a
+#: draft token's p is far from 1 and "always accept" visibly skews the emitted tokens.
+TEMP = 2.0
+#: The model's own greedy story, restarted: its continuation repeats the prompt (ngram drafts).
+SAMPLED_PROMPT = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
+                  "Once upon a time, there was a little")
 
 
 def _chi2_crit_p001(df: int) -> float:
@@ -180,29 +173,103 @@ def _chi2_crit_p001(df: int) -> float:
     return df * (1 - 2 / (9 * df) + 3.090 * math.sqrt(2 / (9 * df))) ** 3
 
 
-@pytest.mark.parametrize("method", ["ngram", "int8_self"])
-def test_sampled_tokens_follow_the_target_distribution(bundle, method):
-    """Over many seeds, the tokens at the speculated positions (1 and 2; position 0 comes from
-    the prefill) are distributed as without speculation (two-sample chi-square, p = 0.001)."""
-    n = 400
-    # the model's own greedy story, restarted: its continuation repeats the prompt, so ngram drafts
-    prompt = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
-              "Once upon a time, there was a little")
-    reqs = [(prompt, SamplingParams(max_tokens=3, temperature=TEMP, seed=s, ignore_eos=True)) for s in range(n)]
-    hist = {}
-    for name, sc in (("off", None), (method, spec(method, 2))):
-        # a budget that holds every prefill, so decodes have room for their drafts
-        engine, tokens, *_ = run(bundle, sc, reqs, max_num_seqs=n, max_num_batched_tokens=16384)
-        for pos in (1, 2):
-            h = hist.setdefault((name, pos), {})
-            for t in tokens.values():
-                h[t[pos]] = h.get(t[pos], 0) + 1
-        if sc:
-            st = engine.stats()["spec_decode"]
-            assert st["num_drafts"] > n // 4 and st["num_accepted_tokens"] > 0
-    for pos in (1, 2):
-        stat, df = _chi2_two_sample(hist[("off", pos)], hist[(method, pos)])
-        assert df >= 2 and stat < _chi2_crit_p001(df), (pos, stat, df)
+@pytest.fixture(scope="module")
+def perturbed_draft(stories_dir, tmp_path_factory):
+    """A draft checkpoint that disagrees with the target: stories260K with Gaussian noise (0.7 x
+    each weight's overall std) on every float after the 7-int header. Same vocabulary."""
+    import numpy as np
+
+    raw = (stories_dir / "stories260K.bin").read_bytes()
+    w = np.frombuffer(raw, dtype=np.float32, offset=28).copy()
+    w += np.random.default_rng(7).normal(0.0, 0.7 * float(w.std()), size=w.shape).astype(np.float32)
+    folder = tmp_path_factory.mktemp("draft")
+    (folder / "tok512.bin").write_bytes((stories_dir / "tok512.bin").read_bytes())
+    path = folder / "stories260K-noisy.bin"
+    path.write_bytes(raw[:28] + w.tobytes())
+    return path
+
+
+def _target_probs_after(model, prompt: list[int], first: list[int]) -> dict[int, list[float]]:
+    """The target's exact sampling distribution softmax(logits / TEMP) of the token after
+    ``prompt + [t]`` for each ``t`` in ``first`` (one forward per t over a fresh paged cache)."""
+    import torch
+
+    from inferctl.engine.attention import AttentionMetadata, KVCache
+
+    a, bs, out = model.args, 16, {}
+    for t in sorted(set(first)):
+        ids = prompt + [t]
+        nb = -(-len(ids) // bs)
+        kv = KVCache.allocate(a.n_layers, nb, bs, a.n_kv_heads, a.head_dim, model.dtype, model.device)
+        meta = AttentionMetadata.build([(list(range(nb)), 0, len(ids), False)], bs, model.device)
+        with torch.inference_mode():
+            logits = model(torch.tensor(ids), torch.arange(len(ids)), kv, meta)[-1].float()
+        out[t] = torch.softmax(logits / TEMP, dim=-1).tolist()
+    return out
+
+
+def _first_speculative_token_chi2(bundle, sc: dict, n: int = 600) -> tuple[float, int, dict]:
+    """Pearson chi-square of the first speculated token (output position 1; position 0 comes
+    from the prefill, never speculated) over ``n`` seeds against the target's exact
+    distribution given each seed's position-0 token: expected count of v = sum over seeds of
+    p(v | prompt, t0). Bins with an expected count below 5 are pooled. Returns (statistic,
+    degrees of freedom, the spec_decode stats)."""
+    prompt = bundle.tokenizer.encode(SAMPLED_PROMPT, bos=True)
+    reqs = [(SAMPLED_PROMPT, SamplingParams(max_tokens=3, temperature=TEMP, seed=s, ignore_eos=True))
+            for s in range(n)]
+    engine, tokens, *_ = run(bundle, sc, reqs, max_num_seqs=n, max_num_batched_tokens=16384)
+    exact = _target_probs_after(bundle.model, prompt, [t[0] for t in tokens.values()])
+    V = bundle.args.vocab_size
+    expected, observed = [0.0] * V, [0] * V
+    for t in tokens.values():
+        observed[t[1]] += 1
+        for v, pv in enumerate(exact[t[0]]):
+            expected[v] += pv
+    big = [v for v in range(V) if expected[v] >= 5]
+    pairs = [(observed[v], expected[v]) for v in big]
+    pairs.append((n - sum(o for o, _ in pairs), n - sum(e for _, e in pairs)))
+    stat = sum((o - e) ** 2 / e for o, e in pairs if e > 0)
+    return stat, len(pairs) - 1, engine.stats()["spec_decode"]
+
+
+SAMPLED_METHODS = ["ngram", "draft_model"]
+
+
+def _sampled_spec(method: str, perturbed_draft) -> dict:
+    if method == "ngram":
+        return spec("ngram", 1, prompt_lookup_min=1)
+    return spec("draft_model", 1, model=str(perturbed_draft))
+
+
+@pytest.mark.parametrize("method", SAMPLED_METHODS)
+def test_first_speculative_token_follows_the_target_distribution(bundle, perturbed_draft, method):
+    """Leviathan/Chen: whatever the draft proposes, the emitted token is distributed as the
+    target's p. The noisy draft model (and prompt lookup's point mass) disagree with p, so the
+    rule's rejections and residual draws are exercised (chi-square goodness of fit, p = 0.001)."""
+    stat, df, st = _first_speculative_token_chi2(bundle, _sampled_spec(method, perturbed_draft))
+    assert st["num_drafts"] > 200    # at least a third of the seeds' first speculative token was verified
+    assert 0 < st["num_accepted_tokens"] < st["num_draft_tokens"]   # drafts both accepted and rejected
+    assert df >= 10 and stat < _chi2_crit_p001(df), (stat, df)
+
+
+def test_the_distribution_check_catches_an_always_accept_rule(bundle, perturbed_draft, monkeypatch):
+    """The check above is sharp: with the accept/reject rule replaced by "always accept the
+    drafts" (then a bonus token from p), the same statistic is far beyond the critical value
+    (measured: 467 against 55.6 at 27 degrees of freedom; the correct rule gave 19). Run with
+    the noisy draft model: prompt lookup drafts for a third of the seeds only, which made the
+    broken rule's statistic (69) too close to the critical value to be a sharp check; its
+    point-mass branch is checked against a known p in tests/unit/test_spec_decode_rejection.py."""
+    from inferctl.engine.spec_decode import decoder
+
+    def always_accept(p, drafts, q, gen):
+        import torch
+
+        return list(drafts) + [int(torch.multinomial(p[len(drafts)], 1, generator=gen).item())], len(drafts)
+
+    monkeypatch.setattr(decoder, "rejection_sample", always_accept)
+    stat, df, st = _first_speculative_token_chi2(bundle, _sampled_spec("draft_model", perturbed_draft))
+    assert st["num_accepted_tokens"] == st["num_draft_tokens"] > 300
+    assert stat > 4 * _chi2_crit_p001(df), (stat, df)
 
 
 def test_draft_model_method_with_its_own_kv_pool(bundle, stories_dir, baseline, stop_string):
