@@ -161,3 +161,27 @@ def test_a_decode_keeps_its_drafts_during_a_prefill_burst(bundle, method):
         assert all(d >= 1 for d in drafts), drafts
     else:                            # prompt lookup proposes only on a match
         assert sum(drafts) >= len(drafts) // 2, drafts
+
+
+def test_draft_catch_up_forwards_stay_within_the_profiled_step(bundle):
+    """A draft forward feeds at most max_num_batched_tokens tokens (the step the plan profiled):
+    prompts longer than that are caught up over several steps, output unchanged."""
+    B = 16
+    prompts = [PROMPTS[1] + " and his friend went to the park to play with a big red ball", PROMPTS[2] * 2]
+    assert all(len(_enc(bundle, p)) > B for p in prompts)
+    ref = LLMEngine(bundle, EngineConfig(max_num_batched_tokens=B))
+    eng = LLMEngine(bundle, EngineConfig(speculative_config={"method": "int8_self", "num_speculative_tokens": 3},
+                                         max_num_batched_tokens=B))
+    fed: list[int] = []
+    forward = eng.spec.draft._forward
+
+    def spy(chunks):
+        fed.append(sum(len(toks) for _, toks, _ in chunks))
+        return forward(chunks)
+
+    eng.spec.draft._forward = spy
+    for e in (ref, eng):
+        for i, p in enumerate(prompts):
+            e.add_request(f"r{i}", _enc(bundle, p), _greedy(30))
+    assert drain(eng)[0] == drain(ref)[0]
+    assert max(fed) <= B and eng.stats()["spec_decode"]["num_drafts"] > 0
