@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.controller_helpers import wait_for_line
 from tests.gguf_helpers import require_smollm
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: loading dequantizes 272 tensors and builds a 49k-token BPE: seconds on a quiet machine, minutes on a busy one
 LOAD_TIMEOUT = 600
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def _ask_capital(base_url: str) -> tuple[str, str]:
@@ -53,8 +54,13 @@ def test_up_with_a_gguf_model_answers_paris(tmp_path):
     engine_port, controller_port = free_port(), free_port()
     out = tmp_path / "up.out"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    # the config only lengthens the engine's health timeout (60 s by default): on a shared, busy
+    # machine the load alone can take longer; --model applies to its launched engine
+    cfg = tmp_path / "up.yaml"
+    cfg.write_text(yaml.safe_dump({"engines": [{"name": "main", "kind": "bundled",
+                                                "launch": {"health_timeout_seconds": LOAD_TIMEOUT}}]}))
     with open(out, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "inferctl", "up", "--model", str(gguf),
+        proc = subprocess.Popen([sys.executable, "-m", "inferctl", "up", "--config", str(cfg), "--model", str(gguf),
                                  "--engine-port", str(engine_port), "--controller-port", str(controller_port),
                                  "--engine-log-dir", str(tmp_path / "logs")],
                                 cwd=tmp_path, stdout=f, stderr=subprocess.STDOUT, env=env)
