@@ -98,13 +98,16 @@ def parse_count(text: str | int | float, flag: str = "--params") -> int:
     """``7B``, ``70e9``, ``135M``, ``6.7b``, ``1.2T``, ``260K`` or a plain integer → a count.
 
     Raises:
-        PlanError: not a count, or not positive (naming ``flag``).
+        PlanError: not a count, not finite (``1e400``), or not positive (naming ``flag``).
     """
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*([kKmMbBgGtT]?)\s*", str(text))
     if not m:
         raise PlanError(flag, f"{text!r} is not a count (e.g. 7B, 135M, 70e9)")
     scale = {"": 1, "k": 10 ** 3, "m": 10 ** 6, "b": 10 ** 9, "g": 10 ** 9, "t": 10 ** 12}[m.group(2).lower()]
-    value = round(float(m.group(1)) * scale)
+    number = float(m.group(1)) * scale
+    if not math.isfinite(number):
+        raise PlanError(flag, f"{text!r} is too large to be a count")
+    value = round(number)
     if value < 1:
         raise PlanError(flag, f"must be >= 1, got {text!r}")
     return value
@@ -253,7 +256,9 @@ def dims_from_flags(params: str | None = None, layers: int | None = None, heads:
     estimate needs every dimension. Without ``--params`` the Llama layout gives it from the dims.
 
     Raises:
-        PlanError: a value below 1, or too little to count the parameters (naming the flag).
+        PlanError: a value below 1, ``--kv-heads`` not dividing ``--heads``, ``--hidden`` not a
+            multiple of ``--heads`` (without ``--head-dim``), or too little to count the
+            parameters (naming the flag).
     """
     given = {"--layers": layers, "--heads": heads, "--kv-heads": kv_heads, "--head-dim": head_dim,
              "--hidden": hidden, "--intermediate": intermediate, "--vocab": vocab}
@@ -261,9 +266,14 @@ def dims_from_flags(params: str | None = None, layers: int | None = None, heads:
         if v is not None and v < 1:
             raise PlanError(flag, f"must be an integer >= 1, got {v}")
     if head_dim is None and hidden and heads:
+        if hidden % heads:
+            raise PlanError("--hidden", f"must be a multiple of --heads ({heads}) when --head-dim is not given, "
+                                        f"got {hidden}")
         head_dim = hidden // heads
     if kv_heads is None:
         kv_heads = heads
+    if heads is not None and heads % kv_heads:   # GQA: each KV head serves heads / kv_heads query heads
+        raise PlanError("--kv-heads", f"must divide --heads ({heads}) (grouped-query attention), got {kv_heads}")
     n = parse_count(params) if params is not None else None
     if n is None:
         missing = [f for f, v in given.items() if v is None and f not in ("--kv-heads", "--head-dim")]

@@ -95,3 +95,30 @@ def test_load_yaml_keeps_what_safe_load_keeps():
     assert load_yaml("") is None
     with pytest.raises(ValueError, match="not valid YAML"):
         load_yaml("a: [\n")
+
+
+# ------------------------------------------------------------------ inferctl plan
+def test_plan_params_too_large_for_a_float_is_a_plan_error():
+    from inferctl.tools.plan import PlanError, parse_count
+    for text in ("1e400", "9e307T"):
+        with pytest.raises(PlanError, match="too large to be a count"):
+            parse_count(text)
+    assert parse_count("1e300") == round(1e300)
+
+
+DIMS = dict(params="7B", layers=32, heads=32, hidden=4096, intermediate=11008, vocab=32000)
+
+
+@pytest.mark.parametrize("kv_heads", [7, 64, 33])
+def test_plan_kv_heads_that_do_not_divide_heads_are_refused(kv_heads):
+    from inferctl.tools.plan import PlanError, dims_from_flags
+    with pytest.raises(PlanError, match=rf"must divide --heads \(32\).*got {kv_heads}"):
+        dims_from_flags(**DIMS, kv_heads=kv_heads)
+    assert dims_from_flags(**DIMS, kv_heads=8).kv_heads == 8
+
+
+def test_plan_hidden_not_a_multiple_of_heads_is_refused_without_head_dim():
+    from inferctl.tools.plan import PlanError, dims_from_flags
+    with pytest.raises(PlanError, match=r"must be a multiple of --heads \(32\).*got 4001"):
+        dims_from_flags(**{**DIMS, "hidden": 4001})
+    assert dims_from_flags(**{**DIMS, "hidden": 4001}, head_dim=128).head_dim == 128
