@@ -57,7 +57,8 @@ class LaunchConfig(_Model):
     speculative_config: dict | None = Field(None, description="the engine's --speculative-config (vLLM's JSON "
                                             "object, e.g. {method: ngram, num_speculative_tokens: 4}); checked "
                                             "at load")
-    health_timeout_seconds: float = Field(60.0, gt=0)
+    health_timeout_seconds: float = Field(180.0, gt=0, description="wait for GET /health 200 after a start or"
+                                          " restart (dequantizing a GGUF model takes tens of seconds on a busy CPU)")
     stop_timeout_seconds: float = Field(30.0, gt=0, description="SIGTERM to SIGKILL")
     shutdown_grace_seconds: float | None = Field(None, ge=0, description="the engine's --shutdown-grace-seconds;"
                                                  " None: stop_timeout_seconds - 13 (at least 0)")
