@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import threading
 from typing import Any
 
 import httpx
@@ -62,8 +63,28 @@ class EngineClient(abc.ABC):
         #: ``poll_async`` reaches the real network; a client given an httpx ``transport`` (a test
         #: double) is polled through ``poll`` instead, so the transport is honoured.
         self.supports_async = transport is None
-        self._client = httpx.Client(base_url=self.base_url, timeout=self.timeout_s,
-                                    headers=headers or {}, transport=transport)
+        self._transport = transport
+        # the synchronous client (admin calls, and polls where ``supports_async`` is False) is
+        # built on first use: an httpx.Client loads the CA bundle into an SSL context (~10 ms
+        # of CPU), which at 1,024 engines made the controller's start cost seconds for clients
+        # most of which only ever poll through the shared aiohttp pool
+        self._sync: httpx.Client | None = None
+        self._sync_lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def _client(self) -> httpx.Client:
+        """The synchronous ``httpx.Client`` (built on first use; thread-safe)."""
+        client = self._sync
+        if client is None:
+            with self._sync_lock:
+                if self._sync is None:
+                    self._sync = httpx.Client(base_url=self.base_url, timeout=self.timeout_s,
+                                              headers=self._headers, transport=self._transport)
+                    if self._closed:
+                        self._sync.close()
+                client = self._sync
+        return client
 
     @abc.abstractmethod
     def poll(self, now: float) -> EngineSnapshot:
@@ -82,7 +103,10 @@ class EngineClient(abc.ABC):
         return bounded_request(self._client, method, path, deadline_s=t, timeout=t, **kwargs)
 
     def close(self) -> None:
-        self._client.close()
+        with self._sync_lock:
+            self._closed = True
+            if self._sync is not None:
+                self._sync.close()
 
     def __enter__(self) -> "EngineClient":
         return self

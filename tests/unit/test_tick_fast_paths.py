@@ -96,3 +96,26 @@ def test_check_number_fast_path_answers_as_the_general_rules(x, upper):
         assert math.copysign(1, s.value) == math.copysign(1, float(x)) and c.count() == 0
     else:
         assert s.invalid == (x is not None) and c.count() == (0 if x is None else 1)
+
+
+def test_an_engine_client_builds_its_sync_http_client_on_first_use_only():
+    """Polls go through the shared aiohttp pool; the httpx client (an SSL context each) is
+    built for the first synchronous call, once, and a closed client stays closed."""
+    import httpx
+
+    from inferctl.controller.engines import make_engine_client
+
+    seen = []
+    transport = httpx.MockTransport(lambda req: seen.append(req.headers.get("x-k")) or httpx.Response(
+        200, json={"ok": True}))
+    c = make_engine_client("bundled", "e", "http://127.0.0.1:9", timeout_s=1.0)
+    assert c._sync is None                                   # nothing built by the constructor
+    c.close()
+    with pytest.raises(RuntimeError):                        # closed before any use: still refuses
+        c._client.get("/x")
+    c2 = make_engine_client("bundled", "e", "http://127.0.0.1:9", timeout_s=1.0)
+    c2._transport, c2._headers = transport, {"x-k": "v"}
+    first = c2._client
+    assert c2._client is first and first.get("/stats").json() == {"ok": True} and seen == ["v"]
+    c2.close()
+    assert first.is_closed
