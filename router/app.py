@@ -45,16 +45,19 @@ from inferctl.router.probe import Prober
 from inferctl.router.ratelimit import Admission, RateLimiter, bearer_key
 from inferctl.router.proxy import Forwarder
 from inferctl.router.replicas import ReplicaSet
+from inferctl.router.upstream import AiohttpUpstream, HttpxUpstream, Upstream
 
 
 
 @dataclass
 class RouterState:
-    """Everything one router app holds: config, replicas, prober, forwarder, registry, metrics."""
+    """Everything one router app holds: config, replicas, the probe client and the upstream
+    client, prober, forwarder, registry, metrics."""
 
     config: RouterConfig
     replicas: ReplicaSet
     client: httpx.AsyncClient
+    upstream: Upstream
     prober: Prober
     forwarder: Forwarder
     registry: CollectorRegistry
@@ -72,20 +75,31 @@ def error_response(err: APIError, rid: str | None = None) -> JSONResponse:
 
 
 def default_client(config: RouterConfig) -> httpx.AsyncClient:
-    """The upstream client: connect deadline ``connect_timeout_seconds``, read deadline
-    ``upstream_timeout_seconds`` between two bytes, a pool of up to 1,000 connections."""
+    """The probe client (``/ready``, ``/stats``, ``/v1/models``, the controller's ``/status``: a
+    few small requests per probe interval): connect deadline ``connect_timeout_seconds``, each
+    probe its own ``probe_timeout_seconds``, a small pool (one connection per replica and kind)."""
     timeout = httpx.Timeout(config.upstream_timeout_seconds, connect=config.connect_timeout_seconds)
-    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
+    limits = httpx.Limits(max_connections=100, max_keepalive_connections=20)
     return httpx.AsyncClient(timeout=timeout, limits=limits)
 
 
-def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
+def default_upstream(config: RouterConfig) -> AiohttpUpstream:
+    """The forwarding client: aiohttp, ``upstream_connections`` connections at most, connect
+    deadline ``connect_timeout_seconds``, ``upstream_timeout_seconds`` between two bytes
+    (:mod:`inferctl.router.upstream` says why aiohttp)."""
+    return AiohttpUpstream(connections=config.upstream_connections, connect_timeout=config.connect_timeout_seconds,
+                           read_timeout=config.upstream_timeout_seconds)
+
+
+def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None, upstream: Upstream | None = None,
                limits: ProtocolLimits | None = None, bind_host: str | None = None,
                allowed_hosts: tuple[str, ...] = ()) -> FastAPI:
     """The router app over ``config`` (validated here: raises ConfigError).
 
-    ``client``: the upstream httpx.AsyncClient (tests pass one over ASGI transports; default
-    :func:`default_client`, closed at shutdown). ``limits``: the request-shape limits, as the
+    ``client``: the httpx.AsyncClient of the probes (default :func:`default_client`, closed at
+    shutdown). ``upstream``: the client requests are forwarded with (default: over ``client``
+    when one is given — the tests pass one over ASGI transports —, else :func:`default_upstream`,
+    aiohttp, made at startup and closed at shutdown). ``limits``: the request-shape limits, as the
     engines' (default :class:`ProtocolLimits`). The probe loop starts with the app's lifespan;
     without a lifespan (ASGI tests) call ``await app.state.router.prober.round()``.
     ``bind_host`` (the address it listens on): given, every request's ``Host`` must pass the
@@ -94,18 +108,23 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
     """
     config.validate()
     owns_client = client is None
+    owns_upstream = upstream is None
+    if upstream is None:
+        upstream = default_upstream(config) if owns_client else HttpxUpstream(client)
     client = client or default_client(config)
     registry, metrics = build_router_registry()
     replicas = ReplicaSet.from_specs(config.engines)
     prober = Prober(replicas, client, timeout=config.probe_timeout_seconds, controller=config.controller,
                     metrics=metrics)
-    state = RouterState(config, replicas, client, prober, Forwarder(config, replicas, client, metrics),
+    state = RouterState(config, replicas, client, upstream, prober, Forwarder(config, replicas, upstream, metrics),
                         registry, metrics, limits or ProtocolLimits(),
                         RateLimiter(config.rate_keys, config.rate_default))
     prober.update_gauges()
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
+        if isinstance(upstream, AiohttpUpstream):
+            upstream.start()
         task = asyncio.create_task(prober.run(config.probe_interval_seconds))
         try:
             yield
@@ -113,6 +132,8 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            if owns_upstream:
+                await upstream.aclose()
             if owns_client:
                 await client.aclose()
 

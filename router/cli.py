@@ -37,6 +37,9 @@ def router(
     max_body_bytes: str = typer.Option("4MiB", "--max-body-bytes", help="Largest request body (413 above)."),
     upstream_timeout: float = typer.Option(600.0, "--upstream-timeout",
                                            help="Seconds to wait for the next upstream byte."),
+    upstream_connections: int = typer.Option(1000, "--upstream-connections",
+                                             help="Most upstream connections open at once (all replicas; "
+                                                  "each in-flight request holds one)."),
     log_format: str = typer.Option("text", "--log-format", help="text | json (one JSON object per line)."),
     log_level: str = typer.Option("info", "--log-level", help="debug | info | warning | error."),
     allowed_host: List[str] = typer.Option([], "--allowed-host",
@@ -59,7 +62,8 @@ def router(
             probe_interval_seconds=probe_interval, probe_timeout_seconds=probe_timeout, max_retries=max_retries,
             affinity_chars=affinity_chars, affinity_min_chars=affinity_min_chars, epsilon=epsilon,
             max_body_bytes=parse_size(max_body_bytes, "--max-body-bytes"),
-            upstream_timeout_seconds=upstream_timeout, log_format=log_format).validate()
+            upstream_timeout_seconds=upstream_timeout, upstream_connections=upstream_connections,
+            log_format=log_format).validate()
     except (ConfigError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2)

@@ -22,11 +22,10 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from functools import partial
 
 import anyio
-import httpx
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -37,6 +36,7 @@ from inferctl.router.config import RouterConfig
 from inferctl.router.ratelimit import UsageMeter
 from inferctl.router.replicas import Replica, ReplicaSet
 from inferctl.router.ring import HashRing
+from inferctl.router.upstream import Upstream, UpstreamConnectError, UpstreamError, UpstreamResponse
 
 log = logging.getLogger("inferctl.router.access")
 
@@ -47,7 +47,7 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
                         "x-request-id"})
 
 
-def forward_headers(headers: "httpx.Headers | dict", request_id: str) -> dict[str, str]:
+def forward_headers(headers: "Mapping[str, str]", request_id: str) -> dict[str, str]:
     """Client (or upstream) headers minus :data:`HOP_BY_HOP`, plus ``x-request-id``.
 
     A header whose value is not printable ASCII (RFC 9110 section 5.5 allows obs-text, but
@@ -88,14 +88,15 @@ class RelayResponse(StreamingResponse):
 class Forwarder:
     """Chooses replicas and relays one request (module docstring).
 
-    ``client``: the shared upstream httpx.AsyncClient; ``metrics``: catalog name → metric.
+    ``upstream``: the router's :class:`~inferctl.router.upstream.Upstream` client (aiohttp in
+    production); ``metrics``: catalog name → metric.
     """
 
-    def __init__(self, config: RouterConfig, replicas: ReplicaSet, client: httpx.AsyncClient,
+    def __init__(self, config: RouterConfig, replicas: ReplicaSet, upstream: Upstream,
                  metrics: dict) -> None:
         self.config = config
         self.replicas = replicas
-        self.client = client
+        self.upstream = upstream
         self.metrics = metrics
         self.ring = HashRing([e.name for e in config.engines], config.vnodes)
         self._tie = itertools.count()
@@ -123,7 +124,7 @@ class Forwarder:
         ``charge``: called once with the answer's tokens at its end (a per-key tokens limit)."""
         headers = forward_headers(request.headers, rid)
         tried: set[str] = set()
-        last_503: tuple[str, httpx.Response, bytes] | None = None
+        last_503: tuple[str, UpstreamResponse, bytes] | None = None
         reason = None
         for attempt in range(self.config.attempts()):
             cands = self.replicas.candidates(model, tried)
@@ -140,32 +141,31 @@ class Forwarder:
             try:
                 sent = time.monotonic()
                 try:
-                    resp = await self.client.send(
-                        self.client.build_request("POST", r.url + path, content=body, headers=headers), stream=True)
-                except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                    resp = await self.upstream.send("POST", r.url + path, content=body, headers=headers)
+                except UpstreamConnectError as exc:
                     r.ready, r.reason = False, "down"
                     self.metrics["inferctl_router_replica_ready"].labels(r.name).set(0)
                     self.metrics["inferctl_router_replicas_ready"].set(len(self.replicas.routable()))
-                    self._retry(r, "connect_error", rid, repr(exc))
+                    self._retry(r, "connect_error", rid, str(exc))
                     continue
-                except httpx.HTTPError as exc:
-                    self._retry(r, "upstream_error", rid, repr(exc))
+                except UpstreamError as exc:
+                    self._retry(r, "upstream_error", rid, str(exc))
                     continue
-                if resp.status_code == 503:
+                if resp.status == 503:
                     try:
-                        last_503 = (r.name, resp, await resp.aread())
-                    except httpx.HTTPError:
+                        last_503 = (r.name, resp, await resp.read())
+                    except UpstreamError:
                         pass
                     finally:
-                        await resp.aclose()
+                        await resp.close()
                     self._retry(r, "unavailable", rid, "503")
                     continue
-                chunks = resp.aiter_raw()
+                chunks = resp.chunks()
                 try:
                     first = await anext(chunks, b"")
-                except httpx.HTTPError as exc:
-                    await resp.aclose()
-                    self._retry(r, "upstream_error", rid, repr(exc))
+                except UpstreamError as exc:
+                    await resp.close()
+                    self._retry(r, "upstream_error", rid, str(exc))
                     continue
                 ttfb = time.monotonic() - sent
                 self.metrics["inferctl_router_upstream_latency_seconds"].labels(r.name).observe(ttfb)
@@ -176,22 +176,22 @@ class Forwarder:
                     handed_off = True
                     relay = self._relay(r, resp, chunks, first, rid=rid, path=path, t0=t0,
                                         attempts=attempt + 1, reason=reason, charge=charge)
-                    return RelayResponse(relay, status_code=resp.status_code, headers=out_headers)
+                    return RelayResponse(relay, status_code=resp.status, headers=out_headers)
                 try:
                     rest = [chunk async for chunk in chunks]
-                except httpx.HTTPError as exc:
-                    self._retry(r, "upstream_error", rid, repr(exc))
+                except UpstreamError as exc:
+                    self._retry(r, "upstream_error", rid, str(exc))
                     continue
                 finally:
-                    await resp.aclose()
-                self.metrics["inferctl_router_requests_total"].labels(r.name, str(resp.status_code)).inc()
-                self.access(rid, path, r.name, resp.status_code, t0, attempt + 1, reason)
+                    await resp.close()
+                self.metrics["inferctl_router_requests_total"].labels(r.name, str(resp.status)).inc()
+                self.access(rid, path, r.name, resp.status, t0, attempt + 1, reason)
                 answer = first + b"".join(rest)
                 if charge is not None:
                     meter = UsageMeter(stream=False)
                     meter.feed(answer)
                     charge(meter.tokens)
-                return Response(answer, status_code=resp.status_code, headers=out_headers)
+                return Response(answer, status_code=resp.status, headers=out_headers)
             finally:
                 if not handed_off:
                     self._inc_outstanding(r, -1)
@@ -210,7 +210,7 @@ class Forwarder:
                        headers={"Retry-After": str(self.config.retry_after_seconds), "x-request-id": rid})
         return Response(_dumps(err.body()), status_code=503, headers=err.headers, media_type="application/json")
 
-    async def _relay(self, r: Replica, resp: httpx.Response, chunks: AsyncIterator[bytes], first: bytes, *,
+    async def _relay(self, r: Replica, resp: UpstreamResponse, chunks: AsyncIterator[bytes], first: bytes, *,
                      rid: str, path: str, t0: float, attempts: int, reason: str | None,
                      charge: Callable[[int], None] | None = None) -> AsyncIterator[bytes]:
         """The upstream body, chunk by chunk; closes the upstream stream however it ends.
@@ -227,21 +227,21 @@ class Forwarder:
                     meter.feed(chunk)
                 yield chunk
             outcome = "complete"
-        except httpx.HTTPError as exc:
+        except UpstreamError as exc:
             outcome = "stream_error"
             self.metrics["inferctl_router_stream_errors_total"].labels(r.name).inc()
-            log.warning("stream from %s cut after the first byte: %r", r.name, exc,
+            log.warning("stream from %s cut after the first byte: %s", r.name, exc,
                         extra={"request_id": rid, "replica": r.name})
         finally:
             with anyio.CancelScope(shield=True):
-                await resp.aclose()
+                await resp.close()
             self._inc_outstanding(r, -1)
             if meter is not None:
                 charge(meter.tokens)
             if outcome == "disconnected":
                 self.metrics["inferctl_router_client_disconnects_total"].labels(r.name).inc()
-            self.metrics["inferctl_router_requests_total"].labels(r.name, str(resp.status_code)).inc()
-            self.access(rid, path, r.name, resp.status_code, t0, attempts, reason, stream=outcome)
+            self.metrics["inferctl_router_requests_total"].labels(r.name, str(resp.status)).inc()
+            self.access(rid, path, r.name, resp.status, t0, attempts, reason, stream=outcome)
 
 
 def _dumps(doc: dict) -> bytes:

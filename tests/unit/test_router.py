@@ -172,6 +172,7 @@ def test_parse_engine_strips_the_trailing_slash():
     ({"max_retries": -1}, "--max-retries"),
     ({"epsilon": -0.1}, "--epsilon"),
     ({"affinity_chars": 0}, "--affinity-chars"),
+    ({"upstream_connections": 0}, "--upstream-connections"),
     ({"log_format": "xml"}, "--log-format"),
     ({"controller": "ctl:8900"}, "--controller"),
 ])
