@@ -81,7 +81,9 @@ class JinjaChatTemplate:
 
     def render_dicts(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """Render ``[{"role", "content"}]``. Raises :class:`ChatTemplateError` with the
-        template's own message (``raise_exception``) or the Jinja error."""
+        template's own message (``raise_exception``), the Jinja error, or any other error the
+        template program raised on these messages (``1 + 'a'``, ``range(10**6)`` past the
+        sandbox's MAX_RANGE, runaway macro recursion), named by its type."""
         from jinja2 import TemplateError
 
         try:
@@ -89,6 +91,8 @@ class JinjaChatTemplate:
                                          bos_token=self.bos_token, eos_token=self.eos_token)
         except TemplateError as e:
             raise ChatTemplateError(f"chat template from {self.origin}: {e}") from e
+        except Exception as e:   # noqa: BLE001 - the template is a program: its failure is the request's
+            raise ChatTemplateError(f"chat template from {self.origin}: {type(e).__name__}: {e}") from e
 
     def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> str:
         """Render API messages (``developer`` is passed as ``system``; content parts joined)."""
@@ -96,8 +100,11 @@ class JinjaChatTemplate:
                                   for m in messages], add_generation_prompt)
 
     def check(self) -> None:
-        """Test-render a system + user conversation; raises :class:`ChatTemplateError`."""
-        self.render_dicts(list(_PROBE))
+        """Test-render a system + user conversation; raises :class:`ChatTemplateError` (also
+        when it renders to nothing: every chat request would be refused)."""
+        if not self.render_dicts(list(_PROBE)).strip():
+            raise ChatTemplateError(f"chat template from {self.origin}: renders a system + user conversation "
+                                    "to an empty prompt")
 
 
 ChatTemplate = str | JinjaChatTemplate
@@ -151,14 +158,19 @@ def render_chat_prompt(messages: list[ChatMessage], template: ChatTemplate = "pl
     Assistant: …\\nAssistant:"`` — each message on its own line prefixed by its role, ending
     with an open assistant turn. A :class:`JinjaChatTemplate`: rendered with
     ``add_generation_prompt=True``; a template's ``raise_exception`` (e.g. roles that do not
-    alternate) is an :class:`~inferctl.contract.errors.APIError` 400 naming ``messages``.
+    alternate), any other error it raises, or an empty rendering is an
+    :class:`~inferctl.contract.errors.APIError` 400 naming ``messages``.
     Raises ValueError for an unknown template name.
     """
     if isinstance(template, JinjaChatTemplate):
         try:
-            return template.render(messages)
+            prompt = template.render(messages)
         except ChatTemplateError as e:
             raise APIError(400, str(e), param="messages", code="chat_template") from e
+        if not prompt.strip():   # generating from nothing would answer a question nobody asked
+            raise APIError(400, f"chat template from {template.origin}: these messages render to an empty "
+                                "prompt (the template keeps none of them)", param="messages", code="chat_template")
+        return prompt
     if template == "plain":
         return "\n".join(m.text() for m in messages if m.text() != "")
     if template == "roles":

@@ -41,3 +41,17 @@ def test_api_key_middleware_refuses_an_unsendable_key_and_guards_with_a_good_one
     assert http_post(app, "/v1/completions", body).status_code == 401
     assert http_post(app, "/v1/completions", body, headers={"authorization": "Bearer sk-goo"}).status_code == 401
     assert http_post(app, "/v1/completions", body, headers={"authorization": "bearer sk-good"}).status_code == 200
+
+
+# ------------------------------------------------------------------ --chat-template
+def test_chat_template_failing_on_a_request_is_a_400_and_the_engine_keeps_serving(engine):
+    from inferctl.engine.chat_template import resolve_chat_template
+    tpl = resolve_chat_template("{% for m in messages %}{{ m.content }}{% if m.content == 'zero' %}{{ 1 // 0 }}"
+                                "{% endif %}{% endfor %}")
+    app = make_app({STORIES: engine}, chat_template=tpl)
+    r = http_post(app, "/v1/chat/completions", {"messages": [{"role": "user", "content": "zero"}], "max_tokens": 2})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "messages" and err["code"] == "chat_template" and "ZeroDivisionError" in err["message"]
+    r = http_post(app, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Once"}], "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2

@@ -122,3 +122,35 @@ def test_plan_hidden_not_a_multiple_of_heads_is_refused_without_head_dim():
     with pytest.raises(PlanError, match=r"must be a multiple of --heads \(32\).*got 4001"):
         dims_from_flags(**{**DIMS, "hidden": 4001})
     assert dims_from_flags(**{**DIMS, "hidden": 4001}, head_dim=128).head_dim == 128
+
+
+# ------------------------------------------------------------------ --chat-template
+ECHO = "{% for m in messages %}{{ m.content }}\n{% endfor %}"
+
+
+@pytest.mark.parametrize("source, says", [
+    ("{% for i in range(10**9) %}x{% endfor %}", "OverflowError: Range too big"),
+    ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "RecursionError"),
+    ("{{ 1 // 0 }}", "ZeroDivisionError"),
+    ("{{ '' }}", "to an empty prompt"),
+    ("{{ ''.__class__.__mro__ }}", "unsafe"),
+])
+def test_chat_template_that_fails_or_renders_nothing_is_refused_at_start(source, says):
+    from inferctl.engine.chat_template import ChatTemplateError, resolve_chat_template
+    with pytest.raises(ChatTemplateError, match=says) as err:
+        resolve_chat_template(source)
+    assert str(err.value).startswith("chat template from --chat-template: ")
+
+
+def test_chat_template_error_on_some_messages_is_a_400_naming_messages():
+    from inferctl.contract.errors import APIError
+    from inferctl.contract.openai import ChatMessage
+    from inferctl.engine.chat_template import render_chat_prompt, resolve_chat_template
+    tpl = resolve_chat_template("{% for m in messages %}{% if m.content == 'boom' %}{{ 1 + 'a' }}{% endif %}"
+                                "{% if m.role == 'user' %}{{ m.content }}{% endif %}{% endfor %}")
+    assert render_chat_prompt([ChatMessage(role="user", content="hi")], tpl) == "hi"
+    for messages, says in (([ChatMessage(role="user", content="boom")], "TypeError: unsupported operand"),
+                           ([ChatMessage(role="system", content="only a system")], "render to an empty prompt")):
+        with pytest.raises(APIError) as err:
+            render_chat_prompt(messages, tpl)
+        assert err.value.status == 400 and err.value.param == "messages" and says in str(err.value.message)
