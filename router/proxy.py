@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from functools import partial
@@ -59,8 +60,12 @@ def forward_headers(headers: "Mapping[str, str]", request_id: str) -> dict[str, 
     return out
 
 
+#: A header value of tab and printable ASCII only (RFC 9110 section 5.5 field-vchar, SP, HTAB).
+_PRINTABLE = re.compile(r"[\t\x20-\x7e]*")
+
+
 def _printable_ascii(value: str) -> bool:
-    return value.isascii() and all(c == "\t" or " " <= c <= "~" for c in value)
+    return _PRINTABLE.fullmatch(value) is not None
 
 
 class RelayResponse(StreamingResponse):
