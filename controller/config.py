@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from inferctl.contract.yamlfile import load_yaml
 
 DEFAULT_CONTROLLER_PORT = 8900
 DEFAULT_ENGINE_PORT = 8000
@@ -537,7 +538,9 @@ def load_config(path: str | Path) -> ControllerConfig:
     """Read and validate a YAML configuration file.
 
     Raises:
-        ConfigError: the file is missing, not YAML, or invalid (the message names the field).
+        ConfigError: the file is missing, not YAML, holds a key twice in one mapping, nests too
+            deeply (:func:`inferctl.contract.yamlfile.load_yaml`), or is invalid (the message
+            names the field).
     """
     p = Path(path)
     try:
@@ -548,9 +551,9 @@ def load_config(path: str | Path) -> ControllerConfig:
         raise ConfigError(f"config file {p}: not UTF-8 text (byte {exc.start}: {exc.reason});"
                           " write it as UTF-8 YAML") from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {p}: not valid YAML: {exc}") from None
+        data = load_yaml(text)   # refuses a key written twice (safe_load kept the last) and deep nesting
+    except ValueError as exc:
+        raise ConfigError(f"config file {p}: {exc}") from None
     try:
         return parse_config(data)
     except ConfigError as exc:

@@ -154,3 +154,18 @@ def test_chat_template_error_on_some_messages_is_a_400_naming_messages():
         with pytest.raises(APIError) as err:
             render_chat_prompt(messages, tpl)
         assert err.value.status == 400 and err.value.param == "messages" and says in str(err.value.message)
+
+
+# ------------------------------------------------------------------ controller config
+@pytest.mark.parametrize("text, says", [
+    ("engines: []\nengines: []\n", "duplicate key 'engines' at line 2"),
+    ("engines:\n- name: a\n  launch: {model: demo, speculative_config: {method: ngram, method: int8_self}}\n",
+     "duplicate key 'method' at line 3"),
+    ("engines: " + "[" * 5000 + "\n", "nested too deeply to parse"),
+])
+def test_controller_config_with_a_duplicate_key_or_deep_nesting_is_refused(tmp_path, text, says):
+    from inferctl.controller.config import ConfigError, load_config
+    p = tmp_path / "inferctl.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=says):
+        load_config(p)
