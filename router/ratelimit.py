@@ -191,7 +191,7 @@ def _total_tokens(payload: bytes) -> int | None:
     """``usage.total_tokens`` of a JSON document (None: absent, not JSON, not a count)."""
     try:
         doc = json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):   # not JSON, or an upstream body nested past the parser's limit
         return None
     usage = doc.get("usage") if isinstance(doc, dict) else None
     total = usage.get("total_tokens") if isinstance(usage, dict) else None

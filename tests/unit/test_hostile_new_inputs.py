@@ -169,3 +169,13 @@ def test_controller_config_with_a_duplicate_key_or_deep_nesting_is_refused(tmp_p
     p.write_text(text)
     with pytest.raises(ConfigError, match=says):
         load_config(p)
+
+
+# ------------------------------------------------------------------ router usage meter
+@pytest.mark.parametrize("stream, body", [(False, b"[" * 100_000),
+                                          (True, b'data: {"choices": [1]}\n\ndata: ' + b"[" * 100_000 + b"\n")])
+def test_usage_meter_survives_an_upstream_body_nested_too_deeply(stream, body):
+    from inferctl.router.ratelimit import UsageMeter
+    meter = UsageMeter(stream)
+    meter.feed(body)
+    assert meter.tokens == (1 if stream else 0)
