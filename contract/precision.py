@@ -15,12 +15,19 @@ from typing import Final, Literal
 
 FULL: Final = "full"
 INT8: Final = "int8"
+#: int4 weight-only (group-32 scales and zeros; GGUF Q4_0/Q4_1 weights kept 4-bit,
+#: engine/quant_int4.py): chosen at the engine's start (``--precision int4``), never switched
+#: to or from at run time, and already below int8 in memory, so it is not degradable.
+INT4: Final = "int4"
 
 #: Every precision mode, in the order the metrics and error messages list them.
-PRECISION_MODES: Final[tuple[str, str]] = (FULL, INT8)
+PRECISION_MODES: Final[tuple[str, ...]] = (FULL, INT8, INT4)
 
-#: A precision mode as a static type (``Literal["full", "int8"]``).
-PrecisionMode = Literal["full", "int8"]
+#: Modes an engine can only start in: the controller neither degrades nor rolls them back.
+START_ONLY_MODES: Final[tuple[str, ...]] = (INT4,)
+
+#: A precision mode as a static type (``Literal["full", "int8", "int4"]``).
+PrecisionMode = Literal["full", "int8", "int4"]
 
 #: The action that moves an engine away from a mode: degrade FULL → INT8.
 DEGRADE_TO: Final[dict[str, str]] = {FULL: INT8}
@@ -32,10 +39,10 @@ MODE_FOR_ACTION: Final[dict[str, str]] = {"degrade": INT8, "rollback": FULL}
 
 
 def check_precision_mode(value: object, field: str = "mode") -> str:
-    """``value`` itself when it is one of :data:`PRECISION_MODES` (``"full"``, ``"int8"``).
+    """``value`` itself when it is one of :data:`PRECISION_MODES` (``"full"``, ``"int8"``, ``"int4"``).
 
     Raises ``ValueError`` naming ``field`` and the allowed values otherwise, e.g.
-    ``precision mode 'fp4' is not one of full, int8`` for ``field="precision mode"``.
+    ``precision mode 'fp4' is not one of full, int8, int4`` for ``field="precision mode"``.
     """
     if not isinstance(value, str) or value not in PRECISION_MODES:
         raise ValueError(f"{field} {value!r} is not one of {', '.join(PRECISION_MODES)}")

@@ -224,7 +224,9 @@ def serve(
     block_size: int = typer.Option(16, "--block-size", min=1),
     num_kv_blocks: Optional[int] = typer.Option(None, "--num-kv-blocks", min=1),
     kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="auto | int8"),
-    precision: str = typer.Option("full", "--precision", help="Initial precision: full | int8"),
+    precision: str = typer.Option("full", "--precision", help=(
+        "Initial precision: full | int8 | int4 (int4: start-only, CPU; GGUF Q4_0/Q4_1 weights kept 4-bit, "
+        "others quantized group-32)")),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda | cuda:N"),
     dtype: str = typer.Option("auto", "--dtype", help="auto | float32 | bfloat16 | float16"),
     admin_token: Optional[str] = typer.Option(None, "--admin-token", envvar="INFERCTL_ADMIN_TOKEN",
@@ -293,8 +295,8 @@ def serve(
         _die(f"port {port} (engine) is in use on {host}; choose another with --port N")
     if kv_cache_dtype not in ("auto", "int8"):
         _die(f"--kv-cache-dtype: must be auto or int8, got {kv_cache_dtype!r}")
-    if precision not in ("full", "int8"):
-        _die(f"--precision: must be full or int8, got {precision!r}")
+    if precision not in ("full", "int8", "int4"):
+        _die(f"--precision: must be full, int8 or int4, got {precision!r}")
     if chat_template is not None:   # a bad template fails before the model loads
         try:
             resolve_chat_template(chat_template)

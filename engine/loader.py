@@ -376,6 +376,8 @@ def load_gguf(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     g = read_gguf_model(path)
     model = LlamaModel(g.args, g.weights, device=device, dtype=dtype)
     del g.weights
+    from inferctl.engine.gguf import iter_raw_tensors  # Q4 blocks kept (mmap views) for precision int4
+    model.q4_sources = {r.canonical: r for r in iter_raw_tensors(path) if r.ggml_type in ("Q4_0", "Q4_1")}
     return ModelBundle(name=name or g.name, model=model, tokenizer=g.tokenizer, args=g.args,
                        source_path=str(Path(path)), chat_template=g.chat_template)
 

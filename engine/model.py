@@ -33,8 +33,9 @@ import torch.nn.functional as F
 
 from inferctl.engine.attention import AttentionMetadata, KVCache, paged_attention
 from inferctl.engine.quant import Int8Weight, int8_matmul, int8_weight_nbytes, quantize_per_channel
+from inferctl.engine.quant_int4 import Int4Weight, int4_matmul, int4_weight_nbytes, int4_weights
 
-PRECISIONS = ("full", "int8")
+PRECISIONS = ("full", "int8", "int4")
 
 
 @dataclass
@@ -134,7 +135,7 @@ class Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.q is not None:
-            return int8_matmul(x, self.q)
+            return int4_matmul(x, self.q) if isinstance(self.q, Int4Weight) else int8_matmul(x, self.q)
         return x @ self.weight_t
 
     def nbytes(self) -> int:
@@ -317,6 +318,10 @@ class LlamaModel(torch.nn.Module):
             raise ValueError(f"precision mode must be one of {PRECISIONS}, got {mode!r}")
         if mode == self.precision:
             return
+        if "int4" in (mode, self.precision):  # start-time only, no way back (engine.quant_int4)
+            int4_weights(self, getattr(self, "q4_sources", None), self.precision)
+            self.q4_sources, self.precision = None, "int4"
+            return
         if mode == "int8":
             backup: dict[str, torch.Tensor] = {}
             for name, lin in self._linears().items():
@@ -374,11 +379,16 @@ class LlamaModel(torch.nn.Module):
                  (a.dim, a.hidden_dim)] * a.n_layers
         full = norms + sum(o * i for o, i in mats) * elem
         int8 = norms + sum(int8_weight_nbytes(o, i) for o, i in mats)
-        return {"full": full, "int8": int8}
+        nv = 1 if a.tie_embeddings else 2  # int4 mode: classifier/embedding int8, layer linears int4
+        int4 = norms + sum(int8_weight_nbytes(o, i) for o, i in mats[:nv]) + sum(
+            int4_weight_nbytes(o, i) for o, i in mats[nv:])
+        return {"full": full, "int8": int8, "int4": int4}
 
     # ---- weights out (conversion) -----------------------------------------------------
     def export_weights(self) -> dict[str, torch.Tensor]:
         """The full-precision canonical weights (CPU tensors, [out, in]), in any precision mode."""
+        if self.precision == "int4":
+            raise ValueError("export_weights: an int4 model holds no full-precision weights")
         a = self.args
         D, H, Hkv = a.head_dim, a.n_heads, a.n_kv_heads
 

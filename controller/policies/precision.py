@@ -1,5 +1,9 @@
 """Precision policy: FULL → INT8 on an exhaustion OOM, back to FULL once memory has recovered.
 
+An engine that reports a start-only mode (``int4``, contract/precision.py ``START_ONLY_MODES``)
+is left alone: degrading it to int8 would use more memory, and it has no full weights to roll
+back to; its OOMs are handled by the engine's own backoff.
+
 The design's "Error 800" flow (docs/design.md): switch to int8, record the event and alert,
 switch back when resources recover. This module only DECIDES: :meth:`PrecisionPolicy.observe`
 returns :class:`~controller.types.Decision` objects; the loop executes them (``degrade`` →
@@ -44,7 +48,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from inferctl.contract.precision import FULL, INT8, check_precision_mode
+from inferctl.contract.precision import FULL, INT8, START_ONLY_MODES, check_precision_mode
 from inferctl.contract.thresholds import THRESHOLDS
 from inferctl.controller.policies.base import Gauge
 from inferctl.controller.policies.common import (HoldClock, PerEnginePolicy, PolicyError,
@@ -206,6 +210,8 @@ class PrecisionPolicy(PerEnginePolicy):
         Error"): no memory sample, so the hold clock resets. Raises ``ValueError`` if the snapshot is of another engine.
         """
         self._start_poll(now, engine.name)
+        if engine.ok and engine.precision in START_ONLY_MODES:
+            return []  # int4: started there, below int8 already; no degrade, no rollback
         out: list[Decision] = []
         hw = hardware_evidence(now, gpu, telemetry_ok, self.config.hardware_window_seconds,
                                self._ecc_uncorrected)

@@ -52,7 +52,8 @@ def test_int8_memory_perplexity_and_exact_rollback(stories):
     # denominator 2: only the quantized (2-D) parameters
     norm_bytes = 4 * a.dim * (2 * a.n_layers + 1)
     assert (full_bytes - norm_bytes) / (int8_bytes - norm_bytes) >= 3.5
-    assert m.weight_bytes_by_mode() == {"full": full_bytes, "int8": int8_bytes}
+    by_mode = m.weight_bytes_by_mode()
+    assert (by_mode["full"], by_mode["int8"]) == (full_bytes, int8_bytes) and by_mode["int4"] < int8_bytes
     assert m.host_backup_bytes() == full_bytes - norm_bytes  # rollback copy, not in weight_bytes
     ppl_int8 = _perplexity(stories)
     assert ppl_int8 != ppl_full
