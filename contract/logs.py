@@ -17,7 +17,8 @@ import time
 LOG_FORMATS: tuple[str, ...] = ("text", "json")
 
 #: LogRecord attributes that are not ``extra`` fields.
-_STANDARD = frozenset(vars(logging.LogRecord("x", 0, "x", 0, "x", None, None))) | {"message", "asctime", "taskName"}
+_STANDARD = frozenset(vars(logging.LogRecord("x", 0, "x", 0, "x", None, None))) | {"message", "asctime", "taskName",
+                                                                                   "color_message"}
 
 
 def extra_fields(record: logging.LogRecord) -> dict:

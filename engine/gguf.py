@@ -1,6 +1,6 @@
 """GGUF model files (llama.cpp's format): Llama metadata → :class:`ModelArgs`, tensors → fp32.
 
-Format: the GGUF specification (ggml-org/ggml ``docs/gguf.md``): a key/value metadata block
+Format: the GGUF specification (``gguf.md`` in the docs folder of github.com/ggml-org/ggml): a key/value metadata block
 (``general.architecture``, ``llama.block_count``, ``tokenizer.ggml.tokens`` …) and named
 tensors stored in ggml types (F32, F16, BF16, Q8_0, Q4_0, Q4_1, K-quants …). Reading and
 dequantizing use the ``gguf`` package (``gguf.GGUFReader``, ``gguf.quants.dequantize``), the

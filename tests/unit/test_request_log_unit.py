@@ -175,3 +175,13 @@ def test_a_model_list_poll_is_a_debug_line(caplog):
                                           receive, send))
     [line] = _lines(caplog)
     assert line.levelno == logging.DEBUG and line.endpoint == "/v1/models"
+
+
+def test_uvicorns_color_message_never_reaches_a_log_line():
+    """uvicorn passes ``extra={"color_message": ...}`` (ANSI escapes for its own terminal
+    formatter); ours must not print it into text or JSON lines."""
+    from inferctl.contract.logs import extra_fields
+    record = logging.LogRecord("uvicorn.error", logging.INFO, "x", 1, "Started server process [%d]", (7,), None)
+    record.color_message = "Started server process [\x1b[36m%d\x1b[0m]"
+    record.request_id = "abc"
+    assert extra_fields(record) == {"request_id": "abc"}
