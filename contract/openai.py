@@ -54,8 +54,7 @@ from inferctl.contract.errors import APIError, validation_error_to_api_error
 from inferctl.contract import openapi as _doc
 from inferctl.contract.jsontypes import JsonFloat, JsonInt, StrictModel as _Strict
 
-# ---------------------------------------------------------------------------------------------
-# Limits and validation
+# Limits and validation -----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -120,8 +119,7 @@ def validate_model(cls: type[BaseModel], obj: Any, limits: ProtocolLimits | None
         raise validation_error_to_api_error(exc.errors(include_url=False)) from None
 
 
-# ---------------------------------------------------------------------------------------------
-# Shared validation helpers
+# Shared validation helpers -------------------------------------------------------------------
 
 
 def _check_stop(value: Any, info: Any) -> list[str] | None:
@@ -159,6 +157,7 @@ class _SamplingFields(_Strict):
     top_p: JsonFloat | None = Field(default=None, gt=0.0, le=1.0)
     top_k: JsonInt | None = Field(default=None, ge=-1)
     n: JsonInt | None = Field(default=1, json_schema_extra=_doc.N_CHOICES)
+    best_of: JsonInt | None = Field(default=None, json_schema_extra=_doc.ONLY_ONE)   # chat too (vLLM)
     stream: bool | None = False
     stop: Any = Field(default=None, json_schema_extra=_doc.STOP_SCHEMA)
     seed: JsonInt | None = None
@@ -186,6 +185,13 @@ class _SamplingFields(_Strict):
             raise PydanticCustomError("out_of_range", "must be greater than or equal to {lo} and less than "
                                       "or equal to {hi} (a 64-bit seed), got {n}",
                                       {"lo": SEED_MIN, "hi": SEED_MAX, "n": value})
+        return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _v_best_of(cls, value: int | None) -> int | None:
+        if value is not None and value != 1:
+            raise PydanticCustomError("unsupported_parameter", "only best_of=1 is supported, got {n}", {"n": value})
         return value
 
     @field_validator("n")
@@ -239,7 +245,6 @@ class CompletionRequest(_SamplingFields):
     logprobs: JsonInt | None = Field(default=None, ge=0)
     prompt_logprobs: JsonInt | None = Field(default=None, ge=0)
     suffix: str | None = Field(default=None, json_schema_extra=_doc.EMPTY_STRING)
-    best_of: JsonInt | None = Field(default=None, json_schema_extra=_doc.ONLY_ONE)
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -274,13 +279,6 @@ class CompletionRequest(_SamplingFields):
     def _v_suffix(cls, value: str | None) -> str | None:
         if value:
             raise PydanticCustomError("unsupported_parameter", "suffix (insertion) is not supported by this engine")
-        return value
-
-    @field_validator("best_of")
-    @classmethod
-    def _v_best_of(cls, value: int | None) -> int | None:
-        if value is not None and value != 1:
-            raise PydanticCustomError("unsupported_parameter", "only best_of=1 is supported, got {n}", {"n": value})
         return value
 
     def prompts(self) -> list[str] | list[list[int]]:

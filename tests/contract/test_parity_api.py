@@ -66,6 +66,9 @@ def test_n_is_reproducible_and_streams_each_index(engine):
     ("/v1/completions", {"prompt": PROMPT, "n": 17}, "n", "between 1 and 16"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 0}, "n", "between 1 and 16"),
     ("/v1/completions", {"prompt": PROMPT, "best_of": 2}, "best_of", "best_of=1"),
+    # chat too: an ignored best_of would silently answer something other than what was asked
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "best_of": 2}, "best_of",
+     "best_of=1"),
 ])
 def test_n_limit_and_best_of_are_clear_400s(engine, path, body, param, words):
     r = http_post(make_app({STORIES: engine}), path, body)
