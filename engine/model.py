@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from inferctl.engine.attention import AttentionMetadata, KVCache, paged_attention
+from inferctl.engine.linear_kernels import choose_batch1_kernel, numpy_eligible, numpy_matmul
 from inferctl.engine.quant import Int8Weight, int8_matmul, int8_weight_nbytes, quantize_per_channel
 from inferctl.engine.quant_int4 import Int4Weight, int4_matmul, int4_weight_nbytes, int4_weights
 
@@ -120,7 +121,9 @@ def canonical_weight_names(args: ModelArgs) -> dict[str, tuple[int, ...]]:
 class Linear(torch.nn.Module):
     """A bias-free linear with two storage modes.
 
-    full: ``weight_t`` [in, out] contiguous, ``y = x @ weight_t``.
+    full: ``weight_t`` [in, out] contiguous, ``y = x @ weight_t``; at batch 1 on CPU in fp32 the
+    kernel (torch or numpy's BLAS) is the one :func:`engine.linear_kernels.choose_batch1_kernel`
+    measured faster for this weight at its first batch-1 call (``batch1_kernel``, None = not yet).
     int8: ``qweight`` int8 [out, in] + ``scales`` float32 [out] (engine.quant), ``weight_t`` None.
     """
 
@@ -128,6 +131,8 @@ class Linear(torch.nn.Module):
         super().__init__()
         self.weight_t: torch.Tensor | None = w_out_in.t().contiguous()
         self.q: Int8Weight | None = None
+        self.batch1_kernel: str | None = None
+        self._w_np = None
 
     @property
     def in_features(self) -> int:
@@ -136,6 +141,13 @@ class Linear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.q is not None:
             return int4_matmul(x, self.q) if isinstance(self.q, Int4Weight) else int8_matmul(x, self.q)
+        if x.shape[0] == 1 and self.batch1_kernel != "torch" and numpy_eligible(x, self.weight_t):
+            if self.batch1_kernel is None:
+                self.batch1_kernel = choose_batch1_kernel(self.weight_t)
+            if self.batch1_kernel == "numpy":
+                if self._w_np is None:
+                    self._w_np = self.weight_t.numpy()
+                return numpy_matmul(x, self._w_np)
         return x @ self.weight_t
 
     def nbytes(self) -> int:
@@ -150,12 +162,14 @@ class Linear(torch.nn.Module):
         full = self.weight_t
         self.q = quantize_per_channel(full.t())
         self.weight_t = None
+        self._w_np = None
         return full
 
     def restore_(self, weight_t: torch.Tensor) -> None:
         """Switch back to full precision with the exact tensor ``quantize_`` returned."""
         self.weight_t = weight_t
         self.q = None
+        self._w_np = None
 
 
 def rope_inv_freq(head_dim: int, theta: float, args: ModelArgs | None = None,

@@ -101,6 +101,11 @@ def int8_matmul(x: torch.Tensor, w: Int8Weight, use_kernel: bool = True) -> torc
     [1×384]@[384×1024], 8.4 ms vs 0.29 ms at batch 32), so activations are
     rounded to bf16 for this product. Fallback: dequantize-then-matmul in x's dtype.
     """
+    if (w.kernel is True and use_kernel and x.dtype is torch.float32 and x.dim() == 2
+            and x.shape[1] == w.qweight.shape[1] == w.in_features and x.is_contiguous()):
+        # Fast path once the kernel has run for this weight: the same three ops as below (cast,
+        # kernel, fp32 scales), without the per-call checks (~20 µs of Python per call measured).
+        return torch.mul(torch._weight_int8pack_mm(x.to(torch.bfloat16), w.qweight, w.unit_scales), w.scales)
     if x.shape[-1] != w.in_features:
         raise ValueError(f"int8_matmul: input has {x.shape[-1]} features, weight expects {w.in_features}")
     lead = x.shape[:-1]
