@@ -528,8 +528,8 @@ def controller_run(config: str = typer.Option(..., "--config", "-c", help="YAML 
 
 def up(model_arg: Optional[str] = typer.Argument(None, metavar="MODEL", show_default=False,
                                                  help="Model path (same as --model, vLLM style)."),
-       model: Optional[str] = typer.Option(None, "--model", help="Model path (llama2.c .bin or HF dir);"
-                                           " default: the built-in demo model."),
+       model: Optional[str] = typer.Option(None, "--model", help="Model path (llama2.c .bin, HF dir or .gguf"
+                                           " file); default: the built-in demo model."),
        config: Optional[str] = typer.Option(None, "--config", "-c", help="YAML configuration (engines, GPU"
                                             " source, thresholds, holds, rails)."),
        replicas: int = typer.Option(1, "--replicas", "-n", min=1, help="Engines to launch (main-0 … on ports"

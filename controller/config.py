@@ -43,7 +43,7 @@ GRACE_MARGIN_SECONDS = 13.0
 class LaunchConfig(_Model):
     """How the controller starts (and supervises) a bundled engine it launches itself."""
 
-    model: str | None = Field(None, description="model path (llama2.c .bin or HF directory); "
+    model: str | None = Field(None, description="model path (llama2.c .bin, HF directory or .gguf file); "
                                                 "none = built-in demo model")
     port: int = Field(DEFAULT_ENGINE_PORT, ge=1, le=65535)
     host: str = "127.0.0.1"

@@ -352,7 +352,8 @@ class EngineSupervisor:
                 time.sleep(0.2)
         self.stop()
         raise RuntimeError(f"engine {self.name!r} not healthy at {self.base_url}/health within"
-                           f" {timeout:g} s (last: {last})")
+                           f" {timeout:g} s (last: {last}); a large model may need longer: raise"
+                           f" launch.health_timeout_seconds in the --config file (docs/configuration.md)")
 
     def wait_ready(self, timeout: float) -> bool:
         """Poll ``GET /ready`` until 200 (an engine without ``/ready``, 404: ``/health`` 200);

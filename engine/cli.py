@@ -372,7 +372,7 @@ def serve(
 def generate(
     prompt: str = typer.Option(..., "--prompt", help="Prompt text."),
     model: Optional[str] = typer.Option(None, "--model",
-                                        help="llama2.c .bin, Hugging Face directory; default: the demo model."),
+                                        help="llama2.c .bin, HF directory or .gguf file; default: the demo model."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer"),
     max_tokens: int = typer.Option(64, "--max-tokens", min=1),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, max=2.0),

@@ -8,6 +8,8 @@ import signal
 import sys
 import time
 
+import pytest
+
 from inferctl.controller.events import EventLog
 from inferctl.controller.lifecycle import STARTED, STOPPED, UNCLEAN, adopt_engine, mark_unclean_shutdown
 from inferctl.controller.supervisor import EngineSupervisor, find_owned, owner_key
@@ -126,3 +128,14 @@ def test_operator_restart_after_the_crash_loop_guard_gave_up(tmp_path):
                                          {"engine": "main", "reason": "operator"}) == 1
     finally:
         sup.stop()
+
+
+def test_an_engine_too_slow_to_become_healthy_is_stopped_and_the_error_names_the_setting(tmp_path):
+    """A model that loads longer than the health timeout: the start fails, the process is
+    stopped, and the message says which setting gives it longer (not just "not healthy")."""
+    port = free_port()
+    sup = EngineSupervisor("main", [sys.executable, "-c", "import time; time.sleep(60)"],
+                           f"http://127.0.0.1:{port}", health_timeout_seconds=0.5, stop_timeout_seconds=3)
+    with pytest.raises(RuntimeError, match=r"within 0\.5 s .*launch\.health_timeout_seconds"):
+        sup.start()
+    assert sup.process_state == "stopped" and (sup._proc is None or sup._proc.poll() is not None)
