@@ -80,3 +80,15 @@ def test_precision_policy_never_degrades_an_int4_engine():
     assert actions(p.observe(5.0, engine(5.0, precision="int4", faults=[oom(1, 5.0)]))) == []
     p = PrecisionPolicy({"hold_seconds": 60.0})   # the same fault on a full engine degrades
     assert "degrade" in actions(p.observe(5.0, engine(5.0, faults=[oom(1, 5.0)])))
+
+
+def test_plan_int4_note_matches_the_engine_accounting():
+    from inferctl.tools.plan import compute_plan, read_model
+
+    if not SMOL.is_file():
+        pytest.skip("SmolLM2 GGUF not present")
+    p = compute_plan(read_model(str(SMOL)), "int4", 256)
+    [note] = [n for n in p.notes if "int4 holds" in n]
+    # the engine's /stats weights_bytes for this file in int4 (LlamaModel.weight_bytes() after
+    # set_precision("int4") = weight_bytes_by_mode()["int4"], measured 2026-12-01)
+    assert "95,102,208 bytes" in note
