@@ -25,7 +25,7 @@ from inferctl.engine.entrypoints.generation import (PromptJob, Started, gather_c
 from inferctl.engine.entrypoints.logprobs import chat_logprobs
 from inferctl.engine.entrypoints.serving import (check_text_size, guarded, new_id, parse_request, prepare_jobs,
                                                  respond)
-from inferctl.engine.entrypoints.sse import json_response, sse, stream_guard, usage, usage_chunk
+from inferctl.engine.entrypoints.sse import HOLE, ChunkTemplate, json_response, sse, stream_guard, usage, usage_chunk
 from inferctl.engine.entrypoints.state import ServedModel, ServerState, server_state
 from inferctl.engine.sampling_params import SamplingParams
 
@@ -80,6 +80,11 @@ def chat_stream(served: ServedModel, req: ChatCompletionRequest, jobs: list[Prom
             doc["usage"] = None
         return sse(doc)
 
+    content_chunk = ChunkTemplate({"id": rid, "object": "chat.completion.chunk", "created": created,
+                                   "model": served.name, "choices": [{"index": HOLE, "delta": {"content": HOLE},
+                                                                     "logprobs": None, "finish_reason": None}],
+                                   **({"usage": None} if include_usage else {})})   # chunk({"content": text}, index=i)
+
     async def body() -> AsyncIterator[bytes]:
         prompt_tokens = len(jobs[0].token_ids)
         completion_tokens = [0] * len(jobs)
@@ -95,7 +100,9 @@ def chat_stream(served: ServedModel, req: ChatCompletionRequest, jobs: list[Prom
             if req.logprobs and ids:
                 lps, tops = output_logprobs(out)
                 lp = chat_logprobs(served.tokenizer, ids, lps, tops if req.top_logprobs else [None] * len(ids))
-            if text or lp is not None:
+            if text and lp is None:
+                yield content_chunk.fill(jobs[i].index, text)
+            elif text or lp is not None:
                 yield chunk({"content": text}, None, lp, jobs[i].index)
             if finished:
                 yield chunk({}, getattr(out, "finish_reason", None), index=jobs[i].index)

@@ -24,7 +24,7 @@ from inferctl.engine.entrypoints.generation import (PromptJob, Started, gather_c
                                                     output_logprobs, start_all, token_counts)
 from inferctl.engine.entrypoints.logprobs import completion_logprobs, prompt_logprobs_json
 from inferctl.engine.entrypoints.serving import guarded, new_id, parse_request, prepare_jobs, respond
-from inferctl.engine.entrypoints.sse import json_response, sse, stream_guard, usage, usage_chunk
+from inferctl.engine.entrypoints.sse import HOLE, ChunkTemplate, json_response, sse, stream_guard, usage, usage_chunk
 from inferctl.engine.entrypoints.state import ServedModel, ServerState, server_state
 from inferctl.engine.sampling_params import SamplingParams
 
@@ -78,6 +78,10 @@ def completion_stream(served: ServedModel, req: CompletionRequest, jobs: list[Pr
                       started: list[Started], rid: str, created: int,
                       include_usage: bool, retry_after: int) -> AsyncIterator[bytes]:
     """The SSE chunks of a streamed completion (every prompt's outputs as they come)."""
+    text_chunk = ChunkTemplate({"id": rid, "object": "text_completion", "created": created, "model": served.name,
+                                "choices": [{"index": HOLE, "text": HOLE, "logprobs": None, "finish_reason": HOLE}],
+                                **({"usage": None} if include_usage else {})})   # the chunks without logprobs
+
     async def body() -> AsyncIterator[bytes]:
         echoed = set()
         offsets = {job.index: 0 for job in jobs}
@@ -104,6 +108,9 @@ def completion_stream(served: ServedModel, req: CompletionRequest, jobs: list[Pr
                 prompt_tokens[i] = p
             if not text and not finished and lp is None:
                 continue  # text held back (a possible stop string or a partial character)
+            if lp is None:
+                yield text_chunk.fill(job.index, text, getattr(out, "finish_reason", None) if finished else None)
+                continue
             chunk = {"id": rid, "object": "text_completion", "created": created, "model": served.name,
                      "choices": [{"index": job.index, "text": text, "logprobs": lp,
                                   "finish_reason": getattr(out, "finish_reason", None) if finished else None}]}
