@@ -27,7 +27,8 @@ Per model, in one run, ``--repeats`` rounds, the order of the sides flipped ever
 * copy bandwidth (``bench.decode.bandwidth``) at the start and the end of the run, best kept;
 * batch-1 decode: 16 prompt ids, ``--output`` greedy tokens, EOS ignored; tok/s over the decode
   tokens after the first (the prefill excluded). Engine ``full`` ↔ llama.cpp ``f32``, engine
-  ``int8`` ↔ llama.cpp ``Q8_0``, the SmolLM2 file ↔ the engine's best mode on it;
+  ``int8`` ↔ llama.cpp ``Q8_0``, the SmolLM2 Q4_1 file ↔ the engine in ``full`` (dequantized) and ``int4``
+  (the file's 4-bit codes, engine/quant_int4.py);
 * the 32 mixed requests of ``bench.common.make_workload`` all at t = 0: useful output tok/s.
   llama.cpp: one context, 32 sequences, split KV (``kv_unified`` off, 512 cells each), each
   ``llama_decode`` carrying every running sequence's next token plus prompt chunks up to
@@ -352,7 +353,7 @@ def _run(a: argparse.Namespace) -> int:
             if not src.exists():
                 notes.append(f"- smollm2: {src} missing, skipped.")
                 continue
-            pairs = [("file (Q4_1)", "full", src)]
+            pairs = [("file (Q4_1)", "full", src), ("file (Q4_1)", "int4", src)]  # int4: the Q4_1 codes kept
             vocab = None
             mdir = src
         else:
