@@ -34,8 +34,10 @@ Per model, in one run, ``--repeats`` rounds, the order of the sides flipped ever
   ``llama_decode`` carrying every running sequence's next token plus prompt chunks up to
   ``n_batch`` (512), as llama.cpp's server schedules;
 * greedy check: the batch-1 decode tokens of engine full and llama.cpp f32 (same weights) are
-  compared, and the first 64 tokens of 4 mixed requests; Q8_0 vs int8 (different quantizers)
-  are reported, not required, equal.
+  compared, and the first 64 tokens of 4 mixed requests; a divergence where the engine's top-2
+  logits (transformers, fp32) are within ``TIE_LOGIT_GAP`` is a near-tie, reported, not a
+  mismatch (first run, stories260K: one request diverged at a gap of 2.1e-4, the engine
+  agreeing with transformers); Q8_0 vs int8 (different quantizers) are reported, not required, equal.
 
 Writes the section ``peer`` of docs/benchmarks.md (with the command and the load average at
 the start and the end) unless ``--quick`` or ``--no-write``.
@@ -296,6 +298,31 @@ def engine_tokens(model: Path, precision: str, requests, n: int, threads: int) -
     return [out[f"r{i}"] for i in range(len(requests))]
 
 
+#: A first divergence where the engine's top-2 logits are closer than this is a near-tie: fp32 sums in a different
+#: order (llama.cpp's kernels vs torch's) may pick either token there, so it is reported, not counted as a mismatch.
+TIE_LOGIT_GAP = 1e-3
+
+
+def _top2_gap(model: Path, ids: list[int]) -> float | None:
+    """Gap between the two largest next-token logits after ``ids`` (transformers, fp32), None where it can't load."""
+    try:
+        import torch
+        from transformers import LlamaForCausalLM
+
+        m = LlamaForCausalLM.from_pretrained(str(model), dtype=torch.float32).eval()
+        with torch.inference_mode():
+            top = m(torch.tensor([ids])).logits[0, -1].topk(2).values
+        return float(top[0] - top[1])
+    except Exception:  # noqa: BLE001 - a GGUF file or missing transformers: no tie check
+        return None
+
+
+def _near_tie(model: Path, prompt: list[int], engine_toks: list[int], n: int) -> str | None:
+    """``"near-tie (gap G)"`` when the engine's greedy choice at position ``n`` (the first divergence) was one."""
+    gap = _top2_gap(model, list(prompt) + list(engine_toks[:n]))
+    return f"near-tie at token {n} (top-2 logit gap {gap:.1e})" if gap is not None and gap < TIE_LOGIT_GAP else None
+
+
 def _agree(a: list[int], b: list[int]) -> int:
     """Length of the common prefix."""
     n = 0
@@ -399,8 +426,17 @@ def _run(a: argparse.Namespace) -> int:
             e4 = engine_tokens(mdir, prec, work[:n4], 64, a.threads)
             p4 = [t[:64] for t in best["p_mix"]["tokens"][:n4]]
             agree4 = [_agree(x, y) for x, y in zip(e4, p4)]
-            ok = agree == len(best["e_dec"]["tokens"]) and all(x == min(64, len(y)) for x, y in zip(agree4, p4))
-            verdict = (f" (required equal: {'yes' if ok else 'NO'})" if qlabel == "F32"
+            ties: list[str | None] = []
+            if qlabel == "F32" and agree < len(best["e_dec"]["tokens"]):
+                ties.append(_near_tie(mdir, PROMPT, best["e_dec"]["tokens"], agree))
+            ties += [_near_tie(mdir, r.prompt, x, n) for r, x, y, n in zip(work, e4, p4, agree4)
+                     if qlabel == "F32" and n < min(64, len(y))]
+            ok = all(ties)          # every divergence (if any) at a near-tie
+            if ties and ok:
+                notes.append(f"- {name} {qlabel}: diverged only at near-ties: {'; '.join(ties)}.")
+            verdict = (f" (required equal up to near-ties, top-2 logit gap < {TIE_LOGIT_GAP:g}: "
+                       f"{'yes' if ok else 'NO'})"
+                       if qlabel == "F32"
                        else " (different quantizers: reported only)")
             checks.append(f"- {name}, engine {prec} vs llama.cpp {qlabel}: greedy tokens agree on "
                           f"{agree}/{len(best['e_dec']['tokens'])} batch-1 decode tokens and "
