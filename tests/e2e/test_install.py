@@ -51,7 +51,7 @@ def test_pip_install_puts_everything_under_the_inferctl_namespace(tmp_path):
     got = json.loads(probe.stdout)
     assert Path(got["file"]).is_relative_to(env_dir)          # the installed copy, not the checkout
     assert got["size"] == 512 * 1024 * 1024
-    assert got["modes"] == ["full", "int8"]
+    assert got["modes"] == ["full", "int8", "int4"]
     assert got["generic"] == {n: False for n in got["generic"]}
     installed = env_dir / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
     assert (installed / "inferctl" / "engine" / "engine.py").exists()
