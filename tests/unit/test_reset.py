@@ -213,8 +213,10 @@ def test_verification_failure_means_failed(tmp_path, monkeypatch, log):
 
 
 def test_timeout_fails_and_restores_persistence(tmp_path, monkeypatch, log):
-    smi = FakeNvidiaSmi(tmp_path, monkeypatch, {0: {"mode": "hang", "hang_seconds": 5}})
-    r, _ = make(log, command_timeout_seconds=0.5)
+    # the timeout must outlast the fake's own start-up for the query calls (a Python script: over
+    # 0.5 s on a loaded CI machine, which refused the reset before it began); only the reset hangs
+    smi = FakeNvidiaSmi(tmp_path, monkeypatch, {0: {"mode": "hang", "hang_seconds": 12}})
+    r, _ = make(log, command_timeout_seconds=3.0)
     out = r.reset(0, reason="t")
     assert out.outcome == "failed" and "timed out" in out.message
     assert smi.calls()[-1] == PM1
