@@ -194,16 +194,17 @@ def wait_ready(url: str, proc, log: Path, timeout: float = 90, interval: float =
 
 
 def start_inferctl(args: list[str], log: Path, env: dict | None = None, ready_url: str | None = None,
-                   timeout: float = 90, stdout=None):
-    """Start ``python -m inferctl ARGS`` with stderr to ``log`` (stdout discarded unless given)
-    and, with ``ready_url``, wait for it (:func:`wait_ready`). Returns the ``Popen``."""
+                   timeout: float = 90, stdout=None, cwd: Path | None = None):
+    """Start ``python -m inferctl ARGS`` (in ``cwd``) with stderr to ``log`` (stdout discarded
+    unless given) and, with ``ready_url``, wait for it (:func:`wait_ready`). Returns the ``Popen``."""
     import os
     import subprocess
     import sys
     env = {**os.environ, "OMP_NUM_THREADS": "1"} if env is None else env
     with open(log, "wb") as err:
         proc = subprocess.Popen([sys.executable, "-m", "inferctl", *args],
-                                stdout=subprocess.DEVNULL if stdout is None else stdout, stderr=err, env=env)
+                                stdout=subprocess.DEVNULL if stdout is None else stdout, stderr=err, env=env,
+                                cwd=cwd)
     if ready_url is not None:
         wait_ready(ready_url, proc, log, timeout)
     return proc
@@ -221,3 +222,31 @@ def stop_all(procs, grace: float = 30) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+def serve_without_listening(monkeypatch, args: list[str], env: dict | None = None):
+    """Run ``inferctl engine serve --port 0 --device cpu ARGS`` through the real CLI with the
+    server built but not listening (``GracefulServer.run`` stubbed). Returns ``(result, seen)``:
+    the click result and ``{"app": the ASGI app, "engines": the served engines by name}``."""
+    from typer.testing import CliRunner
+
+    from inferctl.cli import app
+    from inferctl.engine import server as engine_server
+    from inferctl.engine.entrypoints.lifecycle import GracefulServer
+
+    seen: dict = {}
+
+    def no_serving(self):   # the server is built with the app; it does not listen
+        seen["app"] = self.config.app
+        self.started = True
+
+    monkeypatch.setattr(GracefulServer, "run", no_serving)
+    real = engine_server.create_app
+
+    def capture(engines, **kw):
+        seen["engines"] = engines
+        return real(engines, **kw)
+
+    monkeypatch.setattr(engine_server, "create_app", capture)
+    res = CliRunner().invoke(app, ["engine", "serve", "--port", "0", "--device", "cpu", *args], env=env)
+    return res, seen

@@ -9,35 +9,16 @@ import sys
 
 import pytest
 import typer
-from typer.testing import CliRunner
 
 from inferctl.engine.cli import oom_options
+from tests.server_helpers import serve_without_listening
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
 
 
 def test_flags_reach_the_engine_config(monkeypatch):
-    from inferctl.cli import app
-    from inferctl.engine.entrypoints.lifecycle import GracefulServer
-
-    seen = {}
-
-    def no_serving(self):   # the server is built with the app; it does not listen
-        seen["app"] = self.config.app
-        self.started = True
-
-    monkeypatch.setattr(GracefulServer, "run", no_serving)
-    from inferctl.engine import server as engine_server
-
-    real = engine_server.create_app
-
-    def capture(engines, **kw):
-        seen["engines"] = engines
-        return real(engines, **kw)
-
-    monkeypatch.setattr(engine_server, "create_app", capture)
-    res = CliRunner().invoke(app, ["engine", "serve", "--port", "0", "--device", "cpu", "--max-oom-retries", "7",
-                                   "--oom-backoff-seconds", "0.25", "--oom-backoff-max-seconds", "1.5"])
+    res, seen = serve_without_listening(monkeypatch, ["--max-oom-retries", "7", "--oom-backoff-seconds", "0.25",
+                                                      "--oom-backoff-max-seconds", "1.5"])
     assert res.exit_code == 0, res.output
     [eng] = seen["engines"].values()
     cfg = eng.engine.config

@@ -4,9 +4,8 @@
 from __future__ import annotations
 
 import pytest
-from typer.testing import CliRunner
 
-from tests.server_helpers import run
+from tests.server_helpers import run, serve_without_listening
 
 
 def call(app, method: str, path: str, **kw) -> int:
@@ -20,25 +19,7 @@ def call(app, method: str, path: str, **kw) -> int:
 
 
 def serve(monkeypatch, args: list[str], env: dict | None = None) -> dict:
-    from inferctl.cli import app
-    from inferctl.engine import server as engine_server
-    from inferctl.engine.entrypoints.lifecycle import GracefulServer
-
-    seen: dict = {}
-
-    def no_serving(self):   # the server is built with the app; it does not listen
-        seen["app"] = self.config.app
-        self.started = True
-
-    monkeypatch.setattr(GracefulServer, "run", no_serving)
-    real = engine_server.create_app
-
-    def capture(engines, **kw):
-        seen["engines"] = engines
-        return real(engines, **kw)
-
-    monkeypatch.setattr(engine_server, "create_app", capture)
-    res = CliRunner().invoke(app, ["engine", "serve", "--port", "0", "--device", "cpu", *args], env=env)
+    res, seen = serve_without_listening(monkeypatch, args, env)
     assert res.exit_code == 0, res.output
     return seen
 

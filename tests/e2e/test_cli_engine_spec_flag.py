@@ -5,32 +5,12 @@ from __future__ import annotations
 
 import json
 
-from typer.testing import CliRunner
 
-from tests.server_helpers import engines_running, run
+from tests.server_helpers import engines_running, run, serve_without_listening
 
 
 def serve(monkeypatch, args: list[str]):
-    from inferctl.cli import app
-    from inferctl.engine import server as engine_server
-    from inferctl.engine.entrypoints.lifecycle import GracefulServer
-
-    seen: dict = {}
-
-    def no_serving(self):   # the server is built with the app; it does not listen
-        seen["app"] = self.config.app
-        self.started = True
-
-    monkeypatch.setattr(GracefulServer, "run", no_serving)
-    real = engine_server.create_app
-
-    def capture(engines, **kw):
-        seen["engines"] = engines
-        return real(engines, **kw)
-
-    monkeypatch.setattr(engine_server, "create_app", capture)
-    res = CliRunner().invoke(app, ["engine", "serve", "--port", "0", "--device", "cpu", *args])
-    return res, seen
+    return serve_without_listening(monkeypatch, args)
 
 
 def test_flag_reaches_the_engine_and_metrics_count_drafts(monkeypatch, stories_dir):

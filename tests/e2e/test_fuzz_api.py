@@ -20,14 +20,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
-from tests.server_helpers import free_port
+from tests.server_helpers import free_port, start_inferctl, wait_ready
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,24 +40,12 @@ ACCEPTED = "2xx,400,401,403,404,409,503"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "INFERCTL_ADMIN_TOKEN": TOKEN}
 
 
-def _wait(url: str, proc: subprocess.Popen, log: Path, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"exited with {proc.returncode}: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            pytest.fail(f"not ready in time: {log.read_text()[-2000:]}")
-        time.sleep(0.2)
-
-
 def _start(cmd: list[str], log: Path, cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "inferctl", *cmd], stdout=subprocess.DEVNULL,
-                            stderr=open(log, "wb"), env=ENV, cwd=cwd)  # noqa: SIM115
+    return start_inferctl(cmd, log, env=ENV, cwd=cwd)
+
+
+def _wait(url: str, proc: subprocess.Popen, log: Path) -> None:
+    wait_ready(url, proc, log, timeout=90, interval=0.2)
 
 
 def _engine(stories_dir: Path, tmp: Path, name: str) -> tuple[subprocess.Popen, str, Path]:
