@@ -108,7 +108,7 @@ def test_help_is_fast_and_lists_the_engine_commands():
 
 @pytest.mark.parametrize("args, words", [
     (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype"),
-    (["--precision", "int4"], "--precision"),
+    (["--precision", "int3"], "--precision"),
     (["--memory-budget", "lots"], "--memory-budget"),
     (["--chat-template", "chatml"], "--chat-template"),
 ])
