@@ -65,6 +65,24 @@ def formatter_for(log_format: str) -> logging.Formatter:
     return JsonFormatter() if check_log_format(log_format) == "json" else TextFormatter()
 
 
+class StderrHandler(logging.StreamHandler):
+    """A stream handler that writes to whatever ``sys.stderr`` is at the time of each record
+    (like :data:`logging.lastResort`), not the stream it was built with: a process (or a test
+    runner) that swaps or closes ``sys.stderr`` never leaves the root logger writing to a
+    closed file ("--- Logging error --- ValueError: I/O operation on closed file")."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):  # noqa: ANN201 - the current sys.stderr
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:  # noqa: ANN001 - StreamHandler.__init__ assigns it
+        pass
+
+
 def configure_logging(log_format: str, level: str = "info") -> None:
     """Point the root logger at stderr with the chosen formatter (``text`` or ``json``) and
     level (``debug``/``info``/``warning``/``error``, any case). Run uvicorn with
@@ -72,7 +90,7 @@ def configure_logging(log_format: str, level: str = "info") -> None:
 
     Raises ValueError for another format or an unknown level.
     """
-    handler = logging.StreamHandler(sys.stderr)
+    handler = StderrHandler()
     handler.setFormatter(formatter_for(log_format))
     root = logging.getLogger()
     root.handlers[:] = [handler]

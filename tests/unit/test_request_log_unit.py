@@ -185,3 +185,25 @@ def test_uvicorns_color_message_never_reaches_a_log_line():
     record.color_message = "Started server process [\x1b[36m%d\x1b[0m]"
     record.request_id = "abc"
     assert extra_fields(record) == {"request_id": "abc"}
+
+
+def test_the_configured_handler_follows_sys_stderr(monkeypatch):
+    """Regression: configure_logging bound the root handler to the stderr of the moment; a CLI
+    run in-process (CliRunner swaps sys.stderr, then closes it) left every later log record
+    printing "--- Logging error --- I/O operation on closed file" into other commands' output."""
+    import io
+
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    try:
+        first = io.StringIO()
+        monkeypatch.setattr("sys.stderr", first)
+        configure_logging("text", "info")
+        first.close()                                     # the stream it was configured with is gone
+        second = io.StringIO()
+        monkeypatch.setattr("sys.stderr", second)
+        logging.getLogger("inferctl.test").info("still logging")
+        assert "still logging" in second.getvalue()
+    finally:
+        root.handlers[:], _ = saved
+        root.setLevel(saved[1])
