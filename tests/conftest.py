@@ -33,3 +33,17 @@ def gutenberg_dir() -> Path:
     if not GUTENBERG.exists():
         pytest.fail(f"Gutenberg texts not found at {GUTENBERG} (set INFERCTL_SHARED)")
     return GUTENBERG
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_restored():
+    """A CLI run in-process (``CliRunner`` → ``engine serve`` / ``router``) configures the root
+    logger (contract/logs.py); put its handlers and level back after each test so no test's log
+    configuration leaks into another's captured output."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
