@@ -69,9 +69,9 @@ def test_quantize_and_restore_drop_the_numpy_view():
 def test_int8_fast_path_is_bit_identical_and_padded_weights_still_work():
     from inferctl.engine.quant import int8_matmul, quantize_per_channel
 
-    torch.manual_seed(0)   # unseeded data made the padded bf16-vs-fp32 comparison fail now and then
-    q = quantize_per_channel(torch.randn(48, 64))
-    x = torch.randn(3, 64)
+    g = torch.Generator().manual_seed(0)   # unseeded data failed the padded bf16-vs-fp32 comparison now and then
+    q = quantize_per_channel(torch.randn(48, 64, generator=g))
+    x = torch.randn(3, 64, generator=g)
     with torch.inference_mode():
         first = int8_matmul(x, q)              # checked path; caches that the kernel runs
         if q.kernel is not True:
@@ -79,7 +79,7 @@ def test_int8_fast_path_is_bit_identical_and_padded_weights_still_work():
         fast = int8_matmul(x, q)
         ref = torch.mul(torch._weight_int8pack_mm(x.to(torch.bfloat16), q.qweight, q.unit_scales), q.scales)
         assert torch.equal(first, fast) and torch.equal(fast, ref) and fast.dtype == torch.float32
-        qp = quantize_per_channel(torch.randn(8, 40))   # K padded to 48: the checked path pads x
-        xp = torch.randn(2, 40)
+        qp = quantize_per_channel(torch.randn(8, 40, generator=g))   # K padded to 48: the checked path pads x
+        xp = torch.randn(2, 40, generator=g)
         int8_matmul(xp, qp)
         torch.testing.assert_close(int8_matmul(xp, qp), xp @ qp.dequantize().t(), rtol=2e-2, atol=2e-2)
