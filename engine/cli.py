@@ -187,12 +187,11 @@ def _build_engine(bundle, config, precision: str, budget_flag: str = "--memory-b
     from inferctl.engine.engine import LLMEngine
 
     try:
-        llm = LLMEngine(bundle, config)
+        llm = LLMEngine(bundle, config, precision)   # int4: the memory plan counts 4-bit weights
     except (ConfigError, ValueError) as exc:
         # the engine's field name → the flag the user typed
-        _die(str(exc).replace("memory_budget_bytes:", f"{budget_flag}:", 1))
-    if precision != "full":
-        llm.request_precision(precision)
+        msg = str(exc).replace("memory_budget_bytes:", f"{budget_flag}:", 1)
+        _die("--" + msg if msg.startswith("precision:") else msg)
     return AsyncLLMEngine(llm)
 
 

@@ -47,7 +47,7 @@ from inferctl.engine import __version__
 from inferctl.engine.block_manager import BlockManager
 from inferctl.engine.commands import (AbortRequest, Command, CommandMailbox, InjectFault,
                                       SetDraining, SwitchPrecision)
-from inferctl.engine.config import EngineConfig
+from inferctl.engine.config import ConfigError, EngineConfig
 from inferctl.engine.detokenizer import IncrementalDetokenizer
 from inferctl.engine.faults import OomHandler, step_error_message
 from inferctl.engine.memory_plan import ActivationModel, plan_memory
@@ -125,14 +125,23 @@ class LLMEngine:
         bundle: a loaded ``ModelBundle`` (``engine.loader.load_model``); the engine uses its
             model on the device and in the dtype it was loaded with.
         config: :class:`EngineConfig`; ``None`` = defaults.
+        precision: the start precision ("full", "int8", "int4"), applied before the first
+            step. The memory plan counts the weights of the start-only mode "int4"
+            (``weight_bytes_by_mode()["int4"]``), so its KV pool gets the blocks the budget
+            holds beside 4-bit weights; "int8" is planned from the full weights, which a switch
+            back to full needs again.
 
     Raises:
-        ConfigError: a setting conflicts with the model or the memory budget cannot hold
-            the weights, one KV block and the profiled step (the message gives the numbers).
+        ConfigError: a setting conflicts with the model, the memory budget cannot hold
+            the weights, one KV block and the profiled step (the message gives the numbers),
+            or the int4 start precision cannot be applied (field ``precision``).
+        ValueError: an unknown ``precision``.
     """
 
-    def __init__(self, bundle, config: EngineConfig | None = None):
+    def __init__(self, bundle, config: EngineConfig | None = None, precision: str = "full"):
         model = bundle.model
+        if precision not in ("full", "int8", "int4"):
+            raise ValueError(f"precision must be 'full', 'int8' or 'int4', got {precision!r}")
         cfg = (config or EngineConfig()).resolve(bundle.args.max_seq_len, model.device, model.dtype)
         self.config = cfg
         if cfg.num_threads is not None:
@@ -166,7 +175,9 @@ class LLMEngine:
                                       if hasattr(model, "weight_bytes_by_mode") else {})
         self.acts = ActivationModel.of(self.args, model.dtype)
         draft = spec_decoder.build_draft(cfg.speculative_config, model)   # sized by the plan
-        plan = plan_memory(model, self.args, cfg, self.device, self.acts, draft)
+        start_only = precision == "int4" and self.precision != "int4"
+        plan = plan_memory(model, self.args, cfg, self.device, self.acts, draft,
+                           self._weight_bytes_by_mode.get("int4") if start_only else None)
         self.accountant = plan.accountant
         self.kv_cache = plan.kv_cache
         self.num_kv_blocks = plan.num_kv_blocks
@@ -197,6 +208,14 @@ class LLMEngine:
         self._seqs: dict[str, Sequence] = {}
         self._draining = False
         self.last_step_idle = True
+        if precision != self.precision:
+            try:
+                self.request_precision(precision)    # no stepping thread yet: applied at once
+            except torch.OutOfMemoryError as err:   # int4 refused: the full weights exceed its plan
+                self._precision_error = str(err)
+            if start_only and self.precision != "int4":
+                raise ConfigError("precision", f"the int4 start precision could not be applied: "
+                                               f"{self._precision_error}")
         self.prometheus.set_gauges(self._scheduler_stats())
 
     # ------------------------------------------------------------------ requests

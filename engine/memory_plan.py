@@ -103,7 +103,8 @@ class MemoryPlan:
 _ROUNDING_SLACK = 4 * 512
 
 
-def plan_memory(model, args, cfg, device: torch.device, acts: ActivationModel, draft=None) -> MemoryPlan:
+def plan_memory(model, args, cfg, device: torch.device, acts: ActivationModel, draft=None,
+                weights_bytes: int | None = None) -> MemoryPlan:
     """Size the budget and the KV pool, allocate both through a new accountant.
 
     The activation headroom kept free is the estimate of vLLM's profile step: one prefill of
@@ -124,7 +125,11 @@ def plan_memory(model, args, cfg, device: torch.device, acts: ActivationModel, d
     Args:
         model: the loaded model (``weight_bytes()``, ``dtype``); args: its ``ModelArgs``;
         cfg: the resolved ``EngineConfig``; device: where the engine runs; draft: the draft
-            model (``args``, ``dtype``, ``weight_bytes()``) or None.
+            model (``args``, ``dtype``, ``weight_bytes()``) or None; weights_bytes: the weights
+            to plan for when the engine starts in another precision than the model is loaded in
+            (a start-only mode: ``--precision int4`` plans from
+            ``LlamaModel.weight_bytes_by_mode()["int4"]``, not the fp32 weights it will drop);
+            None = ``model.weight_bytes()``.
 
     Raises:
         ConfigError: the budget cannot hold the weights, one KV block and the profile step, or
@@ -133,7 +138,7 @@ def plan_memory(model, args, cfg, device: torch.device, acts: ActivationModel, d
     kv_int8 = cfg.kv_cache_dtype == "int8"
     bpb = KVCache.bytes_per_block(args.n_layers, cfg.block_size, args.n_kv_heads, args.head_dim,
                                   model.dtype, kv_int8)
-    weights = model.weight_bytes()
+    weights = model.weight_bytes() if weights_bytes is None else int(weights_bytes)
     B, S, L = cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_model_len
     profile = acts.step_bytes(B, 1, B * B, B)
     d_bpb = d_weights = d_profile = d_worst = 0
