@@ -3,7 +3,8 @@
 :class:`Actions` executes a :class:`~controller.types.Decision` (from a policy or an operator):
 
 * ``degrade`` / ``rollback`` — engine admin precision call (``int8`` / ``full``), then
-  confirmed through the engine's next polls (``precision`` in ``/stats``).
+  confirmed through the engine's next polls (``precision`` in ``/stats``); a call that got no
+  answer (timeout) may have been applied, so it succeeds if the polls confirm the mode.
 * ``drain`` / ``undrain`` — stop / resume admitting (the engine finishes in-flight work).
 * ``drain_restart`` (and ``restart``) — a rolling step (controller/fleet.py): take the replica
   out of rotation when the rails allow it (at most ``rails.max_unavailable`` replicas of a
@@ -37,8 +38,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-
 from inferctl.contract.precision import MODE_FOR_ACTION
+from inferctl.controller.engines.base import outcome_unknown
 from inferctl.controller.events import EventLog, json_safe
 from inferctl.controller.fleet import FleetRail
 from inferctl.controller.reset import GpuResetter
@@ -183,8 +184,19 @@ class Actions:
         try:
             reply = client.set_precision(mode)
         except Exception as exc:
-            return ActionResult(action, name, False, f"engine {name}: precision {mode} call failed: {exc}")
-        confirmed, seen = self._confirm(client, lambda s: s.precision == mode)
+            if not outcome_unknown(exc):
+                return ActionResult(action, name, False, f"engine {name}: precision {mode} call failed: {exc}")
+            # no answer (a timeout on a busy engine): the switch may have been delivered, so the
+            # engine's polls decide; a "failed" degrade that did apply sent the policy back to
+            # full, and the same OOM episode's next fault switched a second time
+            confirmed, seen = self._confirm(client, lambda s: s.precision == mode)
+            if not confirmed:
+                return ActionResult(action, name, False, f"engine {name}: precision {mode} call got no answer "
+                                    f"({exc}) and the engine still reports {seen} after "
+                                    f"{self.confirm_timeout_seconds:g} s", {"mode": mode, "engine_precision": seen})
+            reply = {"no_answer": str(exc)}
+        else:
+            confirmed, seen = self._confirm(client, lambda s: s.precision == mode)
         self._inc("inferctl_precision_switches_total", engine=name, to=mode)
         msg = (f"engine {name} switched to {mode}" + (" (confirmed by poll)" if confirmed else
                f" requested; not confirmed within {self.confirm_timeout_seconds:g} s (engine reports {seen})"))

@@ -37,6 +37,16 @@ class EngineAdminError(RuntimeError):
                          else f"{path or 'admin call'}: {message}")
 
 
+def outcome_unknown(exc: BaseException) -> bool:
+    """Whether a failed admin call may still have reached the engine: no HTTP answer (an
+    :class:`~inferctl.controller.engines.base.EngineAdminError` with status 0, or a bare
+    ``httpx`` error) other than a refused or timed-out connection (nothing was sent)."""
+    if getattr(exc, "status", None) not in (0, None):
+        return False      # the engine answered (4xx/5xx): it did not take the call
+    cause = exc if isinstance(exc, httpx.HTTPError) else exc.__cause__
+    return isinstance(cause, httpx.HTTPError) and not isinstance(cause, (httpx.ConnectError, httpx.ConnectTimeout))
+
+
 class EngineClient(abc.ABC):
     """Base of all engine clients.
 

@@ -136,7 +136,10 @@ def test_oom_degrades_once_no_request_fails_then_rolls_back(tmp_path, stories_di
         events = http.get(f"{ctl}/events", params={"limit": 1000}).json()["events"]
         degrades = [e for e in events if e["kind"] == "transition" and e["source"] == "precision"
                     and e["outcome"]["action"] == "degrade"]
-        assert len(degrades) == 1, degrades
+        # one OOM episode, one switch (a switch call that timed out under load but was applied used to
+        # read as "degrade failed" → full → the next OOM switched again: tests/unit/test_precision_no_answer.py)
+        assert len(degrades) == 1, [(e["time"], e["kind"], e["outcome"], e["reason"]) for e in events
+                                    if e["source"] == "precision"]
         # within one poll of the OOM: the first fault's time → the decision's time
         first_fault = min(f["time"] for f in stats["faults"]["recent"])
         assert degrades[0]["time"] - first_fault <= POLL + 0.5, (degrades[0]["time"], first_fault)
