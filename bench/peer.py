@@ -12,7 +12,9 @@ llama.cpp is llama-cpp-python built from its source distribution in a venv of it
 
 It runs as a subprocess of this command (this file, ``--worker``: only the standard library,
 numpy and ``llama_cpp`` are imported there) through llama.cpp's own C API (``llama_decode``
-over a ``llama_batch``), so no Python sampler or server sits on its side.
+over a ``llama_batch``), so no Python sampler or server sits on its side. Its attention runs in fp32 (K/V
+cache f32, flash attention off) like the engine's, not in llama.cpp's default f16 (``PEER_ATTENTION``,
+``--peer-attention default`` for llama.cpp's own defaults).
 
 Weights: each Hugging Face model of ``bench.models`` is loaded by the engine and written to
 GGUF with the ``gguf`` package (``GGUFWriter``, architecture ``llama``): ``f32``, and ``Q8_0``
@@ -34,10 +36,9 @@ Per model, in one run, ``--repeats`` rounds, the order of the sides flipped ever
   ``llama_decode`` carrying every running sequence's next token plus prompt chunks up to
   ``n_batch`` (512), as llama.cpp's server schedules;
 * greedy check: the batch-1 decode tokens of engine full and llama.cpp f32 (same weights) are
-  compared, and the first 64 tokens of 4 mixed requests; a divergence where the engine's top-2
-  logits (transformers, fp32) are within ``TIE_LOGIT_GAP`` is a near-tie, reported, not a
-  mismatch (first run, stories260K: one request diverged at a gap of 2.1e-4, the engine
-  agreeing with transformers); Q8_0 vs int8 (different quantizers) are reported, not required, equal.
+  compared, and the first min(64, max_tokens) tokens of 4 mixed requests; a divergence where the engine's
+  top-2 logits (transformers, fp32) are within ``TIE_LOGIT_GAP`` is a near-tie, reported, not a
+  mismatch; Q8_0 vs int8 (different quantizers) are reported, not required, equal.
 
 Writes the section ``peer`` of docs/benchmarks.md (with the command and the load average at
 the start and the end) unless ``--quick`` or ``--no-write``.
@@ -59,6 +60,15 @@ SMOLLM2 = "smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPT = list(range(3, 19))
 N_CTX_PER_SEQ = 512
 N_BATCH = 512
+#: ggml.h ``GGML_TYPE_F32`` and llama.h ``LLAMA_FLASH_ATTN_TYPE_DISABLED`` (``llama_context_params`` values).
+GGML_TYPE_F32, LLAMA_FLASH_ATTN_TYPE_DISABLED = 0, 0
+#: How llama.cpp computes attention: "fp32" (the default here) = K/V cache f32 and flash attention off, the
+#: engine's numerics (``--kv-cache-dtype auto`` = the model's fp32; fp32 attention); "default" = llama.cpp's own
+#: defaults, K/V cache f16 and flash attention "auto" (on for CPU), whose graph casts K and V to f16 even from an
+#: f32 cache (llama-graph.cpp ``build_attn_mha``) and masks in f16. On stories260K the defaults move logits by up
+#: to 4e-2 against llama2.c's run.c (fp32 settings: 6.5e-5), enough to flip a greedy token whose top-2 gap is
+#: 6.6e-3 (token 100 of the 128 batch-1 decode tokens).
+PEER_ATTENTION = "fp32"
 
 
 # ---- the llama.cpp side (runs in the peer venv: stdlib, numpy, llama_cpp only) -------------------
@@ -82,6 +92,9 @@ def _worker(job: dict) -> dict:
     cp.n_ubatch = N_BATCH
     cp.n_seq_max = n_seq
     cp.n_threads = cp.n_threads_batch = job["threads"]
+    if job.get("attention", PEER_ATTENTION) == "fp32":
+        cp.type_k = cp.type_v = GGML_TYPE_F32
+        cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED
     if hasattr(cp, "kv_unified"):
         cp.kv_unified = False
     if hasattr(cp, "no_perf"):
@@ -169,12 +182,15 @@ def _worker(job: dict) -> dict:
     return result
 
 
-def run_peer(peer_python: str, gguf: Path, mode: str, requests: list[dict], threads: int) -> dict:
-    """One llama.cpp measurement in the peer venv (a subprocess); raises RuntimeError on failure."""
+def run_peer(peer_python: str, gguf: Path, mode: str, requests: list[dict], threads: int,
+             attention: str = PEER_ATTENTION) -> dict:
+    """One llama.cpp measurement in the peer venv (a subprocess); ``attention`` "fp32" | "default" (see
+    ``PEER_ATTENTION``); raises RuntimeError on failure."""
     with tempfile.TemporaryDirectory() as tmp:
         job = Path(tmp) / "job.json"
         out = Path(tmp) / "out.json"
-        job.write_text(json.dumps({"gguf": str(gguf), "mode": mode, "requests": requests, "threads": threads}))
+        job.write_text(json.dumps({"gguf": str(gguf), "mode": mode, "requests": requests, "threads": threads,
+                                   "attention": attention}))
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         proc = subprocess.run([peer_python, str(Path(__file__).resolve()), "--worker", str(job), str(out)],
                               capture_output=True, text=True, env=env, timeout=3600)
@@ -323,6 +339,11 @@ def _near_tie(model: Path, prompt: list[int], engine_toks: list[int], n: int) ->
     return f"near-tie at token {n} (top-2 logit gap {gap:.1e})" if gap is not None and gap < TIE_LOGIT_GAP else None
 
 
+def _fractions(agree: list[int], compared: list[int]) -> str:
+    """``"27/27, 60/64"``: tokens agreeing of tokens compared, per request."""
+    return ", ".join(f"{n}/{m}" for n, m in zip(agree, compared))
+
+
 def _agree(a: list[int], b: list[int]) -> int:
     """Length of the common prefix."""
     n = 0
@@ -344,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--peer-python", default=PEER_PYTHON)
+    ap.add_argument("--peer-attention", choices=("fp32", "default"), default=PEER_ATTENTION,
+                    help="llama.cpp's attention: fp32 (K/V f32, flash attention off: the engine's numerics) or its "
+                         "defaults (K/V f16, flash attention auto); see PEER_ATTENTION")
     ap.add_argument("--quick", action="store_true",
                     help="smoke test: synthetic-tiny + stories260K, 24 tokens, 4 short requests, 1 round, no doc write")
     ap.add_argument("--no-write", action="store_true")
@@ -412,8 +436,10 @@ def _run(a: argparse.Namespace) -> int:
                         res["e_dec"].append(engine_decode(mdir, prec, a.output, a.threads))
                         res["e_mix"].append(engine_mixed(mdir, prec, work, a.threads))
                     else:
-                        res["p_dec"].append(run_peer(a.peer_python, g, "decode", dec_req, a.threads))
-                        res["p_mix"].append(run_peer(a.peer_python, g, "mixed", reqs, a.threads))
+                        res["p_dec"].append(run_peer(a.peer_python, g, "decode", dec_req, a.threads,
+                                                         a.peer_attention))
+                        res["p_mix"].append(run_peer(a.peer_python, g, "mixed", reqs, a.threads,
+                                                         a.peer_attention))
             best = {k: max(v, key=lambda r: r["tok_s"]) for k, v in res.items()}
             for wl, e, p in (("batch-1 decode", best["e_dec"], best["p_dec"]),
                              (f"{a.requests} mixed requests", best["e_mix"], best["p_mix"])):
@@ -424,13 +450,14 @@ def _run(a: argparse.Namespace) -> int:
             agree = _agree(best["e_dec"]["tokens"], best["p_dec"]["tokens"])
             n4 = min(4, len(work))
             e4 = engine_tokens(mdir, prec, work[:n4], 64, a.threads)
-            p4 = [t[:64] for t in best["p_mix"]["tokens"][:n4]]
+            p4 = [t[:64] for t in best["p_mix"]["tokens"][:n4]]     # each request's max_tokens may be < 64
             agree4 = [_agree(x, y) for x, y in zip(e4, p4)]
+            cmp4 = [min(len(x), len(y)) for x, y in zip(e4, p4)]
             ties: list[str | None] = []
             if qlabel == "F32" and agree < len(best["e_dec"]["tokens"]):
                 ties.append(_near_tie(mdir, PROMPT, best["e_dec"]["tokens"], agree))
             ties += [_near_tie(mdir, r.prompt, x, n) for r, x, y, n in zip(work, e4, p4, agree4)
-                     if qlabel == "F32" and n < min(64, len(y))]
+                     if qlabel == "F32" and n < min(len(x), len(y))]
             ok = all(ties)          # every divergence (if any) at a near-tie
             if ties and ok:
                 notes.append(f"- {name} {qlabel}: diverged only at near-ties: {'; '.join(ties)}.")
@@ -440,7 +467,8 @@ def _run(a: argparse.Namespace) -> int:
                        else " (different quantizers: reported only)")
             checks.append(f"- {name}, engine {prec} vs llama.cpp {qlabel}: greedy tokens agree on "
                           f"{agree}/{len(best['e_dec']['tokens'])} batch-1 decode tokens and "
-                          f"{'/'.join(map(str, agree4))} of the first 64 tokens of {n4} mixed requests{verdict}.")
+                          f"{_fractions(agree4, cmp4)} tokens of {n4} mixed requests (the first min(64, max_tokens) "
+                          f"of each){verdict}; llama.cpp attention {a.peer_attention}.")
     bws.append(bandwidth(256, 5, a.threads))
     bw = max(bws, key=lambda b: b["copy_gbps"])
     end = machine_facts()

@@ -27,3 +27,50 @@ def test_permute_half_to_interleaved_pairs_rows():
     w = np.arange(8, dtype=np.float32).reshape(4, 2)
     out = peer._permute_half_to_interleaved(w, 1)
     assert out[:, 0].tolist() == [0.0, 4.0, 2.0, 6.0]
+
+
+def test_fractions_name_agreeing_of_compared_tokens():
+    # a request whose max_tokens (27) is under 64 compares 27 tokens: "27/27", not "27/64"
+    assert peer._fractions([27, 60], [27, 64]) == "27/27, 60/64"
+
+
+class _Stop(Exception):
+    pass
+
+
+def _fake_llama_cpp(seen: dict):
+    import types
+
+    defaults = dict(type_k=1, type_v=1, flash_attn_type=-1, kv_unified=True, no_perf=False)   # llama.h defaults
+
+    def init_from_model(model, cp):
+        seen.update(type_k=cp.type_k, type_v=cp.type_v, flash_attn_type=cp.flash_attn_type)
+        raise _Stop
+
+    return types.SimpleNamespace(
+        llama_backend_init=lambda: None, llama_model_default_params=lambda: None,
+        llama_model_load_from_file=lambda path, params: 1, llama_model_get_vocab=lambda model: 1,
+        llama_vocab_n_tokens=lambda vocab: 8, llama_init_from_model=init_from_model,
+        llama_context_default_params=lambda: types.SimpleNamespace(**defaults))
+
+
+def _context_params(monkeypatch, **job) -> dict:
+    seen: dict = {}
+    monkeypatch.setitem(__import__("sys").modules, "llama_cpp", _fake_llama_cpp(seen))
+    try:
+        peer._worker({"gguf": "x.gguf", "mode": "decode", "requests": [{"prompt": [3], "max_tokens": 1}],
+                      "threads": 1, **job})
+    except _Stop:
+        pass
+    return seen
+
+
+def test_worker_runs_llama_cpp_attention_in_fp32_by_default(monkeypatch):
+    # llama.cpp's defaults (K/V f16, flash attention auto → f16 K/V even from an f32 cache) moved stories260K's
+    # logits by up to 4e-2 and split the greedy tokens at token 100; the peer must match the engine's fp32
+    assert _context_params(monkeypatch) == {"type_k": 0, "type_v": 0, "flash_attn_type": 0}
+    assert _context_params(monkeypatch, attention="fp32") == {"type_k": 0, "type_v": 0, "flash_attn_type": 0}
+
+
+def test_worker_keeps_llama_cpp_defaults_when_asked(monkeypatch):
+    assert _context_params(monkeypatch, attention="default") == {"type_k": 1, "type_v": 1, "flash_attn_type": -1}
