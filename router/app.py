@@ -17,6 +17,11 @@ Routes:
 
 Every answer carries ``X-Request-Id`` (the client's, or a new one). The probe loop
 (:class:`~inferctl.router.probe.Prober`) runs in the app's lifespan.
+
+The two ``POST`` routes are the hot path: :class:`RouterApp` hands them to their handler as
+plain ASGI, before FastAPI's middleware stack, router and endpoint machinery (which stay for
+every other route, for refused ``Host`` headers and for the OpenAPI document). Measured with
+``python -m bench.router``: the router's CPU per request (docs/router.md, "Cost per request").
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass
+from functools import lru_cache, partial
 from typing import Any
 
 import httpx
@@ -32,9 +38,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive, Scope, Send
 
 from inferctl.contract.errors import REJECTION_CODES, APIError
-from inferctl.contract.http import HostGuard, RequestRejected, read_json_body
+from inferctl.contract.http import HostGuard, RequestRejected, host_allowed, read_json_body
 from inferctl.contract.openai import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                      CompletionResponse, ModelList, ProtocolLimits, validate_model)
 from inferctl.contract.openapi import allow_header, install_openapi, route_doc
@@ -91,9 +98,31 @@ def default_upstream(config: RouterConfig) -> AiohttpUpstream:
                            read_timeout=config.upstream_timeout_seconds)
 
 
+class RouterApp(FastAPI):
+    """FastAPI with a hot path: an HTTP ``POST`` to a path of ``fast_routes`` (path → ASGI
+    handler) whose ``Host`` passes ``host_ok`` (None: no check) goes to its handler directly;
+    everything else (other routes, lifespan, a refused ``Host``, which the slow path's
+    :class:`~inferctl.contract.http.HostGuard` answers with 421) takes FastAPI's stack. An
+    exception the handler raises reaches the server as before (uvicorn logs it and answers 500
+    when nothing was sent yet)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fast_routes: dict[str, Any] = {}
+        self.host_ok: Any = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            handler = self.fast_routes.get(scope["path"])
+            if handler is not None and (self.host_ok is None or self.host_ok(scope)):
+                await handler(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None, upstream: Upstream | None = None,
                limits: ProtocolLimits | None = None, bind_host: str | None = None,
-               allowed_hosts: tuple[str, ...] = ()) -> FastAPI:
+               allowed_hosts: tuple[str, ...] = ()) -> RouterApp:
     """The router app over ``config`` (validated here: raises ConfigError).
 
     ``client``: the httpx.AsyncClient of the probes (default :func:`default_client`, closed at
@@ -137,12 +166,14 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
             if owns_client:
                 await client.aclose()
 
-    app = FastAPI(title="inferctl router", lifespan=lifespan, docs_url=None, redoc_url=None,
+    app = RouterApp(title="inferctl router", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url="/openapi.json")
     app.state.router = state
     _install_errors(app)
     if bind_host is not None:   # outermost: a refused Host never reaches the router
         app.add_middleware(HostGuard, bind_host=bind_host, allowed_hosts=tuple(allowed_hosts))
+        app.host_ok = partial(_host_ok, allowed=lru_cache(maxsize=256)(
+            partial(_host_allowed, bind_host=bind_host, allowed_hosts=tuple(allowed_hosts))))
 
     async def serve(request: Request, cls: type, path: str) -> Response:
         t0 = time.monotonic()
@@ -169,6 +200,16 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
         return await state.forwarder.forward(request, path, raw, model=req.model, session=session, prefix=prefix,
                                              rid=rid, t0=t0, charge=charge)
 
+    def fast(cls: type, path: str):
+        async def handler(scope: Scope, receive: Receive, send: Send) -> None:
+            response = await serve(Request(scope, receive), cls, path)
+            await response(scope, receive, send)
+        return handler
+
+    app.fast_routes = {"/v1/completions": fast(CompletionRequest, "/v1/completions"),
+                       "/v1/chat/completions": fast(ChatCompletionRequest, "/v1/chat/completions")}
+
+    # The same two routes for FastAPI (the OpenAPI document; RouterApp serves them first).
     @app.post("/v1/completions", **route_doc(request=CompletionRequest, response=CompletionResponse,
                                              errors=(404, 429, 503), stream=True))
     async def completions(request: Request) -> Response:
@@ -221,6 +262,16 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
 _READY = {"type": "object", "required": ["ready", "replicas_ready"],
           "properties": {"ready": {"type": "boolean"}, "reason": {"type": "string"},
                          "replicas_ready": {"type": "integer", "minimum": 0}}}
+
+
+def _host_allowed(raw: bytes | None, *, bind_host: str, allowed_hosts: tuple[str, ...]) -> bool:
+    return host_allowed(raw.decode("latin-1") if raw is not None else None, bind_host, allowed_hosts)
+
+
+def _host_ok(scope: Scope, *, allowed: Any) -> bool:
+    """The request's ``Host`` passes :func:`inferctl.contract.http.host_allowed` (HostGuard's rule;
+    ``allowed``: that rule over the raw header value, cached per value)."""
+    return allowed(next((v for k, v in scope.get("headers") or () if k == b"host"), None))
 
 
 class _Captured:

@@ -71,8 +71,11 @@ def router(
     app = create_app(config, bind_host=host, allowed_hosts=tuple(allowed_host))
     typer.echo(f"router: http://{host}:{port} -> {', '.join(f'{e.name}={e.url}' for e in config.engines)}",
                err=True)
+    # proxy_headers off: the router reads no client address or scheme, so uvicorn's X-Forwarded-*
+    # middleware would be one more ASGI layer on every request for nothing (uvloop and httptools,
+    # pinned in pyproject, are picked by uvicorn's "auto" settings)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
-                                           access_log=False, log_config=None))
+                                           access_log=False, log_config=None, proxy_headers=False))
     server.run()
     if not server.started:
         raise typer.Exit(3)

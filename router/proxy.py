@@ -65,6 +65,8 @@ _PRINTABLE = re.compile(r"[\t\x20-\x7e]*")
 
 
 def _printable_ascii(value: str) -> bool:
+    if value.isascii() and value.isprintable():    # the usual case, without the regular expression
+        return True
     return _PRINTABLE.fullmatch(value) is not None
 
 
@@ -105,18 +107,30 @@ class Forwarder:
         self.metrics = metrics
         self.ring = HashRing([e.name for e in config.engines], config.vnodes)
         self._tie = itertools.count()
+        self._children: dict[tuple, object] = {}
+
+    def _child(self, name: str, *labels: str):
+        """``metrics[name].labels(*labels)``, looked up once (prometheus_client's ``labels``
+        validates and locks on every call; the hot path calls it several times per request)."""
+        key = (name, *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self.metrics[name].labels(*labels)
+        return child
 
     def _inc_outstanding(self, r: Replica, delta: int) -> None:
         r.outstanding += delta
-        self.metrics["inferctl_router_outstanding_requests"].labels(r.name).set(r.outstanding)
+        self._child("inferctl_router_outstanding_requests", r.name).set(r.outstanding)
 
     def _retry(self, r: Replica, reason: str, rid: str, detail: str) -> None:
-        self.metrics["inferctl_router_retries_total"].labels(r.name, reason).inc()
+        self._child("inferctl_router_retries_total", r.name, reason).inc()
         log.warning("attempt on %s failed before the first byte (%s: %s)", r.name, reason, detail,
                     extra={"request_id": rid, "replica": r.name, "reason": reason})
 
     def access(self, rid: str, path: str, replica: str | None, status: int, t0: float, attempts: int,
                 reason: str | None, **extra) -> None:
+        if not log.isEnabledFor(logging.INFO):
+            return
         log.info("%s %s -> %s %d", "POST", path, replica, status,
                  extra={"request_id": rid, "path": path, "replica": replica, "status": status,
                         "duration_seconds": round(time.monotonic() - t0, 6), "attempts": attempts,
@@ -138,7 +152,7 @@ class Forwarder:
             decision = choose([c.load() for c in cands], self.ring, session=session, prefix=prefix,
                               epsilon=self.config.epsilon, tie=next(self._tie), retry=attempt > 0)
             reason = decision.reason
-            self.metrics["inferctl_router_routing_decisions_total"].labels(reason).inc()
+            self._child("inferctl_router_routing_decisions_total", reason).inc()
             r = self.replicas[decision.replica]
             tried.add(r.name)
             self._inc_outstanding(r, +1)
@@ -173,7 +187,7 @@ class Forwarder:
                     self._retry(r, "upstream_error", rid, str(exc))
                     continue
                 ttfb = time.monotonic() - sent
-                self.metrics["inferctl_router_upstream_latency_seconds"].labels(r.name).observe(ttfb)
+                self._child("inferctl_router_upstream_latency_seconds", r.name).observe(ttfb)
                 self.metrics["inferctl_router_overhead_seconds"].observe(max(0.0, time.monotonic() - t0 - ttfb))
                 out_headers = forward_headers(resp.headers, rid)
                 out_headers["x-inferctl-replica"] = r.name
@@ -189,7 +203,7 @@ class Forwarder:
                     continue
                 finally:
                     await resp.close()
-                self.metrics["inferctl_router_requests_total"].labels(r.name, str(resp.status)).inc()
+                self._child("inferctl_router_requests_total", r.name, str(resp.status)).inc()
                 self.access(rid, path, r.name, resp.status, t0, attempt + 1, reason)
                 answer = first + b"".join(rest)
                 if charge is not None:
@@ -245,7 +259,7 @@ class Forwarder:
                 charge(meter.tokens)
             if outcome == "disconnected":
                 self.metrics["inferctl_router_client_disconnects_total"].labels(r.name).inc()
-            self.metrics["inferctl_router_requests_total"].labels(r.name, str(resp.status)).inc()
+            self._child("inferctl_router_requests_total", r.name, str(resp.status)).inc()
             self.access(rid, path, r.name, resp.status, t0, attempts, reason, stream=outcome)
 
 

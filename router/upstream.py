@@ -138,13 +138,15 @@ class AiohttpUpstream:
         if self.session is None:
             connector = aiohttp.TCPConnector(limit=self.connections, limit_per_host=0,
                                              keepalive_timeout=KEEPALIVE_SECONDS)
-            self.session = aiohttp.ClientSession(connector=connector, timeout=self.timeout, auto_decompress=False)
+            # no cookie jar: a router relays requests, it keeps no client state
+            self.session = aiohttp.ClientSession(connector=connector, timeout=self.timeout, auto_decompress=False,
+                                                 cookie_jar=aiohttp.DummyCookieJar())
         return self.session
 
     async def send(self, method: str, url: str, *, content: bytes, headers: Mapping[str, str]) -> _AiohttpResponse:
         session = self.session or self.start()
         try:
-            resp = await session.request(method, url, data=content, headers=dict(headers), allow_redirects=False)
+            resp = await session.request(method, url, data=content, headers=headers, allow_redirects=False)
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             raise UpstreamConnectError(repr(exc)) from exc
         except (aiohttp.ClientError, TimeoutError) as exc:

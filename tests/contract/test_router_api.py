@@ -507,6 +507,42 @@ def test_a_router_bound_to_loopback_refuses_a_foreign_host(apps):
     assert all(out[h].status_code == 200 for h in ("127.0.0.1:8080", "localhost:8080", "router.internal:8080"))
 
 
+def test_the_completion_routes_skip_fastapis_stack_and_keep_their_answers(apps):
+    """The hot path (RouterApp): a POST to /v1/completions or /v1/chat/completions never enters
+    FastAPI's middleware stack (a recording middleware sees only the other requests), yet gets
+    the same answers: 200 from the replica, the engine's 400 for a bad field, a request id."""
+    async def go():
+        app, st = build_router({"a": httpx.ASGITransport(app=apps["a"])})
+        seen: list[str] = []
+
+        class Spy:
+            def __init__(self, inner) -> None:
+                self.inner = inner
+
+            async def __call__(self, scope, receive, send) -> None:
+                if scope["type"] == "http":
+                    seen.append(f"{scope['method']} {scope['path']}")
+                await self.inner(scope, receive, send)
+
+        app.add_middleware(Spy)
+        await st.prober.round()
+        async with rclient(app) as c:
+            ok = await c.post("/v1/completions", json=completion(), headers={"X-Request-Id": "hot-1"})
+            chat = await c.post("/v1/chat/completions", json={"model": STORIES, "max_tokens": 4,
+                                                               "messages": [{"role": "user", "content": "Hi"}]})
+            bad = await c.post("/v1/completions", json=completion(max_tokens=-1))
+            health = await c.get("/health")
+            wrong = await c.get("/v1/completions")
+        return seen, ok, chat, bad, health, wrong
+
+    seen, ok, chat, bad, health, wrong = run(go())
+    assert ok.status_code == 200 and ok.json()["choices"][0]["text"] and ok.headers["x-request-id"] == "hot-1"
+    assert chat.status_code == 200 and chat.json()["object"] == "chat.completion"
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
+    assert health.status_code == 200 and wrong.status_code == 405
+    assert seen == ["GET /health", "GET /v1/completions"]
+
+
 def test_the_routers_own_404_and_405_carry_a_request_id(apps):
     async def go():
         app, st = build_router({"a": apps["a"]})
