@@ -76,15 +76,24 @@ class AttentionMetadata:
 
     Derived fields (filled by :meth:`build`, or lazily by :meth:`prepare` from the contract
     fields when the metadata was constructed by hand) drive the fast paths:
-      decode_token_idx LongTensor[Bd]  packed index of each single-token (decode) sequence
-      decode_blocks    LongTensor[Bd, nb] those sequences' blocks (padded with block 0),
-                       Ld = nb · block_size context positions each
+      num_decodes      int Bd: single-token (decode) sequences
+      decode_token_idx LongTensor[Bd]  packed index of each decode sequence (None when
+                       ``all_decode``: the packed batch is the decode batch)
+      decode_num_blocks int nb: Ld = nb · block_size context positions per decode sequence
+      decode_blocks    LongTensor[Bd, nb] those sequences' blocks (padded with block 0); None
+                       when ``decode_first_block`` is set (the blocks are that range)
       decode_first_block int | None: with one decode sequence whose blocks are consecutive,
                        the first (its context is read in place, see the module doc)
+      decode_len       int | None: with one decode sequence (Bd = 1), its context length; the
+                       positions past it are masked on the scores in place, so no mask tensor
+                       is built (the per-step op count matters at batch 1, docs/performance.md)
       decode_bias      FloatTensor[Bd, Ld] 0 where valid, -inf past the sequence's length
-      decode_valid     BoolTensor[Bd, Ld]
+                       (Bd > 1 only)
+      decode_valid     BoolTensor[Bd, Ld] (Bd > 1 only)
       prefills         list[PrefillChunk] the multi-token chunks
       all_decode       bool: every sequence is a decode, in packed order
+      max_context      int: the longest context (cached + new) in the step; every position
+                       is below it (the model sizes its RoPE table by it)
     """
 
     slot_mapping: torch.Tensor
@@ -93,13 +102,17 @@ class AttentionMetadata:
     block_tables: torch.Tensor
     logits_indices: torch.Tensor
     block_size: int = 0
+    num_decodes: int = 0
     decode_token_idx: torch.Tensor | None = None
+    decode_num_blocks: int = 0
     decode_blocks: torch.Tensor | None = None
     decode_first_block: int | None = None
+    decode_len: int | None = None
     decode_bias: torch.Tensor | None = None
     decode_valid: torch.Tensor | None = None
     prefills: list[PrefillChunk] = field(default_factory=list)
     all_decode: bool = False
+    max_context: int = 0
     _prepared: bool = False
 
     @property
@@ -201,18 +214,27 @@ class AttentionMetadata:
                     mask = torch.arange(sl, device=dev)[None, :] <= qpos
                 prefills.append(PrefillChunk(qsl[b], qsl[b + 1], sl, torch.tensor(table, dtype=torch.long, device=dev),
                                              _first_if_consecutive(table), mask))
-        if dec_tok:
-            nb = max(len(t) for t in dec_tables)
-            self.decode_token_idx = torch.tensor(dec_tok, dtype=torch.long, device=dev)
-            self.decode_blocks = torch.tensor([t + [0] * (nb - len(t)) for t in dec_tables], dtype=torch.long,
-                                              device=dev)
-            self.decode_first_block = _first_if_consecutive(dec_tables[0]) if len(dec_tables) == 1 else None
-            lens = torch.tensor(dec_lens, dtype=torch.long, device=dev)
-            self.decode_valid = torch.arange(nb * block_size, device=dev)[None, :] < lens[:, None]
-            self.decode_bias = torch.zeros(self.decode_valid.shape, dtype=torch.float32, device=dev)
-            self.decode_bias.masked_fill_(~self.decode_valid, float("-inf"))
         self.prefills = prefills
         self.all_decode = not prefills
+        self.max_context = max(seq_lens)
+        self.num_decodes = len(dec_tok)
+        if dec_tok:
+            nb = max(len(t) for t in dec_tables)
+            self.decode_num_blocks = nb
+            if prefills:
+                self.decode_token_idx = torch.tensor(dec_tok, dtype=torch.long, device=dev)
+            if len(dec_tables) == 1:    # batch 1: no mask tensors, blocks read in place when consecutive
+                self.decode_len = dec_lens[0]
+                self.decode_first_block = _first_if_consecutive(dec_tables[0])
+                if self.decode_first_block is None:
+                    self.decode_blocks = torch.tensor(dec_tables[0], dtype=torch.long, device=dev)[None, :]
+            else:
+                self.decode_blocks = torch.tensor([t + [0] * (nb - len(t)) for t in dec_tables], dtype=torch.long,
+                                                  device=dev)
+                lens = torch.tensor(dec_lens, dtype=torch.long, device=dev)
+                self.decode_valid = torch.arange(nb * block_size, device=dev)[None, :] < lens[:, None]
+                self.decode_bias = torch.zeros(self.decode_valid.shape, dtype=torch.float32, device=dev)
+                self.decode_bias.masked_fill_(~self.decode_valid, float("-inf"))
         self._prepared = True
 
 
@@ -310,6 +332,10 @@ class KVCache:
         Hkv, D = self.k.shape[1], self.k.shape[4]
         kl = self.k[layer].view(Hkv, -1, D)
         vl = self.v[layer].view(Hkv, -1, D)
+        if not self.kv_int8 and k.dtype == kl.dtype:     # the common case, in as few ops as possible
+            kl.index_copy_(1, slot_mapping, k.transpose(0, 1))
+            vl.index_copy_(1, slot_mapping, v.transpose(0, 1))
+            return
         if self.kv_int8:
             kq, ks = quantize_kv(k)
             vq, vs = quantize_kv(v)
@@ -321,15 +347,16 @@ class KVCache:
             kl.index_copy_(1, slot_mapping, k.transpose(0, 1).to(kl.dtype))
             vl.index_copy_(1, slot_mapping, v.transpose(0, 1).to(vl.dtype))
 
-    def read_blocks(self, layer: int, blocks: torch.Tensor, first_block: int | None,
-                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def read_blocks(self, layer: int, blocks: torch.Tensor | None, first_block: int | None,
+                    dtype: torch.dtype, num_blocks: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V of ``blocks`` [n] (in order) → [n_kv_heads, n·block_size, head_dim] in ``dtype``.
 
         ``first_block`` not None (the blocks are ``first_block … first_block + n - 1``): views
-        of the pool, no copy (full-precision pool in ``dtype``). Otherwise one block-granular
-        ``index_select``. int8 pools are dequantized (a new tensor either way).
+        of the pool, no copy (full-precision pool in ``dtype``); ``blocks`` may then be None
+        with ``num_blocks`` = n. Otherwise one block-granular ``index_select``. int8 pools are
+        dequantized (a new tensor either way).
         """
-        n = int(blocks.shape[0])
+        n = int(blocks.shape[0]) if blocks is not None else int(num_blocks)
         Hkv, bs, D = self.k.shape[1], self.k.shape[3], self.k.shape[4]
         if first_block is not None:
             k = self.k[layer, :, first_block:first_block + n]
@@ -366,23 +393,33 @@ def paged_attention(q: torch.Tensor, kv_cache: KVCache, layer: int, meta: Attent
     Hkv = kv_cache.n_kv_heads
     g = H // Hkv
     dec_out = None
-    if meta.decode_token_idx is not None:
+    Bd = meta.num_decodes
+    if Bd:
         qd = q if meta.all_decode else q.index_select(0, meta.decode_token_idx)
-        Bd, nb = meta.decode_blocks.shape
-        k, v = kv_cache.read_blocks(layer, meta.decode_blocks.reshape(-1), meta.decode_first_block, q.dtype)
+        blocks = meta.decode_blocks
+        k, v = kv_cache.read_blocks(layer, None if blocks is None else blocks.view(-1), meta.decode_first_block,
+                                    q.dtype, meta.decode_num_blocks)
         L = k.shape[1] // Bd
         k = k.view(Hkv, Bd, L, D)        # [Hkv, Bd, L, D]: a view of the gathered (or pooled) blocks
         v = v.view(Hkv, Bd, L, D)
+        n = meta.decode_len              # batch 1: its context length; no mask tensor
         if impl == "matmul":
             qh = qd.view(Bd, Hkv, g, D).transpose(0, 1)                     # [Hkv, Bd, g, D]
             scores = torch.matmul(qh, k.transpose(-1, -2))                  # [Hkv, Bd, g, L]
-            scores = scores.float() * scale + meta.decode_bias[None, :, None, :]
+            if n is None:
+                scores = scores.float() * scale + meta.decode_bias[None, :, None, :]
+            else:
+                # the same numbers as adding the 0/-inf bias (x + 0 is x; x + -inf is -inf)
+                scores = scores.float().mul_(scale)
+                scores[..., n:] = float("-inf")
             p = torch.softmax(scores, dim=-1).to(v.dtype)
             dec_out = torch.matmul(p, v).transpose(0, 1).reshape(Bd, H, D)
         else:
+            mask = meta.decode_valid[:, None, None, :] if n is None else None
+            if n is not None:
+                k, v = k[:, :, :n], v[:, :, :n]
             o = F.scaled_dot_product_attention(qd.view(Bd, H, 1, D), k.transpose(0, 1), v.transpose(0, 1),
-                                               attn_mask=meta.decode_valid[:, None, None, :], scale=scale,
-                                               enable_gqa=g > 1)
+                                               attn_mask=mask, scale=scale, enable_gqa=g > 1)
             dec_out = o.reshape(Bd, H, D)
         if meta.all_decode:
             return dec_out
