@@ -12,25 +12,12 @@ import torch
 from tests.core_helpers import drain, gutenberg_text
 from inferctl.engine.config import ConfigError, EngineConfig
 from inferctl.engine.engine import LLMEngine
-from inferctl.engine.loader import load_llama2c
 from inferctl.engine.sampling_params import SamplingParams
 from inferctl.engine.scheduler import AdmissionError
 
 # llama2.c's documented greedy continuation of "Once upon a time" (models/stories260K/README.md)
 REFERENCE = (", there was a little girl named Lily. She loved to play outside in the park. One day, "
              "she saw a big, red ball. She wanted to play with it, but it was too high.")
-
-
-@pytest.fixture(scope="module")
-def bundle(stories_dir):
-    return load_llama2c(stories_dir / "stories260K.bin", stories_dir / "tok512.bin")
-
-
-@pytest.fixture(autouse=True)
-def full_precision_after(bundle):
-    """Engines share the module's model; a test that switches it to int8 must not leak that."""
-    yield
-    bundle.model.set_precision("full")
 
 
 @pytest.fixture(scope="module")

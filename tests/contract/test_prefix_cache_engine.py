@@ -8,22 +8,10 @@ import pytest
 
 from inferctl.engine.config import EngineConfig
 from inferctl.engine.engine import LLMEngine
-from inferctl.engine.loader import load_llama2c
 from inferctl.engine.sampling_params import SamplingParams
 from tests.core_helpers import drain
 
 BS = 16
-
-
-@pytest.fixture(scope="module")
-def bundle(stories_dir):
-    return load_llama2c(stories_dir / "stories260K.bin", stories_dir / "tok512.bin")
-
-
-@pytest.fixture(autouse=True)
-def full_precision_after(bundle):
-    yield
-    bundle.model.set_precision("full")
 
 
 @pytest.fixture(scope="module")

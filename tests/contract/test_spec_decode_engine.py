@@ -13,7 +13,6 @@ import pytest
 from tests.core_helpers import drain
 from inferctl.engine.config import EngineConfig
 from inferctl.engine.engine import LLMEngine
-from inferctl.engine.loader import load_llama2c
 from inferctl.engine.sampling_params import SamplingParams
 
 PROMPTS = [
@@ -25,17 +24,6 @@ PROMPTS = [
     "She",
 ]
 MAX_TOKENS = [40, 1, 2, 57, 64, 3]
-
-
-@pytest.fixture(scope="module")
-def bundle(stories_dir):
-    return load_llama2c(stories_dir / "stories260K.bin", stories_dir / "tok512.bin")
-
-
-@pytest.fixture(autouse=True)
-def full_precision_after(bundle):
-    yield
-    bundle.model.set_precision("full")
 
 
 def spec(method: str, k: int, **kw) -> dict:

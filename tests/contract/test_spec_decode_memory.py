@@ -12,22 +12,10 @@ from inferctl.contract.units import MiB
 from inferctl.engine.attention import KVCache
 from inferctl.engine.config import EngineConfig
 from inferctl.engine.engine import LLMEngine
-from inferctl.engine.loader import load_llama2c
 from inferctl.engine.memory_plan import estimate_step_activation_bytes
 from inferctl.engine.sampling_params import SamplingParams
 
 PROMPTS = ["Once upon a time", "One day, a little boy named Tim", "The cat sat on the mat. The cat"]
-
-
-@pytest.fixture(scope="module")
-def bundle(stories_dir):
-    return load_llama2c(stories_dir / "stories260K.bin", stories_dir / "tok512.bin")
-
-
-@pytest.fixture(autouse=True)
-def full_precision_after(bundle):
-    yield
-    bundle.model.set_precision("full")
 
 
 def _round512(n: int) -> int:
