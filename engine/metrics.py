@@ -30,6 +30,32 @@ ABORT_REASONS = (ABORT_CLIENT_DISCONNECT,)
 RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 PERPLEXITY_BUCKETS = (1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 50.0, 100.0, 1000.0)
 
+#: The per-model request latency histograms (seconds, :data:`LATENCY_BUCKETS`): name without the
+#: ``inferctl_engine_`` prefix and ``_seconds`` suffix, and help. The first three are vLLM's TTFT, ITL
+#: and e2e latency; the last three its request phases (request_queue_time, request_prefill_time,
+#: request_decode_time). All count only requests that finished successfully.
+REQUEST_LATENCY_HISTOGRAMS: tuple[tuple[str, str], ...] = (
+    ("time_to_first_token", "Time to first token (TTFT): arrival to the first generated token, of requests that "
+                            "finished successfully (stop, length, repetition; aborts and errors excluded)."),
+    ("inter_token_latency", "Inter-token latency (ITL) between consecutive generated tokens, of requests that "
+                            "finished successfully (aborts and errors excluded)."),
+    ("e2e_request_latency", "End-to-end request latency: arrival to the last token, of requests that finished "
+                            "successfully (aborts and errors excluded)."),
+    ("request_queue_time", "Time a request waited in the waiting queue: arrival to first scheduled (vLLM's "
+                           "request_queue_time), of requests that finished successfully."),
+    ("request_prefill_time", "Prefill phase of a request: first scheduled to first generated token (vLLM's "
+                             "request_prefill_time), of requests that finished successfully."),
+    ("request_decode_time", "Decode phase of a request: first to last generated token (vLLM's request_decode_time), "
+                            "of requests that finished successfully."),
+)
+
+
+def _request_latency(name: str, help_text: str) -> MetricSpec:
+    """The catalog entry of one request latency histogram: ``inferctl_engine_<name>_seconds{model}``."""
+    return {"name": f"inferctl_engine_{name}_seconds", "type": "histogram", "unit": "seconds",
+            "help": help_text, "labels": ("model",), "buckets": LATENCY_BUCKETS}
+
+
 ENGINE_METRICS: list[MetricSpec] = [
     # requests
     {"name": "inferctl_engine_requests_total", "type": "counter", "unit": "requests",
@@ -47,30 +73,7 @@ ENGINE_METRICS: list[MetricSpec] = [
      "help": "Prompt tokens processed (prefill).", "labels": ("model",)},
     {"name": "inferctl_engine_generation_tokens_total", "type": "counter", "unit": "tokens",
      "help": "Tokens generated (decode).", "labels": ("model",)},
-    {"name": "inferctl_engine_time_to_first_token_seconds", "type": "histogram", "unit": "seconds",
-     "help": ("Time to first token (TTFT): arrival to the first generated token, of requests that "
-              "finished successfully (stop, length, repetition; aborts and errors excluded)."),
-     "labels": ("model",), "buckets": LATENCY_BUCKETS},
-    {"name": "inferctl_engine_inter_token_latency_seconds", "type": "histogram", "unit": "seconds",
-     "help": ("Inter-token latency (ITL) between consecutive generated tokens, of requests that "
-              "finished successfully (aborts and errors excluded)."),
-     "labels": ("model",), "buckets": LATENCY_BUCKETS},
-    {"name": "inferctl_engine_e2e_request_latency_seconds", "type": "histogram", "unit": "seconds",
-     "help": ("End-to-end request latency: arrival to the last token, of requests that finished "
-              "successfully (aborts and errors excluded)."),
-     "labels": ("model",), "buckets": LATENCY_BUCKETS},
-    {"name": "inferctl_engine_request_queue_time_seconds", "type": "histogram", "unit": "seconds",
-     "help": ("Time a request waited in the waiting queue: arrival to first scheduled (vLLM's "
-              "request_queue_time), of requests that finished successfully."),
-     "labels": ("model",), "buckets": LATENCY_BUCKETS},
-    {"name": "inferctl_engine_request_prefill_time_seconds", "type": "histogram", "unit": "seconds",
-     "help": ("Prefill phase of a request: first scheduled to first generated token (vLLM's "
-              "request_prefill_time), of requests that finished successfully."),
-     "labels": ("model",), "buckets": LATENCY_BUCKETS},
-    {"name": "inferctl_engine_request_decode_time_seconds", "type": "histogram", "unit": "seconds",
-     "help": ("Decode phase of a request: first to last generated token (vLLM's request_decode_time), "
-              "of requests that finished successfully."),
-     "labels": ("model",), "buckets": LATENCY_BUCKETS},
+    *(_request_latency(name, text) for name, text in REQUEST_LATENCY_HISTOGRAMS),
     # scheduler and batching
     {"name": "inferctl_engine_num_requests_running", "type": "gauge", "unit": "requests",
      "help": "Requests in the running queue.", "labels": ()},
