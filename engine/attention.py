@@ -261,6 +261,18 @@ class KVCache:
     v: torch.Tensor
     k_scale: torch.Tensor | None = None
     v_scale: torch.Tensor | None = None
+    #: per layer: (k, v) [Hkv, num_blocks, bs, D], their [Hkv, slots, D] and [Hkv, num_blocks, bs·D]
+    #: views, made once (indexing the pool anew costs ops every layer of every step)
+    _views: list[tuple[torch.Tensor, ...]] = field(default_factory=list, init=False, repr=False, compare=False)
+
+    def layer_views(self, layer: int) -> tuple[torch.Tensor, ...]:
+        """``(k, v, k_slots, v_slots, k_rows, v_rows)`` of ``layer``: views of the pool (see ``_views``)."""
+        if not self._views:
+            Hkv, bs, D = self.k.shape[1], self.k.shape[3], self.k.shape[4]
+            with torch.inference_mode(False):   # plain views: writable in and out of inference mode
+                self._views = [(k, v, k.view(Hkv, -1, D), v.view(Hkv, -1, D), k.view(Hkv, -1, bs * D),
+                                v.view(Hkv, -1, bs * D)) for k, v in zip(self.k.unbind(0), self.v.unbind(0))]
+        return self._views[layer]
 
     @property
     def kv_int8(self) -> bool:
@@ -329,9 +341,8 @@ class KVCache:
     # ---- per-layer access -------------------------------------------------------------
     def write(self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v [T, n_kv_heads, head_dim] at the flat slots ``slot_mapping`` [T]."""
-        Hkv, D = self.k.shape[1], self.k.shape[4]
-        kl = self.k[layer].view(Hkv, -1, D)
-        vl = self.v[layer].view(Hkv, -1, D)
+        Hkv = self.k.shape[1]
+        _, _, kl, vl, _, _ = self.layer_views(layer)
         if not self.kv_int8 and k.dtype == kl.dtype:     # the common case, in as few ops as possible
             kl.index_copy_(1, slot_mapping, k.transpose(0, 1))
             vl.index_copy_(1, slot_mapping, v.transpose(0, 1))
@@ -358,12 +369,13 @@ class KVCache:
         """
         n = int(blocks.shape[0]) if blocks is not None else int(num_blocks)
         Hkv, bs, D = self.k.shape[1], self.k.shape[3], self.k.shape[4]
+        kl, vl, _, _, k_rows, v_rows = self.layer_views(layer)
         if first_block is not None:
-            k = self.k[layer, :, first_block:first_block + n]
-            v = self.v[layer, :, first_block:first_block + n]
-        else:
-            k = self.k[layer].index_select(1, blocks)
-            v = self.v[layer].index_select(1, blocks)
+            k = kl[:, first_block:first_block + n]
+            v = vl[:, first_block:first_block + n]
+        else:   # over [Hkv, blocks, bs·D] rows: 2-3x faster than over [Hkv, blocks, bs, D] (measured, CPU)
+            k = k_rows.index_select(1, blocks).view(Hkv, n, bs, D)
+            v = v_rows.index_select(1, blocks).view(Hkv, n, bs, D)
         if self.kv_int8:
             if first_block is not None:
                 ks = self.k_scale[layer, :, first_block:first_block + n]
@@ -404,16 +416,18 @@ def paged_attention(q: torch.Tensor, kv_cache: KVCache, layer: int, meta: Attent
         v = v.view(Hkv, Bd, L, D)
         n = meta.decode_len              # batch 1: its context length; no mask tensor
         if impl == "matmul":
-            qh = qd.view(Bd, Hkv, g, D).transpose(0, 1)                     # [Hkv, Bd, g, D]
-            scores = torch.matmul(qh, k.transpose(-1, -2))                  # [Hkv, Bd, g, L]
+            # bmm over [Hkv·Bd] (what matmul does with these 4-D shapes, without its reshapes)
+            qh = qd.view(Bd, Hkv, g, D).transpose(0, 1).reshape(Hkv * Bd, g, D)
+            kb, vb = k.reshape(Hkv * Bd, L, D), v.reshape(Hkv * Bd, L, D)   # views (Bd = 1 or gathered)
+            scores = torch.bmm(qh, kb.transpose(1, 2))                      # [Hkv·Bd, g, L]
             if n is None:
-                scores = scores.float() * scale + meta.decode_bias[None, :, None, :]
+                scores = (scores.float() * scale).view(Hkv, Bd, g, L) + meta.decode_bias[None, :, None, :]
             else:
                 # the same numbers as adding the 0/-inf bias (x + 0 is x; x + -inf is -inf)
                 scores = scores.float().mul_(scale)
                 scores[..., n:] = float("-inf")
-            p = torch.softmax(scores, dim=-1).to(v.dtype)
-            dec_out = torch.matmul(p, v).transpose(0, 1).reshape(Bd, H, D)
+            p = torch.softmax(scores, dim=-1).to(v.dtype).view(Hkv * Bd, g, L)
+            dec_out = torch.bmm(p, vb).view(Hkv, Bd, g, D).transpose(0, 1).reshape(Bd, H, D)
         else:
             mask = meta.decode_valid[:, None, None, :] if n is None else None
             if n is not None:
