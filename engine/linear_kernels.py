@@ -13,6 +13,9 @@ kernel they were made with).
 The two kernels sum in different orders, so their results differ in the last bits (fp32
 rounding, ~1e-6 relative); greedy outputs of a model whose top-2 logits are that close can
 differ between the kernels, as they already can between torch's batch-1 and batch-N kernels.
+
+This choice applies to the plain-PyTorch layout only (``Linear.layout == "in_out"``): where the
+engine's own CPU kernels are built (engine.cpu_kernels), small batches run their GEMV instead.
 """
 
 from __future__ import annotations

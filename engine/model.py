@@ -29,8 +29,8 @@ from dataclasses import dataclass, asdict
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 
+from inferctl.engine import cpu_kernels
 from inferctl.engine.attention import AttentionMetadata, KVCache, paged_attention
 from inferctl.engine.linear_kernels import choose_batch1_kernel, numpy_eligible, numpy_matmul
 from inferctl.engine.quant import Int8Weight, int8_matmul, int8_weight_nbytes, quantize_per_channel
@@ -119,20 +119,44 @@ def canonical_weight_names(args: ModelArgs) -> dict[str, tuple[int, ...]]:
 
 
 class Linear(torch.nn.Module):
-    """A bias-free linear with two storage modes.
+    """A bias-free linear with two storage modes, its weight layout chosen at load.
 
-    full: ``weight_t`` [in, out] contiguous, ``y = x @ weight_t``; at batch 1 on CPU in fp32 the
-    kernel (torch or numpy's BLAS) is the one :func:`engine.linear_kernels.choose_batch1_kernel`
-    measured faster for this weight at its first batch-1 call (``batch1_kernel``, None = not yet).
-    int8: ``qweight`` int8 [out, in] + ``scales`` float32 [out] (engine.quant), ``weight_t`` None.
+    full, CPU float32 with the engine's CPU kernels built (``layout == "out_in"``, engine.cpu_kernels):
+    ``weight`` [out, in] contiguous; batches of up to ``cpu_kernels.MAX_BATCH`` rows run the
+    kernels' GEMV (one contiguous weight row per output), larger ones ``x @ weight.T`` (torch).
+    full otherwise (``layout == "in_out"``): ``weight`` [in, out] contiguous, ``y = x @ weight``;
+    at batch 1 on CPU in fp32 the kernel (torch or numpy's BLAS) is the one
+    :func:`engine.linear_kernels.choose_batch1_kernel` measured faster for this weight at its first
+    batch-1 call (``batch1_kernel``, None = not yet).
+    ``weight_t`` is the [in, out] view of either layout (None when quantized); assigning an
+    [in, out] tensor to it stores it in the layout.
+    int8: ``qweight`` int8 [out, in] + ``scales`` float32 [out] (engine.quant), ``weight_t`` None;
+    small batches run the kernels' int8 GEMV (fp32 activations) where the kernels are built.
     """
 
     def __init__(self, w_out_in: torch.Tensor):
         super().__init__()
-        self.weight_t: torch.Tensor | None = w_out_in.t().contiguous()
+        self.ops = cpu_kernels.ops_for(w_out_in.device, w_out_in.dtype)
+        self.layout = "out_in" if self.ops is not None else "in_out"
+        self.weight: torch.Tensor | None = None
+        self.weight_t = w_out_in.t()
         self.q: Int8Weight | None = None
         self.batch1_kernel: str | None = None
         self._w_np = None
+
+    @property
+    def weight_t(self) -> torch.Tensor | None:
+        """The full-precision weight as [in, out] (a transposed view in the "out_in" layout)."""
+        if self.weight is None:
+            return None
+        return self.weight.t() if self.layout == "out_in" else self.weight
+
+    @weight_t.setter
+    def weight_t(self, t: torch.Tensor | None) -> None:
+        if t is None:
+            self.weight = None
+        else:
+            self.weight = (t.t() if self.layout == "out_in" else t).contiguous()
 
     @property
     def in_features(self) -> int:
@@ -140,20 +164,35 @@ class Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.q is not None:
-            return int4_matmul(x, self.q) if isinstance(self.q, Int4Weight) else int8_matmul(x, self.q)
-        if x.shape[0] == 1 and self.batch1_kernel != "torch" and numpy_eligible(x, self.weight_t):
+            if isinstance(self.q, Int4Weight):
+                return int4_matmul(x, self.q)
+            if self.ops is not None and cpu_kernels.gemv_eligible(x) and self.q.qweight.device.type == "cpu":
+                return cpu_kernels.gemv_int8(self.ops, x, self.q.qweight, self.q.scales, self.q.in_features)
+            return int8_matmul(x, self.q)
+        if self.layout == "out_in":
+            if cpu_kernels.gemv_eligible(x):
+                return cpu_kernels.gemv_f32(self.ops, x, self.weight)
+            return x @ self.weight.t()
+        if x.shape[0] == 1 and self.batch1_kernel != "torch" and numpy_eligible(x, self.weight):
             if self.batch1_kernel is None:
-                self.batch1_kernel = choose_batch1_kernel(self.weight_t)
+                self.batch1_kernel = choose_batch1_kernel(self.weight)
             if self.batch1_kernel == "numpy":
                 if self._w_np is None:
-                    self._w_np = self.weight_t.numpy()
+                    self._w_np = self.weight.numpy()
                 return numpy_matmul(x, self._w_np)
-        return x @ self.weight_t
+        return x @ self.weight
 
     def nbytes(self) -> int:
         if self.q is not None:
             return self.q.nbytes()
-        return self.weight_t.numel() * self.weight_t.element_size()
+        return self.weight.numel() * self.weight.element_size()
+
+    def out_rows(self, idx: torch.Tensor) -> torch.Tensor:
+        """Rows ``idx`` [T] of the full-precision [out, in] weight → [T, in] (the tied embedding
+        lookup), gathered without copying the whole weight in either layout."""
+        if self.layout == "out_in":
+            return self.weight.index_select(0, idx)
+        return self.weight.index_select(1, idx).t()
 
     def quantize_(self) -> torch.Tensor:
         """Switch to int8; returns the full-precision [in, out] tensor (now owned by the caller)."""
@@ -161,7 +200,7 @@ class Linear(torch.nn.Module):
             raise RuntimeError("Linear is already quantized")
         full = self.weight_t
         self.q = quantize_per_channel(full.t())
-        self.weight_t = None
+        self.weight = None
         self._w_np = None
         return full
 
@@ -307,6 +346,9 @@ class LlamaModel(torch.nn.Module):
         self._host_backup: dict[str, torch.Tensor] = {}
         self.attn_impl = "sdpa" if self.device.type == "cuda" else "matmul"
         self.scale = args.head_dim ** -0.5
+        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None   # see rope_at
+        #: engine.cpu_kernels ops for the fused RMSNorm / SiLU·up (None: plain torch)
+        self.kernel_ops = cpu_kernels.ops_for(self.device, dtype)
 
     # ---- precision ------------------------------------------------------------------
     def _linears(self) -> dict[str, Linear]:
@@ -446,7 +488,24 @@ class LlamaModel(torch.nn.Module):
             q = self.output.q
             return (q.qweight.index_select(0, input_ids)[:, : q.in_features].to(torch.float32)
                     * q.scales.index_select(0, input_ids)[:, None]).to(self.dtype)
-        return self.output.weight_t.index_select(1, input_ids).t()
+        return self.output.out_rows(input_ids)
+
+    def rope_at(self, positions: torch.Tensor, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The :func:`rope_tables` rows of ``positions`` [T] (each < ``num_positions``):
+        ``(cos_full, sin_signed)`` [T, 1, D], two ``index_select`` from a table of positions
+        ``0 … n-1`` built once (n: a power of two >= ``num_positions``, at least 256; rebuilt
+        twice as large when a longer context comes, so it never holds more than twice the
+        longest context seen). The table rows are bit-identical to computing the angles of
+        the step's positions (the same elementwise float32 ops; checked by a unit test).
+        Raises IndexError (from torch) for a position >= the table's length."""
+        tab = self._rope_table
+        if tab is None or tab[0].shape[0] < num_positions or tab[0].device != positions.device:
+            a = self.args
+            n = max(256, 1 << max(0, num_positions - 1).bit_length())
+            tab = rope_tables(*_rope_cos_sin(torch.arange(n, device=positions.device), a.head_dim,
+                                             a.rope_theta, a), a.rope_style)
+            self._rope_table = tab
+        return tab[0].index_select(0, positions), tab[1].index_select(0, positions)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
                 meta: AttentionMetadata, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
@@ -462,11 +521,11 @@ class LlamaModel(torch.nn.Module):
             raise ValueError(f"kv_cache has {kv_cache.n_layers} layers, model has {a.n_layers}")
         H, Hkv, D = a.n_heads, a.n_kv_heads, a.head_dim
         meta.prepare(kv_cache.block_size)
-        cos, sin = rope_tables(*_rope_cos_sin(positions, D, a.rope_theta, a), a.rope_style)
+        cos, sin = self.rope_at(positions, meta.max_context)
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds.to(self.dtype)
         eps = a.norm_eps
         for li, blk in enumerate(self.layers):
-            h = F.rms_norm(x, (a.dim,), blk.attention_norm, eps)
+            h = cpu_kernels.rms_norm(self.kernel_ops, x, blk.attention_norm, eps)
             qkv = blk.wqkv(h)
             qk = apply_rope_tables(qkv[:, : (H + Hkv) * D].view(T, H + Hkv, D), cos, sin, a.rope_style)
             q = qk[:, :H]
@@ -475,10 +534,10 @@ class LlamaModel(torch.nn.Module):
             kv_cache.write(li, meta.slot_mapping, k, v)
             o = paged_attention(q, kv_cache, li, meta, self.scale, self.attn_impl)
             x = x + blk.wo(o.reshape(T, H * D))
-            h = F.rms_norm(x, (a.dim,), blk.ffn_norm, eps)
+            h = cpu_kernels.rms_norm(self.kernel_ops, x, blk.ffn_norm, eps)
             gu = blk.w13(h)
-            x = x + blk.w2(F.silu(gu[:, : a.hidden_dim]) * gu[:, a.hidden_dim:])
+            x = x + blk.w2(cpu_kernels.silu_mul(self.kernel_ops, gu))
         if meta.logits_indices.shape[0] != T:
             x = x.index_select(0, meta.logits_indices)
-        x = F.rms_norm(x, (a.dim,), self.norm, eps)
+        x = cpu_kernels.rms_norm(self.kernel_ops, x, self.norm, eps)
         return self.output(x).float()

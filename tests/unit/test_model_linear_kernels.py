@@ -39,6 +39,7 @@ def test_choice_follows_the_measurement(monkeypatch):
 
 
 def test_numpy_kernel_matches_torch_and_is_used_at_batch_1_only(monkeypatch):
+    monkeypatch.setenv("INFERCTL_CPU_KERNELS", "0")   # the numpy choice is the fallback layout's ("in_out")
     w = _big_weight()
     lin = Linear(w)
     lin.batch1_kernel = "numpy"
@@ -54,7 +55,8 @@ def test_numpy_kernel_matches_torch_and_is_used_at_batch_1_only(monkeypatch):
     assert calls == [1] and y2.shape == (2, w.shape[0])
 
 
-def test_quantize_and_restore_drop_the_numpy_view():
+def test_quantize_and_restore_drop_the_numpy_view(monkeypatch):
+    monkeypatch.setenv("INFERCTL_CPU_KERNELS", "0")
     lin = Linear(_big_weight())
     lin.batch1_kernel = "numpy"
     with torch.inference_mode():

@@ -1,0 +1,143 @@
+"""The engine's own CPU kernels for small-batch decode, compiled at first use, with a PyTorch fallback.
+
+Batch-1 decode streams every weight once per token, so its speed is the rate at which a kernel
+reads the weights (docs/performance.md). torch's fp32 GEMV on the ``[in, out]`` layout and the
+int8 product through ``torch._weight_int8pack_mm`` (bf16 activations, emulated on a CPU
+without bf16 hardware) read far below the copy bandwidth; ``csrc/cpu_kernels.cpp`` holds four
+small ops that do not:
+
+- ``gemv_f32``  ``y[B, N] = x[B, K] @ W[N, K]ᵀ`` for ``B ≤ MAX_BATCH``: each output row is a dot
+  product over one contiguous weight row (the ``[out, in]`` layout, chosen at load by
+  :class:`inferctl.engine.model.Linear` when the kernels are there), the layout llama.cpp's
+  ``ggml_vec_dot_f32`` streams;
+- ``gemv_int8`` the same over int8 weights ``[N, K_padded]`` with one fp32 scale per output row
+  (engine.quant's per-channel absmax): weights widened to fp32 in registers, fp32 activations,
+  ``y = scale · Σ q·x``;
+- ``rms_norm``  ``x / sqrt(mean(x²) + eps) · w`` (Zhang & Sennrich 2019), one pass per row;
+- ``silu_mul``  ``silu(gu[:, :H]) · gu[:, H:]`` (SwiGLU, Shazeer 2020), one op instead of three.
+
+Build: ``torch.utils.cpp_extension.load`` with ``-O3 -march=native`` at the first call of
+:func:`load_ops` in a process (never at ``pip install``), cached by torch in
+``$TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``) under a name that includes the
+CPU's flags and the torch version, so a cache shared by different machines never loads code
+built for another CPU. The ops register as ``torch.ops.inferctl_cpu.*`` (no pybind: that
+doubled the compile time). First build measured at 44 s wall / 20 s CPU on the 2-core
+project machine under load; later processes load the cached library in well under a second.
+Threads: ``at::parallel_for`` over output rows, so ``torch.set_num_threads`` applies.
+
+Fallback: no compiler, no ninja, a failed build or ``INFERCTL_CPU_KERNELS=0`` (also ``false``,
+``no``, ``off``) → :func:`ops_for` returns None, one warning is logged (build failures only), and
+every caller keeps its plain-PyTorch path. CUDA tensors and non-fp32 dtypes always take the
+PyTorch path (on a GPU the same model code runs torch's kernels; decode there is meant for CUDA
+graphs, not these ops).
+
+Numerics: the kernels sum in a different order from torch's (8-lane partial sums, then a
+horizontal add), so results differ in the last bits (measured max |Δ| ≈ 1e-4 on
+``[1, 1024] @ [1024, 384]`` of N(0,1) data, i.e. ~1e-6 relative); tests/unit/test_cpu_kernels.py
+bounds each op against its torch reference.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger("inferctl.engine.cpu_kernels")
+
+#: Environment switch: "0", "false", "no" or "off" keeps every op on plain PyTorch.
+ENV = "INFERCTL_CPU_KERNELS"
+#: Largest activation batch the GEMV kernels take (the C++ ``MAX_B``); larger batches are GEMMs
+#: and stay on torch's BLAS.
+MAX_BATCH = 4
+SOURCE = Path(__file__).resolve().parent / "csrc" / "cpu_kernels.cpp"
+CFLAGS = ("-O3", "-march=native")
+
+
+def enabled() -> bool:
+    """False when ``INFERCTL_CPU_KERNELS`` is set to 0/false/no/off (any case)."""
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _cpu_tag() -> str:
+    """8 hex digits of sha256 over the CPU's flags line and the torch version (the build-cache key)."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith(("flags", "Features")):
+                    flags = line
+                    break
+    except OSError:
+        pass
+    return hashlib.sha256((flags + torch.__version__).encode()).hexdigest()[:8]
+
+
+@functools.cache
+def load_ops() -> Any | None:
+    """Build (first time on this machine) and load the ops; ``torch.ops.inferctl_cpu`` or None.
+
+    Cached per process (the one loaded library). Never raises: a missing compiler or ninja, a
+    compile error or a load error logs one warning with the reason and returns None."""
+    try:
+        from torch.utils.cpp_extension import load
+
+        load(name=f"inferctl_cpu_kernels_{_cpu_tag()}", sources=[str(SOURCE)], extra_cflags=list(CFLAGS),
+             is_python_module=False, verbose=False)
+        ops = torch.ops.inferctl_cpu
+        ops.has_avx2()  # the library answers
+        return ops
+    except Exception as exc:  # noqa: BLE001 — any build/load failure means "no kernels", never a crash
+        log.warning("inferctl CPU kernels unavailable, using plain PyTorch ops (%s: %s)",
+                    type(exc).__name__, str(exc).strip().splitlines()[-1:] or "")
+        return None
+
+
+def ops_for(device: torch.device | str, dtype: torch.dtype) -> Any | None:
+    """The one decision: the kernels' op namespace when they run for tensors on ``device`` in
+    ``dtype`` (CPU, float32, switch on, build succeeded), else None (plain PyTorch)."""
+    if torch.device(device).type != "cpu" or dtype != torch.float32 or not enabled():
+        return None
+    return load_ops()
+
+
+def gemv_eligible(x: torch.Tensor) -> bool:
+    """Whether ``x`` can feed the GEMV kernels: float32 CPU [B ≤ MAX_BATCH, K], contiguous, no grad."""
+    return (x.dim() == 2 and x.shape[0] <= MAX_BATCH and x.dtype == torch.float32 and x.device.type == "cpu"
+            and x.is_contiguous() and not x.requires_grad)
+
+
+def gemv_f32(ops: Any, x: torch.Tensor, w_out_in: torch.Tensor) -> torch.Tensor:
+    """``x [B, K] @ w_out_in[N, K]ᵀ`` → float32 [B, N] (B ≤ MAX_BATCH, both contiguous float32 CPU).
+
+    Raises RuntimeError (from the op) on a wrong shape or dtype."""
+    return ops.gemv_f32(x, w_out_in)
+
+
+def gemv_int8(ops: Any, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+              in_features: int) -> torch.Tensor:
+    """``(x [B, K] @ qweight[N, :K]ᵀ) · scales[N]`` → float32 [B, N]; ``qweight`` int8 [N, K_padded]
+    (columns past ``in_features`` are ignored). Raises RuntimeError (from the op) on bad input."""
+    return ops.gemv_int8(x, qweight, scales, in_features)
+
+
+def rms_norm(ops: Any | None, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim of ``x`` [T, D] with ``weight`` [D]: the kernel when ``ops`` is
+    given and ``x`` is a contiguous 2-D float32 CPU tensor, else ``F.rms_norm`` (same formula)."""
+    if ops is not None and x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous() and not x.requires_grad:
+        return ops.rms_norm(x, weight, eps)
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def silu_mul(ops: Any | None, gu: torch.Tensor) -> torch.Tensor:
+    """``silu(gu[:, :H]) · gu[:, H:]`` for ``gu`` [T, 2H] → [T, H]: the kernel when ``ops`` is given
+    and ``gu`` is a contiguous 2-D float32 CPU tensor, else three torch ops."""
+    if ops is not None and gu.dim() == 2 and gu.dtype == torch.float32 and gu.is_contiguous() and not gu.requires_grad:
+        return ops.silu_mul(gu)
+    h = gu.shape[-1] // 2
+    return torch.nn.functional.silu(gu[..., :h]) * gu[..., h:]

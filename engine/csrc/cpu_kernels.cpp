@@ -1,0 +1,221 @@
+// CPU kernels for small-batch decode (inferctl.engine.cpu_kernels loads this at first use).
+//
+// gemv_f32   y[B, N] = x[B, K] @ W[N, K]^T          (W in nn.Linear's [out, in] layout)
+// gemv_int8  y[B, N] = (x[B, K] @ Q[N, :K]^T) * s[N] (Q int8 [out, in_padded], s fp32 per output row)
+// rms_norm   y[T, D] = x * 1/sqrt(mean(x^2) + eps) * w   (Zhang & Sennrich 2019)
+// silu_mul   y[T, H] = silu(gu[:, :H]) * gu[:, H:]     (SwiGLU, Shazeer 2020)
+//
+// Each output row of a GEMV is a dot product over one contiguous row of W, so the weight is read
+// once, front to back, by each thread (the layout llama.cpp's ggml_vec_dot_f32 streams). Up to
+// MAX_B activation rows share each weight load. Threads: at::parallel_for over output rows
+// (respects torch.set_num_threads). AVX2+FMA intrinsics when the compiler targets them
+// (-march=native on such a CPU), a scalar loop otherwise. int8 weights are widened to fp32 in
+// registers (no bf16 anywhere). Inputs are checked by the Python wrapper; the C++ checks again
+// with TORCH_CHECK (a RuntimeError, never a crash).
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define INFERCTL_AVX2 1
+#else
+#define INFERCTL_AVX2 0
+#endif
+
+namespace {
+
+constexpr int64_t MAX_B = 4;
+constexpr int64_t GRAIN_ELEMS = 1 << 16;  // weights per parallel chunk: smaller work stays on one thread
+
+#if INFERCTL_AVX2
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v);
+  __m128 hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  __m128 sh = _mm_movehdup_ps(lo);
+  __m128 s = _mm_add_ps(lo, sh);
+  sh = _mm_movehl_ps(sh, s);
+  s = _mm_add_ss(s, sh);
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256 load_i8x8(const int8_t* p) {
+  __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+}
+#endif
+
+// One output row n for B activation rows: out[b] = sum_k x[b, k] * w[k]. A = independent
+// accumulators per activation row (FMA latency hiding: 4 at B=1, 2 above, within 16 ymm registers).
+template <int B, typename W>
+inline void row_dot(const float* x, int64_t ldx, const W* w, int64_t K, float* out) {
+  int64_t k = 0;
+#if INFERCTL_AVX2
+  constexpr int A = B == 1 ? 4 : 2;
+  __m256 acc[B][A];
+  for (int b = 0; b < B; ++b)
+    for (int a = 0; a < A; ++a) acc[b][a] = _mm256_setzero_ps();
+  for (; k + 8 * A <= K; k += 8 * A) {
+    __m256 wv[A];
+    for (int a = 0; a < A; ++a) {
+      if constexpr (std::is_same_v<W, float>) {
+        wv[a] = _mm256_loadu_ps(w + k + 8 * a);
+      } else {
+        wv[a] = load_i8x8(w + k + 8 * a);
+      }
+    }
+    for (int b = 0; b < B; ++b)
+      for (int a = 0; a < A; ++a)
+        acc[b][a] = _mm256_fmadd_ps(_mm256_loadu_ps(x + b * ldx + k + 8 * a), wv[a], acc[b][a]);
+  }
+  for (; k + 8 <= K; k += 8) {
+    __m256 wv;
+    if constexpr (std::is_same_v<W, float>) {
+      wv = _mm256_loadu_ps(w + k);
+    } else {
+      wv = load_i8x8(w + k);
+    }
+    for (int b = 0; b < B; ++b) acc[b][0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + b * ldx + k), wv, acc[b][0]);
+  }
+  for (int b = 0; b < B; ++b) {
+    __m256 s = acc[b][0];
+    for (int a = 1; a < A; ++a) s = _mm256_add_ps(s, acc[b][a]);
+    out[b] = hsum(s);
+  }
+#else
+  for (int b = 0; b < B; ++b) out[b] = 0.f;
+#endif
+  for (; k < K; ++k) {
+    const float wk = static_cast<float>(w[k]);
+    for (int b = 0; b < B; ++b) out[b] += x[b * ldx + k] * wk;
+  }
+}
+
+template <int B, typename W>
+void gemv_rows(const float* x, int64_t K, const W* w, int64_t ldw, const float* scales,
+               float* y, int64_t N, int64_t n0, int64_t n1) {
+  float acc[B];
+  for (int64_t n = n0; n < n1; ++n) {
+    const W* wr = w + n * ldw;
+    if (n + 4 < n1) __builtin_prefetch(w + (n + 4) * ldw);
+    row_dot<B, W>(x, K, wr, K, acc);
+    const float s = scales ? scales[n] : 1.f;
+    for (int b = 0; b < B; ++b) y[b * N + n] = scales ? acc[b] * s : acc[b];
+  }
+}
+
+template <typename W>
+void gemv_dispatch(const float* x, int64_t B, int64_t K, const W* w, int64_t ldw, const float* scales,
+                   float* y, int64_t N) {
+  const int64_t grain = std::max<int64_t>(16, GRAIN_ELEMS / std::max<int64_t>(K, 1));
+  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
+    switch (B) {
+      case 1: gemv_rows<1, W>(x, K, w, ldw, scales, y, N, n0, n1); break;
+      case 2: gemv_rows<2, W>(x, K, w, ldw, scales, y, N, n0, n1); break;
+      case 3: gemv_rows<3, W>(x, K, w, ldw, scales, y, N, n0, n1); break;
+      default: gemv_rows<4, W>(x, K, w, ldw, scales, y, N, n0, n1); break;
+    }
+  });
+}
+
+void check_x(const at::Tensor& x, int64_t K) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(),
+              "x must be a contiguous float32 CPU tensor [B, K]");
+  TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= MAX_B, "batch must be 1..", MAX_B, ", got ", x.size(0));
+  TORCH_CHECK(x.size(1) == K, "x has ", x.size(1), " features, weight expects ", K);
+}
+
+at::Tensor gemv_f32(const at::Tensor& x, const at::Tensor& w) {
+  TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kFloat && w.dim() == 2 && w.is_contiguous(),
+              "w must be a contiguous float32 CPU tensor [N, K]");
+  const int64_t N = w.size(0), K = w.size(1), B = x.size(0);
+  check_x(x, K);
+  at::Tensor y = at::empty({B, N}, x.options());
+  gemv_dispatch<float>(x.data_ptr<float>(), B, K, w.data_ptr<float>(), K, nullptr, y.data_ptr<float>(), N);
+  return y;
+}
+
+at::Tensor gemv_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, int64_t K) {
+  TORCH_CHECK(q.device().is_cpu() && q.scalar_type() == at::kChar && q.dim() == 2 && q.is_contiguous(),
+              "q must be a contiguous int8 CPU tensor [N, K_padded]");
+  const int64_t N = q.size(0), B = x.size(0);
+  TORCH_CHECK(K >= 1 && K <= q.size(1), "in_features ", K, " outside 1..", q.size(1));
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.numel() == N,
+              "scales must be contiguous float32 [N]");
+  check_x(x, K);
+  at::Tensor y = at::empty({B, N}, x.options());
+  gemv_dispatch<int8_t>(x.data_ptr<float>(), B, K, q.data_ptr<int8_t>(), q.size(1), scales.data_ptr<float>(),
+                        y.data_ptr<float>(), N);
+  return y;
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 && x.is_contiguous(),
+              "x must be a contiguous float32 CPU tensor [T, D]");
+  const int64_t T = x.size(0), D = x.size(1);
+  TORCH_CHECK(w.scalar_type() == at::kFloat && w.is_contiguous() && w.numel() == D, "w must be float32 [D]");
+  at::Tensor y = at::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, T, std::max<int64_t>(1, GRAIN_ELEMS / std::max<int64_t>(D, 1)), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* r = xp + t * D;
+      float* o = yp + t * D;
+      float ss = 0.f;
+      int64_t d = 0;
+#if INFERCTL_AVX2
+      __m256 a = _mm256_setzero_ps();
+      for (; d + 8 <= D; d += 8) {
+        __m256 v = _mm256_loadu_ps(r + d);
+        a = _mm256_fmadd_ps(v, v, a);
+      }
+      ss = hsum(a);
+#endif
+      for (; d < D; ++d) ss += r[d] * r[d];
+      const float inv = 1.f / std::sqrt(ss / static_cast<float>(D) + static_cast<float>(eps));
+      for (d = 0; d < D; ++d) o[d] = (r[d] * inv) * wp[d];
+    }
+  });
+  return y;
+}
+
+at::Tensor silu_mul(const at::Tensor& gu) {
+  TORCH_CHECK(gu.device().is_cpu() && gu.scalar_type() == at::kFloat && gu.dim() == 2 && gu.is_contiguous(),
+              "gu must be a contiguous float32 CPU tensor [T, 2H]");
+  TORCH_CHECK(gu.size(1) % 2 == 0, "gu's last dimension must be even, got ", gu.size(1));
+  const int64_t T = gu.size(0), H = gu.size(1) / 2;
+  at::Tensor y = at::empty({T, H}, gu.options());
+  const float* gp = gu.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, T, std::max<int64_t>(1, GRAIN_ELEMS / std::max<int64_t>(H, 1)), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* g = gp + t * 2 * H;
+      const float* u = g + H;
+      float* o = yp + t * H;
+      for (int64_t h = 0; h < H; ++h) o[h] = g[h] / (1.f + std::exp(-g[h])) * u[h];
+    }
+  });
+  return y;
+}
+
+bool has_avx2() { return INFERCTL_AVX2 != 0; }
+
+}  // namespace
+
+// Registered as torch.ops.inferctl_cpu.* (no pybind: the torch/extension.h headers doubled the first-use compile).
+TORCH_LIBRARY(inferctl_cpu, m) {
+  m.def("gemv_f32(Tensor x, Tensor w) -> Tensor", &gemv_f32);
+  m.def("gemv_int8(Tensor x, Tensor q, Tensor scales, int k) -> Tensor", &gemv_int8);
+  m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor", &rms_norm);
+  m.def("silu_mul(Tensor gu) -> Tensor", &silu_mul);
+  m.def("has_avx2() -> bool", &has_avx2);
+}

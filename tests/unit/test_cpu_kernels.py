@@ -1,0 +1,166 @@
+"""engine.cpu_kernels: each op against its torch reference on the real shapes, the layout Linear
+chooses at load, the env switch and the fallback when the build fails (simulated).
+
+Tolerances: the GEMV kernels sum in 8-lane partial sums, torch's BLAS in its own order; for
+N(0, 1) data over K ≤ 1024 the difference stays below 1e-4 absolute (|y| ~ sqrt(K) ≈ 20–32),
+i.e. fp32 rounding. The int8 kernel is compared with dequantize-then-matmul in fp32 (the same
+maths, only the summation order differs), so the same bound holds.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from inferctl.engine import cpu_kernels as ck
+from inferctl.engine.model import Linear
+from inferctl.engine.quant import quantize_per_channel
+
+OPS = ck.ops_for("cpu", torch.float32)
+needs_ops = pytest.mark.skipif(OPS is None, reason="CPU kernels did not build here (no compiler/ninja)")
+# The synthetic 99.5 MB model's shapes (bench/models.py: dim 384, FFN 1024, 6/2 heads × 64, vocab 32000),
+# stories260K's (dim 64, FFN 172, vocab 512) and odd ones that exercise the tails (K % 8, K % 32, N % 4).
+SHAPES = [(640, 384), (384, 384), (2048, 384), (384, 1024), (32000, 384), (128, 64), (344, 64), (64, 172),
+          (512, 64), (5, 3), (33, 41)]
+
+
+def _g(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@needs_ops
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("b", [1, 2, 3, 4])
+def test_gemv_f32_matches_torch(n, k, b):
+    g = _g(n * 1000 + k + b)
+    w = torch.randn(n, k, generator=g)
+    x = torch.randn(b, k, generator=g)
+    y = ck.gemv_f32(OPS, x, w)
+    assert y.shape == (b, n) and y.dtype == torch.float32
+    torch.testing.assert_close(y, x.double().matmul(w.double().t()).float(), rtol=1e-5, atol=1e-4)
+
+
+@needs_ops
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("b", [1, 4])
+def test_gemv_int8_matches_dequantize_then_matmul(n, k, b):
+    g = _g(n + k * 7 + b)
+    q = quantize_per_channel(torch.randn(n, k, generator=g))
+    assert q.qweight.shape[1] >= k          # K padded to 16: the kernel must ignore the pad columns
+    q.qweight[:, k:] = 99                    # garbage in the pad must not leak into the sums
+    x = torch.randn(b, k, generator=g)
+    y = ck.gemv_int8(OPS, x, q.qweight, q.scales, q.in_features)
+    ref = x.double() @ (q.qweight[:, :k].double() * q.scales.double()[:, None]).t()
+    torch.testing.assert_close(y, ref.float(), rtol=1e-5, atol=1e-4)
+
+
+@needs_ops
+@pytest.mark.parametrize("t,d", [(1, 384), (4, 384), (37, 64), (3, 13)])
+def test_rms_norm_matches_torch(t, d):
+    g = _g(t + d)
+    x = torch.randn(t, d, generator=g) * 3
+    w = torch.randn(d, generator=g)
+    ref = torch.nn.functional.rms_norm(x, (d,), w, 1e-5)
+    torch.testing.assert_close(ck.rms_norm(OPS, x, w, 1e-5), ref, rtol=1e-6, atol=1e-6)
+
+
+@needs_ops
+@pytest.mark.parametrize("t,h", [(1, 1024), (5, 172), (2, 3)])
+def test_silu_mul_matches_torch(t, h):
+    gu = torch.randn(t, 2 * h, generator=_g(h)) * 4
+    gu[0, 0], gu[0, 1] = -200.0, 200.0       # exp overflow / underflow ends
+    ref = torch.nn.functional.silu(gu[:, :h]) * gu[:, h:]
+    torch.testing.assert_close(ck.silu_mul(OPS, gu), ref, rtol=1e-6, atol=1e-6)
+
+
+@needs_ops
+def test_bad_inputs_raise_not_crash():
+    w = torch.randn(8, 16)
+    with pytest.raises(RuntimeError, match="batch must be 1..4"):
+        OPS.gemv_f32(torch.randn(5, 16), w)
+    with pytest.raises(RuntimeError, match="features"):
+        OPS.gemv_f32(torch.randn(1, 15), w)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        OPS.gemv_f32(torch.randn(16, 1).t(), w.t())
+    with pytest.raises(RuntimeError, match="even"):
+        OPS.silu_mul(torch.randn(1, 3))
+
+
+@needs_ops
+def test_linear_chooses_the_out_in_layout_and_uses_the_kernel_for_small_batches(monkeypatch):
+    g = _g(1)
+    w = torch.randn(96, 40, generator=g)
+    lin = Linear(w)
+    assert lin.layout == "out_in" and lin.weight.shape == (96, 40) and lin.weight.is_contiguous()
+    assert torch.equal(lin.weight_t, w.t())
+    calls = []
+    real = ck.gemv_f32
+    monkeypatch.setattr(ck, "gemv_f32", lambda *a: calls.append(a[1].shape[0]) or real(*a))
+    for b in (1, 4, 5, 16):
+        x = torch.randn(b, 40, generator=g)
+        torch.testing.assert_close(lin(x), x @ w.t(), rtol=1e-5, atol=1e-4)
+    assert calls == [1, 4]                   # 5 and 16 rows: torch's GEMM on the same weight
+    assert torch.equal(lin.out_rows(torch.tensor([3, 0])), w[[3, 0]])
+
+
+@needs_ops
+def test_linear_int8_round_trip_is_bit_identical_and_int8_uses_the_kernel(monkeypatch):
+    lin = Linear(torch.randn(64, 48, generator=_g(2)))
+    before = lin.weight.clone()
+    x = torch.randn(1, 48, generator=_g(3))
+    y_full = lin(x)
+    full = lin.quantize_()
+    calls = []
+    real = ck.gemv_int8
+    monkeypatch.setattr(ck, "gemv_int8", lambda *a: calls.append(1) or real(*a))
+    torch.testing.assert_close(lin(x), x @ lin.q.dequantize().t(), rtol=1e-5, atol=1e-4)
+    assert calls == [1] and lin.weight is None and lin.weight_t is None
+    lin.restore_(full)
+    assert torch.equal(lin.weight, before) and torch.equal(lin(x), y_full)
+
+
+def test_env_switch_keeps_plain_torch(monkeypatch):
+    monkeypatch.setenv(ck.ENV, "0")
+    assert ck.ops_for("cpu", torch.float32) is None
+    lin = Linear(torch.randn(16, 8))
+    assert lin.layout == "in_out" and lin.weight.shape == (8, 16)
+    monkeypatch.setenv(ck.ENV, "OFF")
+    assert not ck.enabled()
+    monkeypatch.setenv(ck.ENV, "1")
+    assert ck.enabled()
+
+
+def test_non_cpu_or_non_fp32_never_uses_the_kernels():
+    assert ck.ops_for("cpu", torch.bfloat16) is None
+    assert ck.ops_for("meta", torch.float32) is None
+    lin = Linear(torch.randn(16, 8, dtype=torch.bfloat16))
+    assert lin.layout == "in_out"
+
+
+def test_failed_build_falls_back_with_one_warning(monkeypatch, caplog):
+    import torch.utils.cpp_extension as cpp
+
+    def broken_load(*a, **k):
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    monkeypatch.setattr(cpp, "load", broken_load)
+    ck.load_ops.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="inferctl.engine.cpu_kernels"):
+            assert ck.ops_for("cpu", torch.float32) is None
+            assert ck.ops_for("cpu", torch.float32) is None     # cached: one attempt, one warning
+            lin = Linear(torch.randn(16, 8, generator=_g(4)))
+        warnings = [r for r in caplog.records if r.name == "inferctl.engine.cpu_kernels"]
+        assert len(warnings) == 1 and "Ninja is required" in warnings[0].getMessage()
+        assert lin.layout == "in_out"
+        x = torch.randn(2, 8)
+        assert torch.equal(lin(x), x @ lin.weight)
+        # the fused ops fall back to torch's formulas when no ops are given
+        gu = torch.randn(2, 6)
+        assert torch.equal(ck.silu_mul(None, gu), torch.nn.functional.silu(gu[:, :3]) * gu[:, 3:])
+        w = torch.randn(6)
+        assert torch.equal(ck.rms_norm(None, gu, w, 1e-5), torch.nn.functional.rms_norm(gu, (6,), w, 1e-5))
+    finally:
+        ck.load_ops.cache_clear()            # the next caller loads the real (cached) build again
