@@ -14,15 +14,21 @@ serve``) and four routers (``inferctl router``, subprocesses) on loopback, then 
 2. **Throughput**: 32 clients, non-streamed, ``max_tokens`` 32, a 16-character prompt (least-load
    routing), for 6 s through routers in front
    of 1, 2 and 3 replicas; generated tokens per second (the answers' ``usage``).
-3. **Prefix affinity vs affinity off**: 8 concurrent multi-turn chats (4 turns each, one at a
-   time per chat, streamed, ``max_tokens`` 16) sharing one ~600-character system prompt, through a
-   router over the 3 replicas with prefix affinity (the default) and through one with
-   ``--affinity-min-chars`` above any prompt (every request takes the least-load rule, which
-   rotates among equally loaded replicas: the round-robin-like baseline). TTFT = request sent →
-   first content chunk. The engine has no prefix cache, so affinity cannot save prefill here.
+3. **Prefix affinity vs affinity off**, on the real chat model (SmolLM2-135M-Instruct Q4_1 GGUF,
+   8k context) served by three more engines with prefix caching on (``--enable-prefix-caching``,
+   the engine's default): ``--chats`` concurrent multi-turn chats (``--turns`` turns each, one
+   at a time per chat, streamed, ``max_tokens`` 8) in ``--groups`` groups, the chats of a group
+   sharing one long system prompt (``--system-chars`` characters of a Gutenberg book, about
+   1,500 tokens at the default 6,000), through a router over the 3 replicas with prefix
+   affinity (the default) and through one with ``--affinity-min-chars`` above any prompt (every
+   request takes the least-load rule, which rotates among equally loaded replicas: the
+   round-robin-like baseline). Each run uses passages no earlier run used, so both start with
+   cold caches. TTFT = request sent → first content chunk; the engines' prefix-cache counters
+   give the share of prompt tokens served from cache.
 
-The client is aiohttp on the same 2 shared cores as the servers: every figure includes that
-contention. Writes the ``router`` section of docs/benchmarks.md with ``--write``.
+The client is aiohttp on the same 2 cores as the servers: every figure includes that contention
+(and any outside load: the report gives the load average). Writes the ``router`` section of
+docs/benchmarks.md with ``--write``.
 """
 
 from __future__ import annotations
@@ -38,15 +44,33 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import STORIES_BIN, fmt, machine_facts, md_table, percentile, section, write_section
+from bench.common import (GUTENBERG, SHARED, STORIES_BIN, fmt, machine_facts, md_table, percentile, section,
+                          write_section)
 
 ENGINE_ARGS = ["--max-model-len", "512", "--memory-budget", "512MiB", "--log-level", "warning"]
+#: the chat model of the affinity runs (8k context: a system prompt long enough that prefill matters)
+CHAT_MODEL = SHARED / "models" / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+CHAT_ENGINE_ARGS = ["--max-model-len", "4096", "--memory-budget", "1GiB", "--enable-prefix-caching",
+                    "--log-level", "warning"]
+#: the book the system prompts are cut from (passages from character 5,000 on, none used twice)
+BOOK = "pg1342.txt"
 PROMPT = "Once upon a time there was a little girl who"
 #: under the router's 32-character affinity minimum: the least-load rule spreads these evenly
 SHORT = "Once upon a time"
-SYSTEM = ("You are a friendly storyteller for small children. Tell short, simple stories about animals, "
-          "toys and families. Use easy words. Every story has a kind ending. ") * 4
-TURNS = ["Tell me about a cat.", "What did the cat eat?", "Who was her friend?", "How did the day end?"]
+TURNS = ["Who is speaking in this passage?", "What does she want?", "Who was her friend?", "How did the day end?"]
+
+
+def system_prompts(run: int, groups: int, chars: int) -> list[str]:
+    """``groups`` system prompts of ``chars`` characters for affinity run number ``run``: an
+    instruction, then a passage of :data:`BOOK`; no passage is used by two runs (cold caches)."""
+    text = (GUTENBERG / BOOK).read_text(encoding="utf-8", errors="replace")
+    out = []
+    for g in range(groups):
+        start = 5000 + (run * groups + g) * (chars + 500)
+        if start + chars > len(text):
+            raise ValueError(f"{BOOK} is too short for run {run}, group {g} of {chars} characters")
+        out.append("You answer questions about this passage of a novel.\n\n" + text[start:start + chars])
+    return out
 
 
 def _port() -> int:
@@ -110,8 +134,10 @@ async def _closed_loop(url: str, clients: int, *, n_per_client: int | None = Non
     return {"lat": lat, "tokens": tokens, "errors": errors, "wall": wall, "n": len(lat), "samples": samples[:3]}
 
 
-async def _chats(url: str, chats: int, max_tokens: int = 16) -> dict:
-    """``chats`` concurrent conversations of :data:`TURNS`, streamed; TTFT per turn (s)."""
+async def _chats(url: str, chats: int, systems: list[str], model: str, turns: int = 4,
+                 max_tokens: int = 8) -> dict:
+    """``chats`` concurrent conversations of the first ``turns`` of :data:`TURNS`, streamed, chat
+    ``k`` under system prompt ``systems[k % len(systems)]``; TTFT per turn (s)."""
     import aiohttp
 
     ttft: list[float] = []
@@ -121,10 +147,10 @@ async def _chats(url: str, chats: int, max_tokens: int = 16) -> dict:
 
     async def chat(session: aiohttp.ClientSession, k: int) -> None:
         nonlocal errors, empty
-        msgs = [{"role": "system", "content": SYSTEM}]
-        for turn in TURNS:
-            msgs.append({"role": "user", "content": f"{turn} (child {k})"})
-            body = {"model": "stories260K", "messages": msgs, "max_tokens": max_tokens, "stream": True}
+        msgs = [{"role": "system", "content": systems[k % len(systems)]}]
+        for turn in TURNS[:turns]:
+            msgs.append({"role": "user", "content": f"{turn} (reader {k})"})
+            body = {"model": model, "messages": msgs, "max_tokens": max_tokens, "stream": True}
             t = time.perf_counter()
             first, text = None, []
             async with session.post(url + "/v1/chat/completions", json=body) as r:
@@ -151,7 +177,7 @@ async def _chats(url: str, chats: int, max_tokens: int = 16) -> dict:
             msgs.append({"role": "assistant", "content": "".join(text)})
 
     conn = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=120)) as session:
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=1800)) as session:
         await asyncio.gather(*(chat(session, k) for k in range(chats)))
     return {"ttft": ttft, "errors": errors, "empty": empty, "replicas": dict(sorted(replicas.items())),
             "samples": samples[:3]}
@@ -163,6 +189,35 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _cache_counters(engines: list[str]) -> tuple[float, float]:
+    """(prompt tokens looked up, tokens found) in the engines' prefix caches, summed over ``engines``
+    (``inferctl_engine_prefix_cache_queries_total`` / ``..._hits_total``)."""
+    import httpx
+
+    q = h = 0.0
+    for url in engines:
+        text = httpx.get(url + "/metrics", timeout=5).text
+        for name, acc in (("queries", "q"), ("hits", "h")):
+            found = re.search(rf"^inferctl_engine_prefix_cache_{name}_total(?:{{[^}}]*}})? (\S+)$", text, re.M)
+            if found and acc == "q":
+                q += float(found.group(1))
+            elif found:
+                h += float(found.group(1))
+    return q, h
+
+
+def _engine_steps(url: str) -> tuple[float, float]:
+    """(steps, sequences over those steps) of an engine so far (``inferctl_engine_steps_total``,
+    ``inferctl_engine_step_sequences_total``): their ratio is the mean batch of a step."""
+    import httpx
+
+    text = httpx.get(url + "/metrics", timeout=5).text
+
+    def total(name: str) -> float:
+        return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+    return total("inferctl_engine_steps_total"), total("inferctl_engine_step_sequences_total")
+
+
 def _overhead_metric(router: str) -> tuple[float, float]:
     """(sum seconds, count) of the router's ``inferctl_router_overhead_seconds``."""
     import httpx
@@ -172,7 +227,63 @@ def _overhead_metric(router: str) -> tuple[float, float]:
     return get("sum"), get("count")
 
 
-def run(rounds: int = 3, clients: int = 64, per_client: int = 4, tp_seconds: float = 6.0, chats: int = 8) -> dict:
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def affinity(workdir: Path, chats: int = 6, groups: int = 3, turns: int = 3, system_chars: int = 6000,
+             runs: int = 1, max_tokens: int = 8) -> dict:
+    """Section 3 (module docstring): three chat engines with prefix caching, a router with
+    affinity and one without, ``runs`` alternated runs of each; per run: TTFT p50/p99/mean (s),
+    turns timed, empty answers, errors, answers per replica, and the prompt tokens the engines
+    looked up / found in their prefix caches during the run."""
+    import httpx
+
+    procs: list[subprocess.Popen] = []
+    try:
+        engines = []
+        for i in range(3):
+            port = _port()
+            procs.append(_spawn(["engine", "serve", "--model", str(CHAT_MODEL), "--port", str(port),
+                                 *CHAT_ENGINE_ARGS], workdir / f"chat-engine-{i}.log"))
+            engines.append(f"http://127.0.0.1:{port}")
+        routers = {}
+        for name, extra in (("aff", []), ("off", ["--affinity-min-chars", "1000000"])):
+            port = _port()
+            argv = ["router", "--port", str(port), "--log-level", "warning", "--probe-interval", "0.5", *extra]
+            argv += [a for i, url in enumerate(engines) for a in ("--engine", f"chat-{i}={url}")]
+            procs.append(_spawn(argv, workdir / f"router-chat-{name}.log"))
+            routers[name] = f"http://127.0.0.1:{port}"
+        for url in [*engines, *routers.values()]:
+            _wait(url + "/ready", timeout=600)
+        model = httpx.get(engines[0] + "/v1/models", timeout=10).json()["data"][0]["id"]
+        out: dict[str, list] = {"aff": [], "off": []}
+        for i, name in enumerate(("aff", "off") * runs):
+            q0, h0 = _cache_counters(engines)
+            t = time.perf_counter()
+            res = asyncio.run(_chats(routers[name], chats, system_prompts(i, groups, system_chars), model, turns,
+                                     max_tokens))
+            q1, h1 = _cache_counters(engines)
+            ttft = res["ttft"]
+            out[name].append({"ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
+                              "ttft_mean": sum(ttft) / len(ttft) if ttft else None, "n": len(ttft),
+                              "errors": res["errors"], "empty": res["empty"], "replicas": res["replicas"],
+                              "samples": res["samples"], "cache_queried": q1 - q0, "cache_hit": h1 - h0,
+                              "wall": time.perf_counter() - t, "run": i + 1})
+        return {"runs": out, "chats": chats, "groups": groups, "turns": turns, "system_chars": system_chars,
+                "model": model, "max_tokens": max_tokens}
+    finally:
+        _stop(procs)
+
+
+def run(rounds: int = 3, clients: int = 64, per_client: int = 4, tp_seconds: float = 6.0, chats: int = 6,
+        groups: int = 3, turns: int = 3, system_chars: int = 6000, aff_runs: int = 1) -> dict:
     """Start the servers, measure (module docstring), stop them; the results as a dict."""
     workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-router-{os.getpid()}"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -185,8 +296,7 @@ def run(rounds: int = 3, clients: int = 64, per_client: int = 4, tp_seconds: flo
                                 workdir / f"engine-{i}.log"))
             engines.append(f"http://127.0.0.1:{port}")
         routers = {}
-        for name, n, extra in (("r1", 1, []), ("r2", 2, []), ("r3", 3, []),
-                               ("r3_off", 3, ["--affinity-min-chars", "1000000"])):
+        for name, n, extra in (("r1", 1, []), ("r2", 2, []), ("r3", 3, [])):
             port = _port()
             argv = ["router", "--port", str(port), "--log-level", "warning", "--probe-interval", "0.5", *extra]
             for i in range(n):
@@ -208,13 +318,15 @@ def run(rounds: int = 3, clients: int = 64, per_client: int = 4, tp_seconds: flo
             seq.append({"direct_p50": percentile(d["lat"], 50), "router_p50": percentile(r["lat"], 50),
                         "added_p50": percentile(r["lat"], 50) - percentile(d["lat"], 50)})
         for _ in range(rounds):
-            e0 = _cpu_seconds(engine_pid)
+            e0, b0 = _cpu_seconds(engine_pid), _engine_steps(engines[0])
             d = asyncio.run(_closed_loop(engines[0], clients, n_per_client=per_client))
-            e1 = _cpu_seconds(engine_pid)
+            e1, b1 = _cpu_seconds(engine_pid), _engine_steps(engines[0])
+            # the router's upstream connections open again if they idled past their keep-alive
+            asyncio.run(_closed_loop(routers["r1"], clients, n_per_client=1))
             s0, c0 = _overhead_metric(routers["r1"])
-            u0, e2 = _cpu_seconds(router_pid), _cpu_seconds(engine_pid)
+            u0, e2, b2 = _cpu_seconds(router_pid), _cpu_seconds(engine_pid), _engine_steps(engines[0])
             r = asyncio.run(_closed_loop(routers["r1"], clients, n_per_client=per_client))
-            u1, e3 = _cpu_seconds(router_pid), _cpu_seconds(engine_pid)
+            u1, e3, b3 = _cpu_seconds(router_pid), _cpu_seconds(engine_pid), _engine_steps(engines[0])
             s1, c1 = _overhead_metric(routers["r1"])
             over.append({"direct_p50": percentile(d["lat"], 50), "direct_p99": percentile(d["lat"], 99),
                          "router_p50": percentile(r["lat"], 50), "router_p99": percentile(r["lat"], 99),
@@ -223,7 +335,9 @@ def run(rounds: int = 3, clients: int = 64, per_client: int = 4, tp_seconds: flo
                          "router_own_mean": (s1 - s0) / (c1 - c0) if c1 > c0 else None,
                          "router_cpu_ms_per_req": 1000 * (u1 - u0) / max(1, r["n"]),
                          "engine_cpu_ms_per_req_direct": 1000 * (e1 - e0) / max(1, d["n"]),
-                         "engine_cpu_ms_per_req_routed": 1000 * (e3 - e2) / max(1, r["n"])})
+                         "engine_cpu_ms_per_req_routed": 1000 * (e3 - e2) / max(1, r["n"]),
+                         "seqs_per_step_direct": (b1[1] - b0[1]) / max(1, b1[0] - b0[0]),
+                         "seqs_per_step_routed": (b3[1] - b2[1]) / max(1, b3[0] - b2[0])})
         for o in over:
             o["added_p50"] = o["router_p50"] - o["direct_p50"]
             o["added_p99"] = o["router_p99"] - o["direct_p99"]
@@ -232,24 +346,11 @@ def run(rounds: int = 3, clients: int = 64, per_client: int = 4, tp_seconds: flo
             res = asyncio.run(_closed_loop(routers[name], 32, seconds=tp_seconds, max_tokens=32, prompt=SHORT))
             tp[name] = {"tok_s": res["tokens"] / res["wall"], "req_s": res["n"] / res["wall"],
                         "p50": percentile(res["lat"], 50), "errors": res["errors"], "samples": res["samples"]}
-        aff = {}
-        for name in ("r3", "r3_off", "r3", "r3_off"):        # alternated, twice; kept: the better of each
-            res = asyncio.run(_chats(routers[name], chats))
-            cur = {"ttft_p50": percentile(res["ttft"], 50), "ttft_p99": percentile(res["ttft"], 99),
-                   "n": len(res["ttft"]), "errors": res["errors"], "empty": res["empty"], "replicas": res["replicas"],
-                   "samples": res["samples"]}
-            if name not in aff or (cur["ttft_p50"] or 1e9) < (aff[name]["ttft_p50"] or 1e9):
-                aff[name] = cur
-        return {"overhead": over, "sequential": seq, "throughput": tp, "affinity": aff, "clients": clients,
-                "per_client": per_client, "tp_seconds": tp_seconds, "chats": chats}
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _stop(procs)
+    aff = affinity(workdir, chats, groups, turns, system_chars, aff_runs)
+    return {"overhead": over, "sequential": seq, "throughput": tp, "affinity": aff, "clients": clients,
+            "per_client": per_client, "tp_seconds": tp_seconds}
 
 
 def _client_versions() -> str:
@@ -259,30 +360,61 @@ def _client_versions() -> str:
     return f"aiohttp {aiohttp.__version__}"
 
 
-def render(res: dict, uptime: str) -> str:
-    """The markdown body of the ``router`` section."""
+def load_sentence(uptime: str, load_1m: float, cpus: int | None) -> str:
+    """The run's conditions: the load at the start, and a warning only when the 1-minute load
+    average was above the CPU count (other work was queueing for the cores)."""
+    base = (f"`uptime` at the start: `{uptime}`. The three engines, the routers and the load generator"
+            " (aiohttp) all run on this machine's cores; every figure includes their contention.")
+    if cpus and load_1m > cpus:
+        return (base + f" **The load average at the start ({load_1m}) was above the CPU count ({cpus})**: other"
+                " work was competing for the cores, so latencies and CPU per request are inflated.")
+    return base + f" Load average at the start {load_1m} on {cpus} CPUs: no outside load above the CPU count."
+
+
+def render(res: dict, uptime: str, facts: dict | None = None) -> str:
+    """The markdown body of the ``router`` section (``facts``: :func:`bench.common.machine_facts`
+    at the start, for the load sentence)."""
+    facts = facts or machine_facts()
     ms = lambda x: fmt(None if x is None else 1000 * x, 2)  # noqa: E731
     best = min(res["overhead"], key=lambda o: o["added_p50"])
     rows = [[i + 1, ms(o["direct_p50"]), ms(o["router_p50"]), ms(o["added_p50"]), ms(o["direct_p99"]),
              ms(o["router_p99"]), ms(o["added_p99"]), ms(o["router_own_mean"]), fmt(o["direct_rps"]),
-             fmt(o["router_rps"]), o["errors"]] for i, o in enumerate(res["overhead"])]
+             fmt(o["router_rps"]), fmt(o["router_cpu_ms_per_req"], 2), fmt(o["engine_cpu_ms_per_req_direct"], 2),
+             fmt(o["engine_cpu_ms_per_req_routed"], 2),
+             f"{fmt(o['seqs_per_step_direct'], 1)} / {fmt(o['seqs_per_step_routed'], 1)}", o["errors"]]
+            for i, o in enumerate(res["overhead"])]
     tp = res["throughput"]
     base = tp["r1"]["tok_s"]
     aff = res["affinity"]
-    a, b = aff["r3"], aff["r3_off"]
-    gain = None if not (a["ttft_p50"] and b["ttft_p50"]) else 1 - a["ttft_p50"] / b["ttft_p50"]
+    busy = bool(facts.get("cpus")) and facts["load_1m"] > facts["cpus"]
+
+    def med(runs: list, key: str):
+        vals = [r[key] for r in runs if r[key] is not None]
+        return percentile(vals, 50) if vals else None
+
+    a_p50, b_p50 = med(aff["runs"]["aff"], "ttft_p50"), med(aff["runs"]["off"], "ttft_p50")
+    a_mean, b_mean = med(aff["runs"]["aff"], "ttft_mean"), med(aff["runs"]["off"], "ttft_mean")
+    gain = None if not (a_p50 and b_p50) else 1 - a_p50 / b_p50
+    gain_mean = None if not (a_mean and b_mean) else 1 - a_mean / b_mean
+    aff_rows = []
+    for name, label in (("aff", "prefix affinity (default)"),
+                        ("off", "affinity off (`--affinity-min-chars 1000000`: least load, rotating ties)")):
+        for r in aff["runs"][name]:
+            hit = None if not r["cache_queried"] else 100 * r["cache_hit"] / r["cache_queried"]
+            aff_rows.append([label, r["run"], ms(r["ttft_p50"]), ms(r["ttft_p99"]), ms(r["ttft_mean"]), r["n"],
+                             r["empty"], r["errors"], fmt(hit), r["replicas"], fmt(r["wall"])])
     return "\n".join([
-        f"`uptime` at the start: `{uptime}`. **The machine's 2 cores are shared with other engineers'"
-        " tests and servers right now**: the three engines, the routers and the load generator (aiohttp)"
-        " all run on the same 2 cores, under that outside load; every figure includes the contention.",
+        load_sentence(uptime, facts["load_1m"], facts.get("cpus")),
         "",
         f"**Router overhead**, {res['clients']} concurrent clients × {res['per_client']} non-streamed completions"
         " (`max_tokens` 4) straight to one engine vs through a router in front of it, loopback, alternated, "
         f"{len(res['overhead'])} rounds (ms; *added* = router − direct of the same round; *router's own* = the"
-        " mean of `inferctl_router_overhead_seconds`, arrival → first byte out minus upstream time to first byte):",
+        " mean of `inferctl_router_overhead_seconds`, arrival → first byte out minus upstream time to first byte;"
+        " CPU per request from /proc/PID/stat; *batch* = the engine's mean sequences per step, direct / routed):",
         "",
         md_table(["round", "direct p50", "router p50", "added p50", "direct p99", "router p99", "added p99",
-                  "router's own (mean)", "direct req/s", "router req/s", "errors"], rows),
+                  "router's own (mean)", "direct req/s", "router req/s", "router CPU ms/req",
+                  "engine CPU ms/req direct", "engine CPU ms/req routed", "batch", "errors"], rows),
         "",
         f"Best round (lowest added p50): **added p50 {ms(best['added_p50'])} ms, p99 {ms(best['added_p99'])} ms**"
         f" at {res['clients']} clients (target ≤ 2 ms p50); the router's own measure"
@@ -290,32 +422,23 @@ def render(res: dict, uptime: str) -> str:
         f" {fmt(best['router_cpu_ms_per_req'], 2)} ms, engine {fmt(best['engine_cpu_ms_per_req_routed'], 2)} ms"
         f" (direct: engine {fmt(best['engine_cpu_ms_per_req_direct'], 2)} ms). "
         + ("**Target met.**" if best["added_p50"] <= 0.002 else
-           "**Target not met**: at 64 clients the router process saturates (its CPU per request is the"
-           " engine's or more, on the same 2 cores), requests queue in front of it, and the engine gets them"
-           " trickled in smaller batches (its own CPU per request rises); the router's own measure, which"
-           " starts at arrival in the app, does not see that queue."
-           if best["router_cpu_ms_per_req"] >= best["engine_cpu_ms_per_req_routed"] else
-           "**Target not met here**: the router's CPU per request is a fraction of the engine's, but on 2"
-           " shared cores every request also waits for a core behind the engine, the load generator and the"
-           " outside load (see the load average); judge the target on a quiet machine."),
+           "**Target not met**: the router's CPU per request is of the order of the engine's, and both share"
+           f" the same cores with the load generator: at {res['clients']} clients every request through the router"
+           " waits for a core behind the engine's steps, so the added latency is queueing for the CPU, not the router's"
+           " own work (its own measure, which starts at arrival in the app, does not see that queue)."
+           + (" The outside load (see the load average) adds to it." if busy else "")),
         "",
         "One client, 40 sequential requests, no queueing (ms): "
         + "; ".join(f"round {i + 1}: direct p50 {ms(q['direct_p50'])}, router p50 {ms(q['router_p50'])},"
                     f" added {ms(q['added_p50'])}" for i, q in enumerate(res["sequential"]))
         + f"; median of the rounds' added p50 **{ms(percentile([q['added_p50'] for q in res['sequential']], 50))}"
-        " ms** — at one client the shared cores' noise between rounds is as large as the router's own cost.",
+        " ms**.",
         "",
-        "Where the router's time goes (a separate cProfile run of `inferctl router` in front of one engine, 16"
-        " clients × 40 requests, 2026-12-01, httpx 0.28.1 / httpcore 1.0.9): of 44 s profiled, 10.5 s cumulative"
-        " in httpcore's `AsyncConnectionPool._assign_requests_to_connections` (750,000 `is_idle` and 58,000"
-        " `has_expired` → `getpeername` calls for 640 requests: the pool rescans every connection on every"
-        " request and response), 3.7 s in socket `send`; FastAPI/pydantic validation is not in the top 18."
-        " The upstream HTTP client, not the routing logic, was the router's cost; the controller replaced httpx's"
-        " async client with aiohttp for the same reason (issue 9 item 5). A second cProfile run (64 clients × 4,"
-        " twice, under load average 12–16) confirmed it: 9.8 s cumulative in `_assign_requests_to_connections`"
-        " (547,000 `is_idle` calls) of the ~27 s the router spent handling requests. **Since then the router"
-        f" forwards with aiohttp** ({_client_versions()}: one `ClientSession`, a `TCPConnector` of"
-        " `--upstream-connections` (default 1,000), keep-alive; `router/upstream.py`); probes stay on httpx.",
+        "Where the router's time goes (py-spy and cProfile of `inferctl router`; docs/router.md \"Cost per"
+        " request\"): the upstream client first (httpx's async pool rescanned every connection on every event:"
+        " replaced by aiohttp, " + _client_versions() + ", one `ClientSession`, keep-alive), then FastAPI's"
+        " middleware, routing and endpoint layers (the two completion routes are now plain ASGI in front of them,"
+        " `RouterApp`); what is left is uvicorn's and aiohttp's per-request work and the socket system calls.",
         "",
         f"**Aggregate throughput** through the router, 32 clients, non-streamed, `max_tokens` 32, prompt"
         " `Once upon a time` (16 characters: least-load routing),"
@@ -325,32 +448,30 @@ def render(res: dict, uptime: str) -> str:
                  [[i + 1, fmt(tp[k]["tok_s"]), fmt(tp[k]["req_s"]), fmt(tp[k]["tok_s"] / base, 2),
                    ms(tp[k]["p50"]), tp[k]["errors"]] for i, k in enumerate(("r1", "r2", "r3"))]),
         "",
-        "Replicas on one 2-core machine share the same cores (each engine runs with 1 torch thread), so they"
+        "Replicas on one machine share the same cores (each engine runs with 1 torch thread), so they"
         " add no compute: splitting 32 clients over more engines only shrinks each engine's batch (its cost per"
         " token rises: a batched step over 32 sequences costs little more than over 11) and adds processes"
         " competing for the cores. Throughput scaling with replicas needs one replica per GPU or per core set.",
         "",
-        f"**Prefix affinity vs affinity off**, 3 replicas, {res['chats']} concurrent chats × {len(TURNS)} turns"
-        f" (streamed, `max_tokens` 16) sharing a {len(SYSTEM)}-character system prompt; 2 runs each alternated,"
-        " the better p50 kept (TTFT in ms):",
+        f"**Prefix affinity vs affinity off**, 3 replicas of {aff['model']} (prefix caching on),"
+        f" {aff['chats']} concurrent chats × {aff['turns']} turns (streamed, `max_tokens` {aff['max_tokens']})"
+        f" in {aff['groups']} groups, each group's chats sharing a {aff['system_chars']:,}-character system prompt"
+        f" (a passage of {BOOK}, about {aff['system_chars'] // 4:,} tokens); runs alternated, each on passages no"
+        " earlier run used (cold caches); *cached* = prompt tokens the engines found in their prefix caches ÷"
+        " prompt tokens looked up, during the run (TTFT in ms, wall in s):",
         "",
-        md_table(["routing", "TTFT p50", "TTFT p99", "turns timed", "empty answers", "errors",
-                  "answers per replica"],
-                 [["prefix affinity (default)", ms(a["ttft_p50"]), ms(a["ttft_p99"]), a["n"], a["empty"],
-                   a["errors"], a["replicas"]],
-                  ["affinity off (`--affinity-min-chars 1000000`: least load, rotating ties)", ms(b["ttft_p50"]),
-                   ms(b["ttft_p99"]), b["n"], b["empty"], b["errors"], b["replicas"]]]),
+        md_table(["routing", "run", "TTFT p50", "TTFT p99", "TTFT mean", "turns timed", "empty answers", "errors",
+                  "cached %", "answers per replica", "wall"], aff_rows),
         "",
         "An empty answer is a 200 stream whose model ended before any text (no first token to time); it is"
         " kept in the conversation as an empty assistant turn. Errors are non-200 answers.",
         "",
-        f"TTFT change with affinity: **{fmt(None if gain is None else 100 * gain)} % lower p50** (negative:"
-        " higher). Why: the bundled engine has **no prefix cache** yet, so a replica that saw the system"
-        " prompt before prefills it again all the same — affinity cannot save prefill here (SGLang's 70–75 %"
-        " comes from reusing the cached prefix). What affinity does do with one shared system prompt is"
-        " send every chat to the same home replica until bounded load (ε = 0.25) spills the excess to its"
-        " ring successor, so the load is less even than with least-load routing (see the answers per"
-        " replica). The gain will only show once the engine keeps prefix KV blocks across requests.",
+        f"TTFT with affinity: **{fmt(None if gain is None else 100 * gain)} % lower p50**, "
+        f"{fmt(None if gain_mean is None else 100 * gain_mean)} % lower mean (median over the runs; negative:"
+        " higher). With affinity a group's system prompt is prefilled once, on its home replica, and every later"
+        " turn of the group finds it cached; without, the rotating least-load rule spreads a group over all three"
+        " replicas and each of them prefills the long prompt cold once (SGLang's cache-aware router reports"
+        " 70–75 % lower TTFT on such workloads).",
     ])
 
 
@@ -360,14 +481,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--per-client", type=int, default=4)
     ap.add_argument("--tp-seconds", type=float, default=6.0)
-    ap.add_argument("--chats", type=int, default=8)
+    ap.add_argument("--chats", type=int, default=6, help="Concurrent chats of the affinity runs.")
+    ap.add_argument("--groups", type=int, default=3, help="System prompts (chat groups) of the affinity runs.")
+    ap.add_argument("--turns", type=int, default=3, help="Turns per chat (at most 4).")
+    ap.add_argument("--system-chars", type=int, default=6000, help="Characters of each system prompt.")
+    ap.add_argument("--aff-runs", type=int, default=1, help="Alternated runs of affinity on / off.")
     ap.add_argument("--write", action="store_true", help="Write the router section of docs/benchmarks.md.")
     args = ap.parse_args(argv)
     facts = machine_facts()
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     t = time.time()
-    res = run(args.rounds, args.clients, args.per_client, args.tp_seconds, args.chats)
-    body = render(res, uptime) + f"\n\nWall time of the whole run: {time.time() - t:.0f} s."
+    res = run(args.rounds, args.clients, args.per_client, args.tp_seconds, args.chats, args.groups,
+              min(args.turns, len(TURNS)), args.system_chars, args.aff_runs)
+    body = render(res, uptime, facts) + f"\n\nWall time of the whole run: {time.time() - t:.0f} s."
     print(json.dumps(res, indent=1, default=str))
     print(body)
     if args.write:
