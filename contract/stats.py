@@ -235,6 +235,16 @@ class FaultsSection(TypedDict):
     pending_injected: int
 
 
+class PrefixCacheSection(TypedDict):
+    """``prefix_cache``: prompt tokens looked up in the prefix cache and, of them, found cached
+    (vLLM's prefix_cache_queries / prefix_cache_hits); ``hit_ratio`` = hits / queries, None before
+    any lookup or with prefix caching off."""
+
+    queries_total: int
+    hits_total: int
+    hit_ratio: float | None
+
+
 class StatsDocument(TypedDict):
     """The whole ``/stats`` document of one engine (the server may add ``routes``)."""
 
@@ -245,3 +255,4 @@ class StatsDocument(TypedDict):
     requests: RequestsSection
     quality: QualitySection
     faults: FaultsSection
+    prefix_cache: PrefixCacheSection

@@ -192,6 +192,8 @@ class EngineStats:
         self.faults: deque[dict] = deque(maxlen=recent_faults)
         self.last_oom: dict | None = None
         self._fault_id = 0
+        self.prefix_cache_queries_total = 0   # prompt tokens looked up in the prefix cache
+        self.prefix_cache_hits_total = 0      # of them, tokens found in cached blocks
 
     def record(self, scheduler_stats: SchedulerStats | None, it: IterationStats) -> None:
         """Account one step's :class:`IterationStats` (the live state is read at document time)."""
@@ -211,6 +213,8 @@ class EngineStats:
             self.hardware_errors_total += 1
             self.last_hardware_error = msg
         self.admission_errors_total += len(it.admission_errors)
+        self.prefix_cache_queries_total += it.prefix_cache_queries
+        self.prefix_cache_hits_total += it.prefix_cache_hits
 
     def _record_step(self, it: IterationStats) -> None:
         self.steps_total += 1
@@ -262,8 +266,14 @@ class EngineStats:
         self.last_oom = entry
 
     def sections(self, live: SchedulerStats) -> dict:
-        """The ``scheduler``, ``requests``, ``quality`` and ``faults`` sections, with the live
-        queue and injected-fault numbers of ``live``."""
+        """The ``scheduler``, ``requests``, ``quality``, ``faults`` and ``prefix_cache`` sections, with
+        the live queue and injected-fault numbers of ``live``.
+
+        ``prefix_cache``: ``queries_total`` (prompt tokens looked up, vLLM's prefix_cache_queries),
+        ``hits_total`` (of them, tokens found cached), ``hit_ratio`` = hits / queries (None with no
+        query yet, or with prefix caching off: no data, never 0) — the same counts as
+        ``inferctl_engine_prefix_cache_{queries,hits}_total``."""
+        q, h = self.prefix_cache_queries_total, self.prefix_cache_hits_total
         return {
             "scheduler": {"running": live.running, "waiting": live.waiting,
                           "preemptions_total": live.preemptions_total,
@@ -292,4 +302,5 @@ class EngineStats:
                        "hardware_errors_total": self.hardware_errors_total,
                        "last_hardware_error": self.last_hardware_error,
                        "pending_injected": live.pending_injected},
+            "prefix_cache": {"queries_total": q, "hits_total": h, "hit_ratio": h / q if q > 0 else None},
         }

@@ -164,3 +164,24 @@ def test_a_burst_shares_the_prefix_within_one_step(bundle, prompts):
     shared = next(i for i, (x, y) in enumerate(zip(ps[0], ps[1])) if x != y) // BS * BS
     # all four are admitted in the first step; r1..r3 reuse what r0 computes in that very step
     assert metric(on, "inferctl_engine_prefix_cache_hits_total") == 3 * shared
+
+
+def test_stats_has_a_prefix_cache_section_the_controller_parses(bundle, prompts):
+    from inferctl.controller.engines.bundled import snapshot_from_stats
+
+    ps, _ = prompts
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    engine = LLMEngine(bundle, EngineConfig(num_kv_blocks=128))
+    assert engine.stats()["prefix_cache"] == {"queries_total": 0, "hits_total": 0, "hit_ratio": None}
+    run(engine, ps[:3], params)
+    pc = engine.stats()["prefix_cache"]
+    queries = metric(engine, "inferctl_engine_prefix_cache_queries_total")
+    hits = metric(engine, "inferctl_engine_prefix_cache_hits_total")
+    assert (pc["queries_total"], pc["hits_total"]) == (queries, hits)       # the /metrics counts
+    assert pc["queries_total"] == sum(len(p) for p in ps[:3])               # every prompt token looked up
+    assert hits > 0 and pc["hit_ratio"] == pytest.approx(hits / queries)    # r1, r2 reuse r0's blocks
+    snap = snapshot_from_stats(engine.stats(), name="main")                 # the controller's parse
+    assert snap.ok and snap.precision == "full" and snap.invalid == []
+    off = LLMEngine(bundle, EngineConfig(num_kv_blocks=128, enable_prefix_caching=False))
+    run(off, ps[:2], params)
+    assert off.stats()["prefix_cache"] == {"queries_total": 0, "hits_total": 0, "hit_ratio": None}
