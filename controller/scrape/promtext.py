@@ -39,9 +39,49 @@ _LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"([^"]*)"[ \t]*
 _VALUE = re.compile(r"[+-]?(?:[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?|[0-9]+\.|Inf|NaN)")
 
 
-def parse_prometheus_text(text: str) -> tuple[list[PromSample], list[str]]:
+#: Sample-name suffixes of a family (histogram/summary parts, counters' ``_total``/``_created``).
+_SUFFIXES = ("_total", "_created", "_bucket", "_sum", "_count")
+
+
+def family_filter(names: Iterable[str]) -> frozenset[str]:
+    """The sample names to keep for the metric ``names`` a caller reads (bare or suffixed:
+    ``vllm:prompt_tokens_total`` keeps ``vllm:prompt_tokens`` and ``..._total``; a histogram base
+    keeps its ``_bucket``/``_sum``/``_count``), for :func:`parse_prometheus_text`'s ``keep``."""
+    out: set[str] = set()
+    for n in names:
+        base = n
+        for suf in _SUFFIXES:
+            if n.endswith(suf):
+                base = n[: -len(suf)]
+                break
+        out.add(n)
+        out.add(base)
+        out.update(base + suf for suf in _SUFFIXES)
+    return frozenset(out)
+
+
+def _sample_name(line: str) -> str:
+    """The metric name a sample line starts with (up to ``{``, a space or a tab)."""
+    end = len(line)
+    for sep in ("{", " ", "\t"):
+        i = line.find(sep, 0, end)
+        if i >= 0:
+            end = i
+    return line[:end]
+
+
+#: A metric name (https://prometheus.io/docs/concepts/data_model/#metric-names-and-labels).
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
+def parse_prometheus_text(text: str, keep: frozenset[str] | None = None) -> tuple[list[PromSample], list[str]]:
     """Parse Prometheus text exposition (see the module doc: a fast path for plain lines,
     prometheus-client's parser for the rest).
+
+    ``keep``: when given (from :func:`family_filter`), a sample line whose metric name is not in
+    it is skipped before it is parsed (a vLLM or engine scrape carries many families the
+    controller never reads; skipping them is most of the parse's cost). A line that does not
+    start with a metric name is still parsed, so garbage is still reported.
 
     Returns ``(samples, bad_lines)``: the lines neither reads are returned in ``bad_lines``
     instead of failing the scrape. Counter samples keep the name prometheus-client gives them
@@ -62,6 +102,10 @@ def parse_prometheus_text(text: str) -> tuple[list[PromSample], list[str]]:
                 if parts[3] == "counter" and not parts[2].endswith("_total"):
                     counters.add(parts[2])
             continue
+        if keep is not None:
+            name = _sample_name(line)
+            if name not in keep and _NAME.fullmatch(name) is not None:
+                continue
         sample = _fast_sample(line, counters)
         if sample is not None:
             samples.append(sample)

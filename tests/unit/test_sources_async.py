@@ -5,6 +5,7 @@ never holds back the others' readings."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import threading
 import time
@@ -63,6 +64,9 @@ class FakeFleet:
                     await asyncio.sleep(0.02)
             except ConnectionError:           # the client gave up (its deadline or size bound)
                 return resp
+        if engine == "gzipbomb":              # small on the wire (Content-Length), 1 MiB decoded
+            body = gzip.compress(b"0" * 1024 ** 2)
+            return web.Response(body=body, headers={"Content-Encoding": "gzip"})
         if engine == "toolarge":
             return web.Response(body=b"{}", headers={"Content-Length": str(64 * 1024 ** 2)})
         if engine == "vllm":
@@ -103,6 +107,10 @@ def test_bounded_get_reads_the_body_and_enforces_size_and_deadline(fleet):
             poller.submit(poller.get(fleet.url("toolarge") + "/stats", deadline_s=2.0)).result(5)
         with pytest.raises(BodyTooLarge):     # no Content-Length: counted while reading
             poller.submit(poller.get(fleet.url("endless") + "/stats", deadline_s=5.0, max_bytes=8192)).result(10)
+        with pytest.raises(BodyTooLarge):     # a small encoded body is bounded by its decoded size
+            poller.submit(poller.get(fleet.url("gzipbomb") + "/stats", deadline_s=5.0, max_bytes=65536)).result(10)
+        status, body = poller.submit(poller.get(fleet.url("gzipbomb") + "/stats", deadline_s=5.0)).result(10)
+        assert status == 200 and body == b"0" * 1024 ** 2
         t0 = time.monotonic()
         with pytest.raises(asyncio.TimeoutError):   # the deadline covers the whole body
             poller.submit(poller.get(fleet.url("endless") + "/stats", deadline_s=0.3)).result(10)
