@@ -115,3 +115,17 @@ def test_gpu_of_indexes_a_reading_once_and_follows_a_new_one():
     assert state.gpu_of("e8") is None
     state.reading = GpuReading(source="t", ok=False, gpus=other, time=2.0)
     assert state.gpu_of("e7") is None
+
+
+@pytest.mark.parametrize("value", [0, 5, -1, 2 ** 63 - 1, 2 ** 63, 10 ** 400, 0.0, -0.0, 0.5, 1.0, 1.0000001, -1e-9,
+                                   math.nan, math.inf, -math.inf, True, "5", None])
+def test_gpu_cleaning_keeps_or_drops_exactly_what_check_number_rejects(value):
+    from inferctl.controller.signals import clean_gpu_snapshot
+    from inferctl.controller.signals.validation import validate_nonneg, validate_ratio
+
+    snap = GpuSnapshot(uuid="g", index=0, power_watts=value, utilization_ratio=value)
+    dropped = clean_gpu_snapshot(snap)
+    want = [f for f, check in (("power_watts", validate_nonneg), ("utilization_ratio", validate_ratio))
+            if value is not None and check(value).value is None]
+    assert dropped == want
+    assert (snap.power_watts is None) == (value is None or "power_watts" in want)
