@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from inferctl.contract.yamlfile import load_yaml
+from inferctl.controller.config_launch import ApiKeyKey, ChatTemplateKey, launch_problem
 
 DEFAULT_CONTROLLER_PORT = 8900
 DEFAULT_ENGINE_PORT = 8000
@@ -58,6 +59,11 @@ class LaunchConfig(_Model):
     speculative_config: dict | None = Field(None, description="the engine's --speculative-config (vLLM's JSON "
                                             "object, e.g. {method: ngram, num_speculative_tokens: 4}); checked "
                                             "at load")
+    chat_template: ChatTemplateKey = Field(None, description="the engine's --chat-template: plain, roles, a Jinja "
+                                           "template file or its text (compiled at load)")
+    api_key: ApiKeyKey = Field(None, description="the engine's --api-key (/v1 then needs 'Authorization: Bearer "
+                               "<key>'), given as $INFERCTL_API_KEY, never on its command line")
+    api_key_env: str | None = Field(None, description="the env variable holding api_key (when api_key is not set)")
     health_timeout_seconds: float = Field(180.0, gt=0, description="wait for GET /health 200 after a start or"
                                           " restart (dequantizing a GGUF model takes tens of seconds on a busy CPU)")
     stop_timeout_seconds: float = Field(30.0, gt=0, description="SIGTERM to SIGKILL")
@@ -106,6 +112,7 @@ class LaunchConfig(_Model):
         if self.speculative_config:
             flags += ["--speculative-config", json.dumps(self.speculative_config)]
         flags += ["--log-format", self.log_format] if self.log_format != "text" else []
+        flags += ["--chat-template", self.chat_template] if self.chat_template is not None else []
         return flags + (["--repetition-stop"] if self.repetition_stop else []) + list(self.args)
 
     def grace_seconds(self) -> float:
@@ -577,6 +584,9 @@ def check_files(config: ControllerConfig) -> None:
                                   " directory)")
             raise ConfigError(f"engines[{i}].launch.model: {model} does not exist (a llama2.c .bin,"
                               " a Hugging Face directory, or leave it out for the demo model)")
+        bad = launch_problem(e.launch)     # a chat template file, an api_key_env variable
+        if bad is not None:
+            raise ConfigError(f"engines[{i}].launch.{bad[0]}: {bad[1]}")
     path = config.gpu.options.get("path") if config.gpu.kind == "replay" else None
     if isinstance(path, str) and not Path(path).is_file():
         raise ConfigError(f"gpu.options.path: {path} is not a file (a replay trace or capture)")

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from inferctl.controller.actions import Actions, EngineSupervisor, engine_serve_argv
 from inferctl.controller.api import create_app
+from inferctl.controller.config_launch import launch_env
 from inferctl.controller.config import (DEFAULT_ENGINE_PORT, ConfigError, ControllerConfig, check_files,
                                         parse_config)
 from inferctl.controller.eventlog_retention import EventLogMaintenance, Retention
@@ -237,7 +238,8 @@ def build_runtime(config: ControllerConfig, admin_token: str, *, engine_log_dir:
                                      e.launch.engine_args(), shutdown_grace_seconds=e.launch.grace_seconds())
             log_path = None if engine_log_dir is None else Path(engine_log_dir) / f"engine-{e.name}.log"
             owner = None if config.event_log == ":memory:" else owner_key(config.event_log, e.name)
-            sup = EngineSupervisor(e.name, argv, e.url or "", env={"INFERCTL_ADMIN_TOKEN": tokens[e.name] or ""},
+            sup = EngineSupervisor(e.name, argv, e.url or "",
+                                   env={"INFERCTL_ADMIN_TOKEN": tokens[e.name] or "", **launch_env(e.launch)},
                                    health_timeout_seconds=e.launch.health_timeout_seconds,
                                    stop_timeout_seconds=e.launch.stop_timeout_seconds, log_path=log_path,
                                    owner=owner, on_launch=lambda s: record_launch(event_log, s))
