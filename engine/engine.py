@@ -126,7 +126,8 @@ class LLMEngine:
             model on the device and in the dtype it was loaded with.
         config: :class:`EngineConfig`; ``None`` = defaults.
         precision: the start precision ("full", "int8", "int4"), applied before the first
-            step. The memory plan counts the weights of the start-only mode "int4"
+            step; None (default) keeps the model's current precision. The memory plan counts
+            the weights of the start-only mode "int4"
             (``weight_bytes_by_mode()["int4"]``), so its KV pool gets the blocks the budget
             holds beside 4-bit weights; "int8" is planned from the full weights, which a switch
             back to full needs again.
@@ -138,9 +139,9 @@ class LLMEngine:
         ValueError: an unknown ``precision``.
     """
 
-    def __init__(self, bundle, config: EngineConfig | None = None, precision: str = "full"):
+    def __init__(self, bundle, config: EngineConfig | None = None, precision: str | None = None):
         model = bundle.model
-        if precision not in ("full", "int8", "int4"):
+        if precision not in (None, "full", "int8", "int4"):
             raise ValueError(f"precision must be 'full', 'int8' or 'int4', got {precision!r}")
         cfg = (config or EngineConfig()).resolve(bundle.args.max_seq_len, model.device, model.dtype)
         self.config = cfg
@@ -208,7 +209,7 @@ class LLMEngine:
         self._seqs: dict[str, Sequence] = {}
         self._draining = False
         self.last_step_idle = True
-        if precision != self.precision:
+        if precision is not None and precision != self.precision:
             try:
                 self.request_precision(precision)    # no stepping thread yet: applied at once
             except torch.OutOfMemoryError as err:   # int4 refused: the full weights exceed its plan

@@ -54,3 +54,10 @@ def test_a_budget_only_int4_weights_fit_in_starts_int4_and_refuses_full():
 def test_an_unknown_start_precision_is_refused():
     with pytest.raises(ValueError, match="precision"):
         _engine(None, "int3")
+
+
+def test_no_start_precision_keeps_the_model_in_the_precision_it_is_in():
+    bundle = build_demo_model()
+    bundle.model.set_precision("int8")
+    assert LLMEngine(bundle, EngineConfig(**SMALL)).precision == "int8"
+    assert bundle.model.precision == "int8"
