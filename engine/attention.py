@@ -166,16 +166,20 @@ class AttentionMetadata:
                 logits_idx.append(start + new - 1)
             max_blocks = max(max_blocks, need)
         tables = [list(t[: (sl + block_size - 1) // block_size]) for (t, _, _, _), sl in zip(chunks, seq_lens)]
-        padded = [t + [0] * (max_blocks - len(t)) for t in tables]
         dev = torch.device(device)
-        meta = cls(
-            slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=dev),
-            query_start_loc=torch.tensor(qsl, dtype=torch.long, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.long, device=dev),
-            block_tables=torch.tensor(padded, dtype=torch.long, device=dev),
-            logits_indices=torch.tensor(logits_idx, dtype=torch.long, device=dev),
-            block_size=block_size,
-        )
+        # one host→device tensor for the five fields (views into it): a tensor per field cost
+        # a conversion call each, per step
+        flat = slot_mapping + qsl + seq_lens + logits_idx
+        for t in tables:
+            flat += t
+            flat += [0] * (max_blocks - len(t))
+        a = len(slot_mapping)
+        b = a + len(qsl)
+        c = b + len(seq_lens)
+        d = c + len(logits_idx)
+        buf = torch.tensor(flat, dtype=torch.long, device=dev)
+        meta = cls(slot_mapping=buf[:a], query_start_loc=buf[a:b], seq_lens=buf[b:c], logits_indices=buf[c:d],
+                   block_tables=buf[d:].view(len(tables), max_blocks), block_size=block_size)
         meta._derive(qsl, seq_lens, tables, block_size, dev)
         return meta
 

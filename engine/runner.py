@@ -151,9 +151,8 @@ class ModelRunner:
             dev = self.device
             meta = AttentionMetadata.build(chunks, self.block_size, dev)
             with torch.inference_mode():
-                logits = self.model(torch.tensor(ids, dtype=torch.long, device=dev),
-                                    torch.tensor(positions, dtype=torch.long, device=dev),
-                                    self.kv_cache, meta)
+                ids_pos = torch.tensor(ids + positions, dtype=torch.long, device=dev)   # one conversion
+                logits = self.model(ids_pos[:T], ids_pos[T:], self.kv_cache, meta)
                 prompt_lps = [(seq, c, self._score_prompt(logits[start:start + m], seq, c))
                               for seq, c, start, m in scored]
                 ver = [(seq, logits[start:start + m]) for seq, start, m in verify]
