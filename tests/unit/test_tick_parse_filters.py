@@ -129,3 +129,25 @@ def test_gpu_cleaning_keeps_or_drops_exactly_what_check_number_rejects(value):
             if value is not None and check(value).value is None]
     assert dropped == want
     assert (snap.power_watts is None) == (value is None or "power_watts" in want)
+
+
+def test_invalid_samples_warn_once_per_change_and_are_counted_every_poll(caplog):
+    import logging
+
+    import httpx
+
+    from inferctl.controller.engines.promtext import PromTextEngineClient
+
+    bodies = ['vllm:num_requests_running{model_name="m"} 1\nvllm:kv_cache_usage_perc{model_name="m"} -0.5\n...\n']
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, text=bodies[0]))
+    client = PromTextEngineClient("e", "http://engine", "vllm", transport=transport)
+    with caplog.at_level(logging.DEBUG, logger="inferctl.controller.engines.promtext"):
+        for i in range(3):
+            snap = client.poll(float(i))
+            assert snap.ok and snap.running == 1 and snap.kv_usage_ratio is None   # invalid: no data
+        bodies[0] = bodies[0].replace("-0.5", "1.5")                             # a different bad value
+        client.poll(3.0)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2 and "1.5" in warnings[1].getMessage()
+    assert client.invalid_samples_total == 8                                      # 2 per poll, 4 polls
+    client.close()
