@@ -85,18 +85,55 @@ class GGUFModel:
     name: str
 
 
+#: GGUF's fixed header: magic ``GGUF``, uint32 version, uint64 tensor count, uint64 metadata
+#: key/value count (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md, "File Structure").
+GGUF_MAGIC = b"GGUF"
+GGUF_HEADER_BYTES = 24
+#: The GGUF versions the ``gguf`` package reads (version 1 files were never widely written).
+GGUF_VERSIONS = (2, 3)
+
+
+def gguf_header_error(p: Path) -> str | None:
+    """Why ``p`` cannot be a GGUF file by its fixed header alone (empty, shorter than the
+    24-byte header, no ``GGUF`` magic, an unknown version), or None. Either byte order."""
+    size = p.stat().st_size
+    if size == 0:
+        return "the file is empty (0 bytes)"
+    with open(p, "rb") as f:
+        head = f.read(GGUF_HEADER_BYTES)
+    if head[:4] != GGUF_MAGIC:
+        return (f"not a GGUF file: it starts with {head[:4]!r}, not the GGUF magic {GGUF_MAGIC!r} "
+                "(a llama2.c .bin, a Hugging Face directory or a .gguf file is expected)")
+    if size < GGUF_HEADER_BYTES:
+        return f"truncated: the file is {size} bytes, shorter than the {GGUF_HEADER_BYTES}-byte GGUF header"
+    version = int.from_bytes(head[4:8], "little")
+    if version not in GGUF_VERSIONS and int.from_bytes(head[4:8], "big") not in GGUF_VERSIONS:
+        return f"GGUF version {version} is not supported (versions {', '.join(map(str, GGUF_VERSIONS))})"
+    return None
+
+
 def open_gguf(path: str | Path):
-    """A ``gguf.GGUFReader`` over ``path``. FileNotFoundError if missing, ValueError if the file
-    is not GGUF (bad magic, truncated) naming the path."""
+    """A ``gguf.GGUFReader`` over ``path``.
+
+    Raises FileNotFoundError if missing; ValueError naming the path and what is wrong when the
+    file is not GGUF (empty, no magic, unknown version: :func:`gguf_header_error`) or is
+    truncated or corrupt past its header (its metadata or tensor table points past the end of
+    the file or holds impossible values: the file size is given, the reader's own words follow).
+    """
     import gguf
 
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"GGUF file not found: {p}")
+    why = gguf_header_error(p)
+    if why is not None:
+        raise ValueError(f"{p}: {why}")
     try:
         return gguf.GGUFReader(str(p), "r")
-    except (ValueError, OSError, IndexError, KeyError) as e:
-        raise ValueError(f"{p}: cannot be read as a GGUF file: {e}") from e
+    except (ValueError, OSError, IndexError, KeyError, UnicodeDecodeError) as e:
+        raise ValueError(f"{p}: truncated or corrupt GGUF file ({p.stat().st_size} bytes): its metadata or tensor "
+                         f"table points past the end of the file or holds impossible values (gguf reader: "
+                         f"{type(e).__name__}: {e})") from e
 
 
 def read_metadata(reader) -> dict[str, Any]:
