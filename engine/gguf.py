@@ -86,7 +86,7 @@ class GGUFModel:
 
 
 #: GGUF's fixed header: magic ``GGUF``, uint32 version, uint64 tensor count, uint64 metadata
-#: key/value count (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md, "File Structure").
+#: key/value count (the GGUF specification, gguf.md of https://github.com/ggml-org/ggml, "File Structure").
 GGUF_MAGIC = b"GGUF"
 GGUF_HEADER_BYTES = 24
 #: The GGUF versions the ``gguf`` package reads (version 1 files were never widely written).
