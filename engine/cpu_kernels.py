@@ -54,7 +54,7 @@ log = logging.getLogger("inferctl.engine.cpu_kernels")
 ENV = "INFERCTL_CPU_KERNELS"
 #: Largest activation batch the GEMV kernels take (the C++ ``MAX_B``); larger batches are GEMMs
 #: and stay on torch's BLAS.
-MAX_BATCH = 4
+MAX_BATCH = 8
 SOURCE = Path(__file__).resolve().parent / "csrc" / "cpu_kernels.cpp"
 CFLAGS = ("-O3", "-march=native")
 

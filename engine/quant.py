@@ -13,7 +13,7 @@ with bf16 activations (see ``int8_matmul``); it falls back to dequantize-then-ma
 the kernel is missing or rejects the input. ``bench_int8_vs_full`` is the measurement that
 chose it.
 Where the engine's CPU kernels are built (engine.cpu_kernels), ``engine.model.Linear`` runs
-batches of up to 4 rows through their ``gemv_int8`` instead (fp32 activations, the same
+batches of up to 8 rows through their ``gemv_int8`` instead (fp32 activations, the same
 ``qweight``/``scales``); this module's product serves larger batches and the fallback.
 
 KV: per-token-per-head absmax, ``scale = max_d |x[d]| / 127`` over ``head_dim``.

@@ -47,3 +47,16 @@ def _root_logger_restored():
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cpu_kernels_built():
+    """Build the engine's CPU kernels (engine.cpu_kernels) once before any test, so the first-use
+    compile (~45 s on a cold cache) never lands inside a server's start-up deadline; a no-op
+    (cached load, ~1 s) afterwards, and a logged fallback where no compiler is there."""
+    import torch
+
+    from inferctl.engine import cpu_kernels
+
+    cpu_kernels.ops_for("cpu", torch.float32)
+    yield

@@ -7,7 +7,8 @@
 //
 // Each output row of a GEMV is a dot product over one contiguous row of W, so the weight is read
 // once, front to back, by each thread (the layout llama.cpp's ggml_vec_dot_f32 streams). Up to
-// MAX_B activation rows share each weight load. Threads: at::parallel_for over output rows
+// MAX_B activation rows share each weight row (in passes of 4 while the row sits in L1).
+// Threads: at::parallel_for over output rows
 // (respects torch.set_num_threads). AVX2+FMA intrinsics when the compiler targets them
 // (-march=native on such a CPU), a scalar loop otherwise. int8 weights are widened to fp32 in
 // registers (no bf16 anywhere). Inputs are checked by the Python wrapper; the C++ checks again
@@ -32,7 +33,7 @@
 
 namespace {
 
-constexpr int64_t MAX_B = 4;
+constexpr int64_t MAX_B = 8;
 constexpr int64_t GRAIN_ELEMS = 1 << 16;  // weights per parallel chunk: smaller work stays on one thread
 
 #if INFERCTL_AVX2
@@ -99,16 +100,27 @@ inline void row_dot(const float* x, int64_t ldx, const W* w, int64_t K, float* o
   }
 }
 
-template <int B, typename W>
-void gemv_rows(const float* x, int64_t K, const W* w, int64_t ldw, const float* scales,
+// Output rows [n0, n1) for all B activation rows, in groups of up to 4 per pass over a weight row
+// (the row, 1-2 KB, stays in L1 for the second group: the weight is read from memory once).
+template <typename W>
+void gemv_rows(const float* x, int64_t B, int64_t K, const W* w, int64_t ldw, const float* scales,
                float* y, int64_t N, int64_t n0, int64_t n1) {
-  float acc[B];
+  float acc[4];
   for (int64_t n = n0; n < n1; ++n) {
     const W* wr = w + n * ldw;
     if (n + 4 < n1) __builtin_prefetch(w + (n + 4) * ldw);
-    row_dot<B, W>(x, K, wr, K, acc);
     const float s = scales ? scales[n] : 1.f;
-    for (int b = 0; b < B; ++b) y[b * N + n] = scales ? acc[b] * s : acc[b];
+    for (int64_t b0 = 0; b0 < B; b0 += 4) {
+      const int64_t g = std::min<int64_t>(4, B - b0);
+      const float* xb = x + b0 * K;
+      switch (g) {
+        case 1: row_dot<1, W>(xb, K, wr, K, acc); break;
+        case 2: row_dot<2, W>(xb, K, wr, K, acc); break;
+        case 3: row_dot<3, W>(xb, K, wr, K, acc); break;
+        default: row_dot<4, W>(xb, K, wr, K, acc); break;
+      }
+      for (int64_t b = 0; b < g; ++b) y[(b0 + b) * N + n] = scales ? acc[b] * s : acc[b];
+    }
   }
 }
 
@@ -117,12 +129,7 @@ void gemv_dispatch(const float* x, int64_t B, int64_t K, const W* w, int64_t ldw
                    float* y, int64_t N) {
   const int64_t grain = std::max<int64_t>(16, GRAIN_ELEMS / std::max<int64_t>(K, 1));
   at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
-    switch (B) {
-      case 1: gemv_rows<1, W>(x, K, w, ldw, scales, y, N, n0, n1); break;
-      case 2: gemv_rows<2, W>(x, K, w, ldw, scales, y, N, n0, n1); break;
-      case 3: gemv_rows<3, W>(x, K, w, ldw, scales, y, N, n0, n1); break;
-      default: gemv_rows<4, W>(x, K, w, ldw, scales, y, N, n0, n1); break;
-    }
+    gemv_rows<W>(x, B, K, w, ldw, scales, y, N, n0, n1);
   });
 }
 

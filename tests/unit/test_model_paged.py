@@ -137,7 +137,7 @@ def test_int8_kv_cache_close_to_full(stories):
 
 
 def test_decode_step_is_batched_not_looped(stories):
-    """A decode step of 32 sequences runs the same number of torch ops as one of 8 (no per-token
+    """A decode step of 32 sequences runs the same number of torch ops as one of 16 (no per-token
     or per-sequence Python loop; B=1 differs only by layout copies that size-1 dims make free)."""
     from torch.profiler import profile
 
@@ -149,4 +149,5 @@ def test_decode_step_is_batched_not_looped(stories):
             h.step([(b, [400], False) for b in range(B)])
         return sum(e.count for e in prof.key_averages())
 
-    assert count_ops(32) == count_ops(8)
+    # 16 and 32 rows both take torch's GEMM (up to cpu_kernels.MAX_BATCH = 8 rows run the one-op CPU GEMV)
+    assert count_ops(32) == count_ops(16)
