@@ -145,5 +145,5 @@ def test_load_model_dispatch(stories_dir, tmp_path):
         load_model(str(other))
     bad = tmp_path / "model.gguf"
     bad.write_bytes(b"GGUF")
-    with pytest.raises(ValueError, match="model.gguf: cannot be read as a GGUF file"):
+    with pytest.raises(ValueError, match="model.gguf: truncated: the file is 4 bytes, shorter than the 24-byte"):
         load_model(str(bad))
