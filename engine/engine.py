@@ -47,10 +47,10 @@ from inferctl.engine import __version__
 from inferctl.engine.block_manager import BlockManager
 from inferctl.engine.commands import (AbortRequest, Command, CommandMailbox, InjectFault,
                                       SetDraining, SwitchPrecision)
-from inferctl.engine.config import ConfigError, EngineConfig
+from inferctl.engine.config import EngineConfig
 from inferctl.engine.detokenizer import IncrementalDetokenizer
 from inferctl.engine.faults import OomHandler, step_error_message
-from inferctl.engine.memory_plan import ActivationModel, plan_memory
+from inferctl.engine.memory_plan import ActivationModel, apply_start_precision, plan_memory, start_weights_bytes
 from inferctl.engine.oom import ERROR_OOM, classify_error
 from inferctl.engine.quality import score_output
 from inferctl.engine.runner import ModelRunner
@@ -125,24 +125,17 @@ class LLMEngine:
         bundle: a loaded ``ModelBundle`` (``engine.loader.load_model``); the engine uses its
             model on the device and in the dtype it was loaded with.
         config: :class:`EngineConfig`; ``None`` = defaults.
-        precision: the start precision ("full", "int8", "int4"), applied before the first
-            step; None (default) keeps the model's current precision. The memory plan counts
-            the weights of the start-only mode "int4"
-            (``weight_bytes_by_mode()["int4"]``), so its KV pool gets the blocks the budget
-            holds beside 4-bit weights; "int8" is planned from the full weights, which a switch
-            back to full needs again.
+        precision: "full", "int8" or "int4", applied before the first step (None: the model's
+            current one); see :func:`~inferctl.engine.memory_plan.start_weights_bytes`.
 
     Raises:
-        ConfigError: a setting conflicts with the model, the memory budget cannot hold
-            the weights, one KV block and the profiled step (the message gives the numbers),
-            or the int4 start precision cannot be applied (field ``precision``).
-        ValueError: an unknown ``precision``.
+        ConfigError: a setting conflicts with the model, the budget cannot hold the weights, one KV
+            block and the profiled step (the message gives the numbers), or int4 fails; ValueError.
     """
 
     def __init__(self, bundle, config: EngineConfig | None = None, precision: str | None = None):
         model = bundle.model
-        if precision not in (None, "full", "int8", "int4"):
-            raise ValueError(f"precision must be 'full', 'int8' or 'int4', got {precision!r}")
+        start_bytes = start_weights_bytes(model, precision)
         cfg = (config or EngineConfig()).resolve(bundle.args.max_seq_len, model.device, model.dtype)
         self.config = cfg
         if cfg.num_threads is not None:
@@ -176,9 +169,7 @@ class LLMEngine:
                                       if hasattr(model, "weight_bytes_by_mode") else {})
         self.acts = ActivationModel.of(self.args, model.dtype)
         draft = spec_decoder.build_draft(cfg.speculative_config, model)   # sized by the plan
-        start_only = precision == "int4" and self.precision != "int4"
-        plan = plan_memory(model, self.args, cfg, self.device, self.acts, draft,
-                           self._weight_bytes_by_mode.get("int4") if start_only else None)
+        plan = plan_memory(model, self.args, cfg, self.device, self.acts, draft, start_bytes)
         self.accountant = plan.accountant
         self.kv_cache = plan.kv_cache
         self.num_kv_blocks = plan.num_kv_blocks
@@ -209,14 +200,7 @@ class LLMEngine:
         self._seqs: dict[str, Sequence] = {}
         self._draining = False
         self.last_step_idle = True
-        if precision is not None and precision != self.precision:
-            try:
-                self.request_precision(precision)    # no stepping thread yet: applied at once
-            except torch.OutOfMemoryError as err:   # int4 refused: the full weights exceed its plan
-                self._precision_error = str(err)
-            if start_only and self.precision != "int4":
-                raise ConfigError("precision", f"the int4 start precision could not be applied: "
-                                               f"{self._precision_error}")
+        apply_start_precision(self, precision)
         self.prometheus.set_gauges(self._scheduler_stats())
 
     # ------------------------------------------------------------------ requests

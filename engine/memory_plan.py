@@ -103,6 +103,36 @@ class MemoryPlan:
 _ROUNDING_SLACK = 4 * 512
 
 
+def start_weights_bytes(model, precision: str | None) -> int | None:
+    """The weight bytes to plan the budget with when an engine starts ``model`` in ``precision``
+    ("full", "int8", "int4"; None = as loaded), for :func:`plan_memory`'s ``weights_bytes``.
+
+    Only the start-only mode "int4" differs from the loaded weights: its KV pool is planned beside
+    ``model.weight_bytes_by_mode()["int4"]``, not the fp32 weights it drops. "int8" is planned
+    from the full weights, which a switch back to full needs again. None = ``weight_bytes()``.
+    Raises ValueError for an unknown precision.
+    """
+    if precision not in (None, "full", "int8", "int4"):
+        raise ValueError(f"precision must be 'full', 'int8' or 'int4', got {precision!r}")
+    if precision != "int4" or getattr(model, "precision", "full") == "int4":
+        return None
+    return int(model.weight_bytes_by_mode()["int4"])
+
+
+def apply_start_precision(engine, precision: str | None) -> None:
+    """Switch a just-built engine (no stepping thread yet: the command applies at once) to its
+    start ``precision`` (None or the current one: nothing). Raises ConfigError (field
+    ``precision``) when "int4" could not be applied: its plan has no room for the fp32 weights."""
+    if precision is None or precision == engine.precision:
+        return
+    try:
+        engine.request_precision(precision)
+    except torch.OutOfMemoryError as err:   # int4 refused: re-accounting the full weights overflowed its plan
+        engine._precision_error = str(err)
+    if precision == "int4" != engine.precision:
+        raise ConfigError("precision", f"int4 could not be applied: {engine._precision_error}")
+
+
 def plan_memory(model, args, cfg, device: torch.device, acts: ActivationModel, draft=None,
                 weights_bytes: int | None = None) -> MemoryPlan:
     """Size the budget and the KV pool, allocate both through a new accountant.
