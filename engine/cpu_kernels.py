@@ -8,8 +8,8 @@ small ops that do not:
 
 - ``gemv_f32``  ``y[B, N] = x[B, K] @ W[N, K]ᵀ`` for ``B ≤ MAX_BATCH``: each output row is a dot
   product over one contiguous weight row (the ``[out, in]`` layout, chosen at load by
-  :class:`inferctl.engine.model.Linear` when the kernels are there), the layout llama.cpp's
-  ``ggml_vec_dot_f32`` streams;
+  :class:`inferctl.engine.model.Linear` when the kernels are there and the weight is under
+  :data:`GEMV_F32_MAX_BYTES`), the layout llama.cpp's ``ggml_vec_dot_f32`` streams;
 - ``gemv_int8`` the same over int8 weights ``[N, K_padded]`` with one fp32 scale per output row
   (engine.quant's per-channel absmax): weights widened to fp32 in registers, fp32 activations,
   ``y = scale · Σ q·x``;
@@ -55,6 +55,14 @@ ENV = "INFERCTL_CPU_KERNELS"
 #: Largest activation batch the GEMV kernels take (the C++ ``MAX_B``); larger batches are GEMMs
 #: and stay on torch's BLAS.
 MAX_BATCH = 8
+#: fp32 weights of this many bytes or more keep torch's ``[in, out]`` layout and its batch-1 kernel
+#: choice (engine.linear_kernels) instead of ``gemv_f32``: measured 2026-12-01 under load (memory
+#: bus saturated by other work), MKL read the DRAM-resident 384×32000 output layer (49 MB) at
+#: batch 1 in 2.7–2.9 ms of CPU vs 3.6–4.7 ms for ``gemv_f32``, and its GEMM on the ``[in, out]``
+#: layout ran 1.1× faster at 32–128 rows than on ``W.T``; the layer linears (≤ 3.1 MB, cache
+#: resident) were equal or faster through the GEMV. Same threshold as linear_kernels.MIN_BYTES.
+#: int8 weights take ``gemv_int8`` at any size (1.5× faster than the bf16 kernel on that layer).
+GEMV_F32_MAX_BYTES = 16 * 1024 * 1024
 SOURCE = Path(__file__).resolve().parent / "csrc" / "cpu_kernels.cpp"
 CFLAGS = ("-O3", "-march=native")
 

@@ -121,7 +121,8 @@ def canonical_weight_names(args: ModelArgs) -> dict[str, tuple[int, ...]]:
 class Linear(torch.nn.Module):
     """A bias-free linear with two storage modes, its weight layout chosen at load.
 
-    full, CPU float32 with the engine's CPU kernels built (``layout == "out_in"``, engine.cpu_kernels):
+    full, CPU float32, under ``cpu_kernels.GEMV_F32_MAX_BYTES``, with the engine's CPU kernels built
+    (``layout == "out_in"``, engine.cpu_kernels):
     ``weight`` [out, in] contiguous; batches of up to ``cpu_kernels.MAX_BATCH`` rows run the
     kernels' GEMV (one contiguous weight row per output), larger ones ``x @ weight.T`` (torch).
     full otherwise (``layout == "in_out"``): ``weight`` [in, out] contiguous, ``y = x @ weight``;
@@ -137,7 +138,8 @@ class Linear(torch.nn.Module):
     def __init__(self, w_out_in: torch.Tensor):
         super().__init__()
         self.ops = cpu_kernels.ops_for(w_out_in.device, w_out_in.dtype)
-        self.layout = "out_in" if self.ops is not None else "in_out"
+        small = w_out_in.numel() * w_out_in.element_size() < cpu_kernels.GEMV_F32_MAX_BYTES
+        self.layout = "out_in" if self.ops is not None and small else "in_out"
         self.weight: torch.Tensor | None = None
         self.weight_t = w_out_in.t()
         self.q: Int8Weight | None = None

@@ -165,3 +165,20 @@ def test_failed_build_falls_back_with_one_warning(monkeypatch, caplog):
         assert torch.equal(ck.rms_norm(None, gu, w, 1e-5), torch.nn.functional.rms_norm(gu, (6,), w, 1e-5))
     finally:
         ck.load_ops.cache_clear()            # the next caller loads the real (cached) build again
+
+
+@needs_ops
+def test_a_weight_over_the_gemv_limit_keeps_the_torch_layout_but_int8_still_uses_the_kernel(monkeypatch):
+    monkeypatch.setattr(ck, "GEMV_F32_MAX_BYTES", 64 * 32 * 4)   # a 64×32 fp32 weight is "big" now
+    w = torch.randn(64, 32, generator=_g(5))
+    big, small = Linear(w), Linear(w[:63].contiguous())
+    assert big.layout == "in_out" and big.weight.shape == (32, 64) and small.layout == "out_in"
+    x = torch.randn(1, 32, generator=_g(6))
+    torch.testing.assert_close(big(x), x @ w.t(), rtol=1e-5, atol=1e-4)
+    assert torch.equal(big.out_rows(torch.tensor([5])), w[[5]])
+    big.quantize_()
+    calls = []
+    real = ck.gemv_int8
+    monkeypatch.setattr(ck, "gemv_int8", lambda *a: calls.append(1) or real(*a))
+    big(x)
+    assert calls == [1]
