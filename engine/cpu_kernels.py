@@ -102,7 +102,7 @@ def load_ops() -> Any | None:
         return ops
     except Exception as exc:  # noqa: BLE001 — any build/load failure means "no kernels", never a crash
         log.warning("inferctl CPU kernels unavailable, using plain PyTorch ops (%s: %s)",
-                    type(exc).__name__, str(exc).strip().splitlines()[-1:] or "")
+                    type(exc).__name__, (str(exc).strip().splitlines() or [""])[-1])
         return None
 
 
