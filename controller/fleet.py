@@ -34,13 +34,16 @@ HELD_STATES = ("draining", "restarting", "starting", "resetting")
 
 @dataclass(frozen=True)
 class ReplicaView:
-    """One engine as the rails see it: its ``group`` (model), ``ready`` (routable now) and
-    ``busy`` (running + waiting > 0; None: the engine did not report its queue)."""
+    """One engine as the rails see it: its ``group`` (model), ``ready`` (routable now),
+    ``busy`` (running + waiting > 0; None: the engine did not report its queue) and ``held_out``
+    (already out of rotation: draining, or held by an action; a failed poll alone is not: a busy
+    engine whose poll timed out may still be serving through the router)."""
 
     name: str
     group: str
     ready: bool
     busy: bool | None
+    held_out: bool = False
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,9 @@ def rail_verdict(target: str, views: Mapping[str, ReplicaView], *, max_unavailab
     if not ready_others and me.busy is not False:
         work = "has requests in flight" if me.busy else "does not report its queue"
         return Verdict(False, f"{target} is the last ready replica of {me.group} and {work}", "last_ready")
-    if me.ready and len(out) + 1 > max_unavailable:
+    # taking out a replica already held out changes nothing; any other (ready, or with a failed
+    # poll but maybe still routed to) would be one more out
+    if not me.held_out and len(out) + 1 > max_unavailable:
         return Verdict(False, f"{len(out)} other replica(s) of {me.group} are out of rotation ({', '.join(out)});"
                               f" rails.max_unavailable is {max_unavailable}", "max_unavailable")
     return Verdict(True, f"{len(ready_others)} other ready replica(s) of {me.group}"
@@ -121,9 +126,10 @@ class FleetRail:
                 ok = bool(getattr(s, "ok", False))
                 running, waiting = getattr(s, "running", None), getattr(s, "waiting", None)
                 busy = None if running is None or waiting is None else (running + waiting) > 0
+                draining = getattr(s, "draining", None) is True
                 out[name] = ReplicaView(name, self._model.get(name, name),
-                                        ok and getattr(s, "draining", None) is not True and name not in held,
-                                        busy if ok else None)
+                                        ok and not draining and name not in held,
+                                        busy if ok else None, (ok and draining) or name in held)
             return out
 
     def try_hold(self, target: str, lifecycle: str, *, force: bool = False,
@@ -137,7 +143,7 @@ class FleetRail:
         views = self.views()
         if busy is not None and target in views:
             v = views[target]
-            views[target] = ReplicaView(v.name, v.group, v.ready, busy)
+            views[target] = ReplicaView(v.name, v.group, v.ready, busy, v.held_out)
         with self._lock:
             if target in self._held:
                 return Verdict(False, f"{target} is already held ({self._held[target]})", "held")

@@ -8,7 +8,14 @@ States (one instance per engine)::
 
     NORMAL ──fragmentation > threshold for hold_seconds, also while idle──▶ RESTARTING
       ▲          (refused, action None, while the last restart is < min_interval ago)   │
-      └──── engine answers with fragmentation ≤ threshold, or restart_timeout ──────────┘
+      └─ the action reports the restart done / not done (postponed by the rails, failed),
+         or the engine, seen down since, answers with fragmentation ≤ threshold, or
+         restart_timeout ──────────────────────────────────────────────────────────────┘
+
+A restart that was not done (the fleet rails postponed it, the drain timed out, the restart
+failed) does not count against ``min_interval_seconds``: the hold starts again and the policy
+may decide it again. A low sample alone never ends RESTARTING while the engine has not been
+seen down: a drained engine's idle allocator reads 0 % before it is restarted.
 
 The hold clock runs only while every sample is valid and above the threshold; a missing or
 invalid sample (reserved 0, allocated > reserved, NaN, engine down) resets it. A refusal is
@@ -54,6 +61,7 @@ TRANSITIONS: Mapping[tuple[FragmentationState, str], FragmentationState] = {
     (_F.NORMAL, "restart_decided"): _F.RESTARTING,
     (_F.RESTARTING, "restart_done"): _F.NORMAL,
     (_F.RESTARTING, "restart_timeout"): _F.NORMAL,
+    (_F.RESTARTING, "restart_not_done"): _F.NORMAL,
 }
 
 
@@ -108,6 +116,8 @@ class FragmentationPolicy(PerEnginePolicy):
         self._last_value: float | None = None
         self._last_now: float | None = None
         self._idle_confirmed: float | None = None   # when an idle sample was above, this hold
+        self._previous_restart: float | None = None  # the rate limit's clock before this restart
+        self._seen_down = False                      # the engine failed a poll since the decision
 
     @property
     def current(self) -> FragmentationState:
@@ -189,6 +199,8 @@ class FragmentationPolicy(PerEnginePolicy):
                             f"{self.config.min_interval_seconds:g} s (next allowed in "
                             f"{nxt - now:g} s)", inputs, "warning")
         self.check_transition(self._state, "restart_decided", FragmentationState.RESTARTING)
+        self._previous_restart = self._last_restart
+        self._seen_down = False
         self._last_restart = now
         self._refused_since_restart = False
         self._state = FragmentationState.RESTARTING
@@ -201,7 +213,9 @@ class FragmentationPolicy(PerEnginePolicy):
 
     def _watch_restart(self, now: float, engine: EngineSnapshot, sig: Any) -> list[Decision]:
         elapsed = 0.0 if self._last_restart is None else now - self._last_restart
-        if engine.ok and sig is not None and sig.value is not None \
+        if not engine.ok:
+            self._seen_down = True
+        if self._seen_down and engine.ok and sig is not None and sig.value is not None \
                 and sig.value <= self.config.threshold_ratio:
             return [self._back(now, f"engine answers with fragmentation {sig.value:.1%} <= "
                                     f"{self.config.threshold_ratio:.0%}: restart done",
@@ -218,9 +232,27 @@ class FragmentationPolicy(PerEnginePolicy):
                                severity="warning", event="restart_timeout")]
         return []
 
+    def record_action_result(self, now: float, action: str, ok: bool, detail: str = "") -> list[Decision]:
+        """How the ``drain_restart`` went (the loop's ``on_result``): done → NORMAL
+        (``restart_done``); not done (``ok`` False: postponed by the fleet rails, drain timed
+        out, restart failed) → NORMAL (``restart_not_done``, warning) with the rate limit's
+        clock put back, so the restart may be decided again after a new hold. Another action,
+        or no restart in progress: nothing."""
+        if action != "drain_restart" or self._state is not FragmentationState.RESTARTING:
+            return []
+        elapsed = 0.0 if self._last_restart is None else now - self._last_restart
+        if ok:
+            return [self._back(now, f"restart done: {detail}" if detail else "restart done",
+                               {"elapsed_seconds": elapsed}, event="restart_done")]
+        self._last_restart = self._previous_restart
+        return [self._back(now, f"restart not done ({detail or 'no detail'}); it does not count against"
+                                " the rate limit, watching again", {"elapsed_seconds": elapsed},
+                           severity="warning", event="restart_not_done")]
+
     def _back(self, now: float, reason: str, inputs: dict[str, Any],
               severity: str = "info", *, event: str) -> Decision:
-        """RESTARTING → NORMAL on ``event`` (``restart_done`` or ``restart_timeout``)."""
+        """RESTARTING → NORMAL on ``event`` (``restart_done``, ``restart_timeout`` or
+        ``restart_not_done``)."""
         self.check_transition(self._state, event, FragmentationState.NORMAL)
         self._state = FragmentationState.NORMAL
         self._since = now

@@ -46,7 +46,7 @@ def test_max_unavailable_counts_the_other_replicas_out():
 
 
 def test_a_replica_already_out_may_be_acted_on():
-    views = {"a": view("a", ready=False), "b": view("b", ready=False), "c": view("c")}
+    views = {"a": ReplicaView("a", "m", False, False, True), "b": view("b", ready=False), "c": view("c")}
     assert rail_verdict("a", views, max_unavailable=1).ok            # taking it out changes nothing
 
 
