@@ -1,8 +1,8 @@
 """The engine client interface: one snapshot per poll, whatever the engine.
 
 A client reaches its engine over HTTP only, with a timeout below the poll interval: the
-controller's polls go through ``poll_async(poller, now)`` on the shared event loop and aiohttp
-connection pool (:class:`~inferctl.controller.scrape.aio.AsyncPoller`); ``poll(now)`` is the same
+controller's polls go through ``poll_async(poller, now)`` on the shared event loop and its HTTP
+client (libcurl, else aiohttp) (:class:`~inferctl.controller.scrape.aio.AsyncPoller`); ``poll(now)`` is the same
 poll over a synchronous ``httpx.Client`` (tests with an httpx transport, one-off calls).
 ``poll``/``poll_async`` never raise: a refused connection, a timeout, a 5xx or an unreadable body is
 ``EngineSnapshot(ok=False, error=...)`` with every number ``None``. Admin calls (bundled engine
@@ -77,7 +77,7 @@ class EngineClient(abc.ABC):
         # the synchronous client (admin calls, and polls where ``supports_async`` is False) is
         # built on first use: an httpx.Client loads the CA bundle into an SSL context (~10 ms
         # of CPU), which at 1,024 engines made the controller's start cost seconds for clients
-        # most of which only ever poll through the shared aiohttp pool
+        # most of which only ever poll through the shared poller
         self._sync: httpx.Client | None = None
         self._sync_lock = threading.Lock()
         self._closed = False

@@ -4,8 +4,12 @@
 Why: a poll per engine in its own worker thread with its own ``httpx.Client`` costs about 2 ms
 of CPU per poll (thread hand-offs, httpx's sync machinery); 256 polls over loopback measured
 528 ms of CPU with that model, 4.9 s with httpx's ``AsyncClient`` on one loop, and 58 ms with
-aiohttp on one loop (``python -m bench.controller_tick``, docs/benchmarks.md "Controller"). So
-the polls use aiohttp (https://docs.aiohttp.org/en/stable/client_reference.html) on one loop.
+aiohttp on one loop (``python -m bench.controller_tick``, docs/benchmarks.md "Controller"). At
+1,024 engines aiohttp's own request handling was most of the tick (0.3–0.7 ms of CPU per GET), so
+the polls now go through libcurl (:mod:`.curl`, a ``pycurl.CurlMulti`` driven by this loop) where
+pycurl imports, else aiohttp (https://docs.aiohttp.org/en/stable/client_reference.html);
+:func:`poll_client` decides (``INFERCTL_POLL_CLIENT=aiohttp|curl`` overrides) and the poller logs
+its choice at start.
 
 Contracts kept from :mod:`inferctl.controller.scrape.http`: each call has one deadline for the
 whole answer (``asyncio.timeout(...)`` bounds connect, headers and body together)
@@ -18,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import logging
+import os
 import threading
 from typing import Any, Callable, Coroutine, TypeVar
 
@@ -30,6 +36,13 @@ try:   # pinned in pyproject (not on Windows): the loop's own cost per poll is l
     import uvloop
 except ImportError:  # pragma: no cover - Windows
     uvloop = None
+
+try:   # pinned in pyproject: the cheaper HTTP client per poll (docs/benchmarks.md "Controller")
+    from inferctl.controller.scrape.curl import CurlTransport
+except ImportError:  # pragma: no cover - no pycurl wheel for this platform
+    CurlTransport = None
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -46,23 +59,54 @@ class BodyTooLarge(Exception):
     """A response body (or its ``Content-Length``) over the caller's bound; read no further."""
 
 
-#: What a bounded call may raise: a transport error, the deadline, or a body over the bound.
+#: What a bounded call may raise: a transport error (aiohttp's, or libcurl's
+#: :class:`~inferctl.controller.scrape.curl.CurlTransportError`, an ``OSError``), the deadline,
+#: or a body over the bound.
 SCRAPE_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, BodyTooLarge, OSError, ValueError)
+
+#: The poll clients :class:`AsyncPoller` can use.
+POLL_CLIENTS = ("curl", "aiohttp")
+
+
+def poll_client(requested: str | None = None) -> str:
+    """The HTTP client of the polls: ``requested``, else env ``INFERCTL_POLL_CLIENT``, else
+    ``"curl"`` when pycurl imports, else ``"aiohttp"``.
+
+    Raises:
+        ValueError: a requested client not in :data:`POLL_CLIENTS`, or ``"curl"`` without pycurl.
+    """
+    choice = (requested or os.environ.get("INFERCTL_POLL_CLIENT", "")).strip().lower()
+    if not choice:
+        return "curl" if CurlTransport is not None else "aiohttp"
+    if choice not in POLL_CLIENTS:
+        raise ValueError(f"poll client {choice!r}: must be one of {', '.join(POLL_CLIENTS)}")
+    if choice == "curl" and CurlTransport is None:
+        raise ValueError("poll client 'curl': pycurl is not installed")
+    return choice
 
 
 class AsyncPoller:
     """An asyncio loop (uvloop's where installed: https://github.com/MagicStack/uvloop) in one
-    daemon thread with one ``aiohttp.ClientSession``.
+    daemon thread with one HTTP client: a libcurl multi handle or one ``aiohttp.ClientSession``
+    (``client``: ``"curl"``, ``"aiohttp"`` or None for :func:`poll_client`'s choice).
 
     ``submit(coro)`` schedules a coroutine on the loop from any thread and returns a
     ``concurrent.futures.Future``; :meth:`get` is the bounded GET the engine clients use;
     :meth:`close` stops the loop (idempotent). The session keeps one keep-alive connection per
-    engine (``limit=0``: no global cap; the number of engines bounds it).
+    engine (``limit=0``: no global cap; the number of engines bounds it); so does libcurl's
+    connection cache.
+
+    Raises:
+        ValueError: from :func:`poll_client`.
     """
 
-    def __init__(self, name: str = "poller") -> None:
+    def __init__(self, name: str = "poller", client: str | None = None) -> None:
+        self.client = poll_client(client)
         self._loop = uvloop.new_event_loop() if uvloop is not None else asyncio.new_event_loop()
         self._session: aiohttp.ClientSession | None = None
+        self._curl = CurlTransport(self._loop, BodyTooLarge) if self.client == "curl" else None
+        log.info("%s: engine polls through %s", name,
+                 f"libcurl ({CurlTransport.version()})" if self._curl is not None else f"aiohttp {aiohttp.__version__}")
         self._closed = False
         self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
         self._thread.start()
@@ -93,8 +137,10 @@ class AsyncPoller:
         Raises:
             asyncio.TimeoutError: past the deadline (a body still arriving included).
             BodyTooLarge: the body or its ``Content-Length`` is over ``max_bytes``.
-            aiohttp.ClientError: refused, reset, a malformed answer.
+            aiohttp.ClientError or CurlTransportError (an OSError): refused, reset, a malformed answer.
         """
+        if self._curl is not None:
+            return await self._curl.get(url, deadline_s=deadline_s, max_bytes=max_bytes, headers=headers)
         # one asyncio timer for the whole call (connect, headers, body) instead of aiohttp's
         # per-request ClientTimeout machinery (a timer context and handles per request)
         async with asyncio.timeout(deadline_s), self._session_now().get(url, headers=headers,
@@ -127,6 +173,8 @@ class AsyncPoller:
         self._closed = True
 
         async def _shutdown() -> None:
+            if self._curl is not None:
+                self._curl.close()
             if self._session is not None:
                 await self._session.close()
             for task in asyncio.all_tasks():

@@ -1,6 +1,6 @@
 """The engines' polls on one event loop (controller/scrape/aio.py, sources.AsyncSourceJob):
 every call keeps its own deadline and size bound, and a hanging, garbage or endless engine
-never holds back the others' readings."""
+never holds back the others' readings. Every test runs on both poll clients (libcurl, aiohttp)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from aiohttp import web
 
 from inferctl.controller.engines.bundled import BundledEngineClient
 from inferctl.controller.engines.promtext import PromTextEngineClient
-from inferctl.controller.scrape.aio import INLINE_PARSE_BYTES, AsyncPoller, BodyTooLarge
+from inferctl.controller.scrape.aio import (INLINE_PARSE_BYTES, SCRAPE_ERRORS, AsyncPoller, BodyTooLarge,
+                                           poll_client)
 from inferctl.controller.sources import AsyncSourceJob
-from tests.controller_helpers import FakeClock, make_controller
+from tests.controller_helpers import FAST_INTERVALS, FakeClock, make_controller
 
 STATS = {"engine": {"model": "m", "precision": "full", "draining": False},
          "memory": {"budget_bytes": 8_000_000, "allocated_bytes": 100, "reserved_bytes": 200},
@@ -71,6 +72,11 @@ class FakeFleet:
             return web.Response(body=b"{}", headers={"Content-Length": str(64 * 1024 ** 2)})
         if engine == "vllm":
             return web.Response(text=VLLM)
+        if engine == "echo":                  # the request's headers and the client's port (keep-alive)
+            peer = request.transport.get_extra_info("peername")[1]
+            return web.json_response({"headers": dict(request.headers), "peer": peer})
+        if engine == "redirect":
+            raise web.HTTPFound("/good/stats")
         if what == "metrics":
             return web.Response(status=404)
         return web.json_response(STATS)
@@ -91,6 +97,13 @@ class FakeFleet:
         self.thread.join(5)
 
 
+@pytest.fixture(params=["curl", "aiohttp"], autouse=True)
+def client_name(request, monkeypatch):
+    """Both transports: the env var reaches every AsyncPoller (the controller's included)."""
+    monkeypatch.setenv("INFERCTL_POLL_CLIENT", request.param)
+    return request.param
+
+
 @pytest.fixture(scope="module")
 def fleet():
     f = FakeFleet()
@@ -98,8 +111,9 @@ def fleet():
     f.close()
 
 
-def test_bounded_get_reads_the_body_and_enforces_size_and_deadline(fleet):
+def test_bounded_get_reads_the_body_and_enforces_size_and_deadline(fleet, client_name):
     poller = AsyncPoller()
+    assert poller.client == client_name
     try:
         status, body = poller.submit(poller.get(fleet.url("good") + "/stats", deadline_s=2.0)).result(5)
         assert status == 200 and json.loads(body)["scheduler"]["running"] == 3
@@ -121,11 +135,15 @@ def test_bounded_get_reads_the_body_and_enforces_size_and_deadline(fleet):
 
 def test_a_bad_engine_never_holds_back_the_others_readings(tmp_path, fleet):
     names = ["good", "hang", "garbage", "hugegarbage", "endless", "toolarge", "vllm"]
-    clients = {n: (PromTextEngineClient(n, fleet.url(n), "vllm", timeout_s=0.15) if n == "vllm"
-                   else BundledEngineClient(n, fleet.url(n), timeout_s=0.15)) for n in names}
+    # 0.6 s deadlines against a 0.1 s settle: a window wide enough for a loaded 2-core host
+    clients = {n: (PromTextEngineClient(n, fleet.url(n), "vllm", timeout_s=0.6) if n == "vllm"
+                   else BundledEngineClient(n, fleet.url(n), timeout_s=0.6)) for n in names}
     assert all(c.supports_async for c in clients.values())
     clock = FakeClock()
-    ctl, registry, log = make_controller(tmp_path, clients, clock=clock)
+    ctl, registry, log = make_controller(tmp_path, clients, clock=clock,
+                                         intervals={**FAST_INTERVALS, "engine_poll_seconds": 1.0,
+                                                    "gpu_poll_seconds": 1.0,
+                                                    "call_timeout_seconds": 0.6})
     try:
         assert all(isinstance(ctl._jobs[f"engine:{n}"], AsyncSourceJob) for n in names)
         seen_at_settle: dict[str, bool] = {}
@@ -140,8 +158,8 @@ def test_a_bad_engine_never_holds_back_the_others_readings(tmp_path, fleet):
         latest = ctl.state.latest
         assert latest["good"].ok and latest["good"].running == 3 and latest["good"].waiting == 1
         assert latest["vllm"].ok and latest["vllm"].running == 5 and latest["vllm"].kv_usage_ratio == 0.25
-        assert latest["hang"].ok is False and "timed out after 0.15 s" in latest["hang"].error
-        assert latest["endless"].ok is False and "timed out after 0.15 s" in latest["endless"].error
+        assert latest["hang"].ok is False and "timed out after 0.6 s" in latest["hang"].error
+        assert latest["endless"].ok is False and "timed out after 0.6 s" in latest["endless"].error
         assert latest["garbage"].ok is False and "not JSON" in latest["garbage"].error
         assert latest["hugegarbage"].ok is False and "not JSON" in latest["hugegarbage"].error
         assert latest["toolarge"].ok is False and "BodyTooLarge" in latest["toolarge"].error
@@ -204,3 +222,71 @@ def test_a_forced_poll_waits_for_the_call_in_flight_instead_of_failing(fleet):
         assert calls == [1.0, 3.0] and job.failures == 0 and job.polls == 2
     finally:
         poller.close()
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_errors_status_headers_redirects_and_keepalive(fleet):
+    poller = AsyncPoller()
+    run = lambda coro, t=5: poller.submit(coro).result(t)   # noqa: E731
+    try:
+        with pytest.raises(SCRAPE_ERRORS) as refused:          # nothing listens there
+            run(poller.get(f"http://127.0.0.1:{_free_port()}/stats", deadline_s=2.0))
+        assert not isinstance(refused.value, (asyncio.TimeoutError, BodyTooLarge))
+        assert run(poller.get(fleet.url("good") + "/metrics", deadline_s=2.0))[0] == 404
+        status, body = run(poller.get(fleet.url("redirect") + "/stats", deadline_s=2.0))
+        assert status == 302 and b"running" not in body            # redirects are not followed
+        peers = set()
+        for _ in range(4):
+            status, body = run(poller.get(fleet.url("echo") + "/stats", deadline_s=2.0,
+                                          headers={"Authorization": "Bearer k1"}))
+            seen = json.loads(body)
+            assert status == 200 and seen["headers"]["Authorization"] == "Bearer k1"
+            peers.add(seen["peer"])
+        assert len(peers) == 1                                      # one keep-alive connection
+
+        async def many() -> list:
+            return await asyncio.gather(*(poller.get(fleet.url("good") + "/stats", deadline_s=3.0)
+                                          for _ in range(50)))
+        assert [s for s, _ in run(many(), 10)] == [200] * 50
+    finally:
+        poller.close()
+
+
+def test_a_cancelled_call_stops_its_transfer_and_the_poller_keeps_working(fleet):
+    poller = AsyncPoller()
+    try:
+        async def cut_short() -> None:
+            async with asyncio.timeout(0.2):                 # the caller's timeout, shorter than the call's
+                await poller.get(fleet.url("endless") + "/stats", deadline_s=30.0)
+        t0 = time.monotonic()
+        with pytest.raises(asyncio.TimeoutError):
+            poller.submit(cut_short()).result(5)
+        assert time.monotonic() - t0 < 2.0
+        if poller.client == "curl":                          # nothing left in libcurl's multi handle
+            assert poller.submit(_curl_active(poller)).result(5) == 0
+        status, body = poller.submit(poller.get(fleet.url("good") + "/stats", deadline_s=2.0)).result(5)
+        assert status == 200 and json.loads(body)["scheduler"]["waiting"] == 1
+    finally:
+        poller.close()
+    with pytest.raises(RuntimeError):
+        poller.submit(poller.get(fleet.url("good") + "/stats", deadline_s=2.0))
+
+
+async def _curl_active(poller: AsyncPoller) -> int:
+    return len(poller._curl._active)
+
+
+def test_poll_client_choice(monkeypatch):
+    monkeypatch.delenv("INFERCTL_POLL_CLIENT", raising=False)
+    assert poll_client() == "curl"                          # pycurl is pinned and installed
+    assert poll_client("aiohttp") == "aiohttp"
+    monkeypatch.setenv("INFERCTL_POLL_CLIENT", "aiohttp")
+    assert poll_client() == "aiohttp"
+    with pytest.raises(ValueError, match="must be one of curl, aiohttp"):
+        poll_client("requests")

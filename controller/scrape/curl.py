@@ -1,0 +1,230 @@
+"""The controller's polls through libcurl (https://curl.se/libcurl/, via pycurl
+http://pycurl.io/docs/latest/curlmultiobject.html), driven by the poller's asyncio loop.
+
+Why: at 1,024 engines a tick makes ~1,536 GETs; aiohttp's request handling cost 0.3–0.7 ms of
+CPU per GET on this host, libcurl's ~0.12 ms (same fake fleet, same run; docs/benchmarks.md
+"Controller"). The HTTP work is libcurl's; this module only hooks one ``CurlMulti`` to the loop
+with the standard ``multi_socket_action`` pattern (https://curl.se/libcurl/c/hiperfifo.html):
+``CURLMOPT_SOCKETFUNCTION`` -> ``loop.add_reader/add_writer``, ``CURLMOPT_TIMERFUNCTION`` ->
+``loop.call_later``, and each ready socket or expired timer -> ``socket_action``.
+
+Contract (the same as :meth:`inferctl.controller.scrape.aio.AsyncPoller.get`): one deadline for
+the whole call (``CURLOPT_TIMEOUT_MS``: connect, headers and body), at most ``max_bytes`` of
+DECODED body (``CURLOPT_MAXFILESIZE_LARGE`` for a declared ``Content-Length``, the write callback
+for what arrives: it returns 0 past the bound, which aborts the transfer), redirects not followed,
+HTTP/1.1, no proxy from the environment. Easy handles are reused per (URL, headers) and the
+multi handle's connection cache keeps one keep-alive connection per engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pycurl
+
+try:   # httpx depends on certifi: the CA bundle for https engines (libcurl's built-in path may not exist)
+    import certifi
+except ImportError:  # pragma: no cover
+    certifi = None
+
+
+class CurlTransportError(OSError):
+    """A transport error reported by libcurl (refused, reset, malformed answer...): ``code`` is
+    libcurl's ``CURLcode`` (https://curl.se/libcurl/c/libcurl-errors.html)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        self.code = code
+        super().__init__(f"curl error {code}: {message}")
+
+
+#: Idle easy handles kept per (URL, headers); more concurrent calls to one URL make more.
+_IDLE_PER_KEY = 2
+
+
+class _Call:
+    """One call in flight: its future, the body read so far and the size bound."""
+
+    __slots__ = ("future", "chunks", "size", "max_bytes", "too_large", "key")
+
+    def __init__(self, future: asyncio.Future, max_bytes: int, key: tuple) -> None:
+        self.future = future
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.max_bytes = max_bytes
+        self.too_large = False
+        self.key = key
+
+    def write(self, data: bytes) -> int | None:
+        """libcurl's write callback (decoded bytes): returning 0 aborts with CURLE_WRITE_ERROR."""
+        self.size += len(data)
+        if self.size > self.max_bytes:
+            self.too_large = True
+            return 0
+        self.chunks.append(data)
+        return None
+
+
+class CurlTransport:
+    """A ``pycurl.CurlMulti`` driven by ``loop``. Every method runs on the loop's thread.
+
+    :meth:`get` -> ``(status, body)``; :meth:`close` removes every watch and frees libcurl's
+    handles (idempotent). ``too_large`` is the exception class raised for a body over the bound.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, too_large: type[Exception]) -> None:
+        self._loop = loop
+        self._too_large = too_large
+        self._multi = pycurl.CurlMulti()
+        self._multi.setopt(pycurl.M_SOCKETFUNCTION, self._on_socket)
+        self._multi.setopt(pycurl.M_TIMERFUNCTION, self._on_timer)
+        self._watch: dict[int, int] = {}          # fd -> POLL_IN | POLL_OUT bits watched on the loop
+        self._timer: asyncio.Handle | None = None
+        self._active: dict[Any, _Call] = {}        # easy handle -> its call
+        self._idle: dict[tuple, list[Any]] = {}    # (url, headers) -> idle easy handles
+        self._closed = False
+
+    @staticmethod
+    def version() -> str:
+        """libcurl's version string (``pycurl.version``), for the start log line."""
+        return pycurl.version
+
+    # libcurl -> loop ------------------------------------------------------------------------
+    def _on_socket(self, what: int, fd: int, multi: Any, socketp: Any) -> None:
+        old = self._watch.get(fd, 0)
+        new = 0 if what == pycurl.POLL_REMOVE else what
+        loop = self._loop
+        if old & pycurl.POLL_IN and not new & pycurl.POLL_IN:
+            loop.remove_reader(fd)
+        if old & pycurl.POLL_OUT and not new & pycurl.POLL_OUT:
+            loop.remove_writer(fd)
+        if new & pycurl.POLL_IN and not old & pycurl.POLL_IN:
+            loop.add_reader(fd, self._action, fd, pycurl.CSELECT_IN)
+        if new & pycurl.POLL_OUT and not old & pycurl.POLL_OUT:
+            loop.add_writer(fd, self._action, fd, pycurl.CSELECT_OUT)
+        if new:
+            self._watch[fd] = new
+        else:
+            self._watch.pop(fd, None)
+
+    def _on_timer(self, timeout_ms: int) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if timeout_ms >= 0:   # -1: no timeout wanted; never call socket_action from inside this callback
+            self._timer = self._loop.call_later(timeout_ms / 1000.0, self._action, pycurl.SOCKET_TIMEOUT, 0)
+
+    def _action(self, fd: int, event: int) -> None:
+        if self._closed:
+            return
+        if fd == pycurl.SOCKET_TIMEOUT:
+            self._timer = None
+        while True:
+            ret, _running = self._multi.socket_action(fd, event)
+            if ret != pycurl.E_CALL_MULTI_PERFORM:
+                break
+        self._finish_done()
+
+    def _finish_done(self) -> None:
+        while True:
+            queued, ok, failed = self._multi.info_read()
+            for handle in ok:
+                self._complete(handle, 0, "")
+            for handle, code, message in failed:
+                self._complete(handle, code, message)
+            if not queued:
+                break
+
+    def _complete(self, handle: Any, code: int, message: str) -> None:
+        call = self._active.pop(handle, None)
+        self._multi.remove_handle(handle)
+        if call is None:
+            handle.close()
+            return
+        if call.future.done():          # cancelled meanwhile
+            handle.close()
+            return
+        if code == 0:
+            call.future.set_result((handle.getinfo(pycurl.RESPONSE_CODE), b"".join(call.chunks)))
+        elif call.too_large or code == pycurl.E_FILESIZE_EXCEEDED:
+            call.future.set_exception(self._too_large(f"body larger than {call.max_bytes} bytes"))
+        elif code == pycurl.E_OPERATION_TIMEDOUT:
+            call.future.set_exception(asyncio.TimeoutError())   # empty: describe_error says "timed out after"
+        else:
+            call.future.set_exception(CurlTransportError(code, message))
+        call.chunks = []
+        pool = self._idle.setdefault(call.key, [])
+        if code == 0 and len(pool) < _IDLE_PER_KEY:
+            pool.append(handle)
+        else:
+            handle.close()
+
+    # the call -------------------------------------------------------------------------------
+    def _new_handle(self, url: str, headers: dict[str, str] | None) -> Any:
+        c = pycurl.Curl()
+        c.setopt(pycurl.URL, url)
+        c.setopt(pycurl.NOSIGNAL, 1)
+        c.setopt(pycurl.FOLLOWLOCATION, 0)
+        c.setopt(pycurl.HTTP_VERSION, pycurl.CURL_HTTP_VERSION_1_1)
+        c.setopt(pycurl.ACCEPT_ENCODING, "")    # every encoding libcurl decodes; the bound counts decoded bytes
+        c.setopt(pycurl.PROXY, "")             # no proxy from http_proxy & co (as aiohttp's default)
+        if certifi is not None and url.startswith("https://"):
+            c.setopt(pycurl.CAINFO, certifi.where())
+        if headers:
+            c.setopt(pycurl.HTTPHEADER, [f"{k}: {v}" for k, v in headers.items()])
+        return c
+
+    async def get(self, url: str, *, deadline_s: float, max_bytes: int,
+                  headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+        """``GET url`` -> ``(status, body)`` within ``deadline_s`` seconds in all.
+
+        Raises:
+            asyncio.TimeoutError: past the deadline (a body still arriving included).
+            too_large (the class given at construction): the body or its ``Content-Length`` is
+                over ``max_bytes`` (decoded bytes).
+            CurlTransportError: refused, reset, a malformed answer (an ``OSError``).
+            RuntimeError: the transport is closed.
+        """
+        if self._closed:
+            raise RuntimeError("the curl transport is closed")
+        key = (url, tuple(headers.items()) if headers else ())
+        pool = self._idle.get(key)
+        handle = pool.pop() if pool else self._new_handle(url, headers)
+        call = _Call(self._loop.create_future(), max_bytes, key)
+        handle.setopt(pycurl.WRITEFUNCTION, call.write)
+        handle.setopt(pycurl.TIMEOUT_MS, max(1, int(deadline_s * 1000)))
+        handle.setopt(pycurl.MAXFILESIZE_LARGE, max_bytes)
+        self._active[handle] = call
+        self._multi.add_handle(handle)   # libcurl asks for a 0 ms timer: the transfer starts on the loop
+        try:
+            return await call.future
+        except asyncio.CancelledError:   # a caller's own timeout: stop the transfer, drop its connection
+            if self._active.pop(handle, None) is not None:
+                self._multi.remove_handle(handle)
+                handle.close()
+            raise
+
+    def close(self) -> None:
+        """Fail the calls in flight, stop watching libcurl's sockets, free the handles."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        for handle, call in list(self._active.items()):
+            self._multi.remove_handle(handle)
+            handle.close()
+            if not call.future.done():
+                call.future.set_exception(RuntimeError("the curl transport is closed"))
+        self._active.clear()
+        for fd, bits in list(self._watch.items()):
+            if bits & pycurl.POLL_IN:
+                self._loop.remove_reader(fd)
+            if bits & pycurl.POLL_OUT:
+                self._loop.remove_writer(fd)
+        self._watch.clear()
+        for pool in self._idle.values():
+            for handle in pool:
+                handle.close()
+        self._idle.clear()
+        self._multi.close()
