@@ -89,16 +89,18 @@ class StatusBuilder:
     def _lifecycle(self, name: str, snap: EngineSnapshot | None, sup: Any) -> dict:
         """``lifecycle`` (a launched engine's: ``starting``, ``running``, ``stopped``, ``down``, or
         the hold of a rolling action: ``draining``, ``restarting``, ``resetting``; None when not
-        launched here) and ``routable`` (False when that, a failed poll, a drain or the GPU's
-        routing verdict keeps traffic away; None before the first poll). The router started with
-        ``--controller`` reads both (router/probe.py)."""
+        launched here) and ``routable`` (False when that, a drain the engine reports or the GPU's
+        routing verdict keeps traffic away; None before the first poll and while the last poll
+        failed: a poll that timed out on a busy engine is "no data", not a reason to take a
+        serving replica out of rotation — the router's own ``/ready`` probe judges whether a
+        replica answers). The router started with ``--controller`` reads both (router/probe.py)."""
         lifecycle = getattr(sup, "lifecycle", None) if sup is not None else None
         if lifecycle not in (None, "running") or not self._routing(name)["ready"]:
             routable: bool | None = False
-        elif snap is None:
+        elif snap is None or not snap.ok:
             routable = None
         else:
-            routable = bool(snap.ok) and snap.draining is not True
+            routable = snap.draining is not True
         return {"lifecycle": lifecycle, "routable": routable}
 
     def _routing(self, name: str) -> dict:

@@ -194,7 +194,10 @@ def test_attempts_are_capped_by_the_other_replicas():
 def test_controller_block_reasons():
     assert controller_block({"up": True, "draining": False}) is None
     assert controller_block({"up": True, "draining": True}) == "draining"
-    assert controller_block({"up": False}) == "down"
+    # a failed controller poll alone is no block (the router's own /ready probe judges liveness)
+    assert controller_block({"up": False}) is None
+    assert controller_block({"up": False, "routable": None, "lifecycle": "running"}) is None
+    assert controller_block({"lifecycle": "down"}) == "down"
     assert controller_block({"state": "isolated"}) == "isolated"
     assert controller_block({"lifecycle": "restarting", "draining": False}) == "restarting"
     assert controller_block({"routable": False}) == "not_routable"
