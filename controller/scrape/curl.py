@@ -40,6 +40,10 @@ class CurlTransportError(OSError):
 
 #: Idle easy handles kept per (URL, headers); more concurrent calls to one URL make more.
 _IDLE_PER_KEY = 2
+#: Size of libcurl's connection cache (``CURLMOPT_MAXCONNECTS``). Its default is 4 × the easy
+#: handles in flight (64 polls at once: 256), so at 1,024 engines connections were evicted and
+#: re-opened every tick; one keep-alive connection per engine needs one slot per engine.
+MAX_CONNECTIONS = 16384
 
 
 class _Call:
@@ -78,6 +82,7 @@ class CurlTransport:
         self._multi = pycurl.CurlMulti()
         self._multi.setopt(pycurl.M_SOCKETFUNCTION, self._on_socket)
         self._multi.setopt(pycurl.M_TIMERFUNCTION, self._on_timer)
+        self._multi.setopt(pycurl.M_MAXCONNECTS, MAX_CONNECTIONS)
         self._watch: dict[int, int] = {}          # fd -> POLL_IN | POLL_OUT bits watched on the loop
         self._timer: asyncio.Handle | None = None
         self._active: dict[Any, _Call] = {}        # easy handle -> its call
