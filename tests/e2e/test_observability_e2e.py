@@ -47,6 +47,10 @@ HOLD_SECONDS = 12.0
 WINDOW = "5s"      # stands in for Grafana's $__rate_interval / $__interval (4 x the 1 s scrape, + 1 s)
 STEP = 2.0         # range-query step, as a panel ~60 points wide over the scenario would use
 
+#: Why a latency panel's '≥ top bucket' query and the draft panels are empty here (several panels each).
+TOP_BUCKET_ONLY = "the P99 line '≥ top bucket' shows only when P99 lies above the 600 s bucket"
+NO_DRAFTS = "the scenario's engine runs without --speculative-config: nothing is drafted"
+
 #: Queries that are legitimately empty in this scenario (CPU, simulated GPU, no light model,
 #: no restarts/resets/Xids, no pause, no router rejection or retry): (dashboard uid, panel title, refId) -> why.
 EMPTY_IN_SCENARIO: dict[tuple[str, str, str], str] = {
@@ -78,9 +82,9 @@ EMPTY_IN_SCENARIO: dict[tuple[str, str, str], str] = {
     ("inferctl-service", "End-to-end latency P50 / P90 / P99", "D"):
         "the P99 line '≥ top bucket' shows only when P99 lies above the 600 s bucket; stories260K answers in < 5 s",
     ("inferctl-service", "Time to first token P50 / P90 / P99", "D"):
-        "the P99 line '≥ top bucket' shows only when P99 lies above the 600 s bucket",
+        TOP_BUCKET_ONLY,
     ("inferctl-service", "Inter-token latency P50 / P90 / P99", "D"):
-        "the P99 line '≥ top bucket' shows only when P99 lies above the 600 s bucket",
+        TOP_BUCKET_ONLY,
     ("inferctl-router", "Requests answered by the router", "A"):
         "every request is valid and the one replica stays routable: the router rejects none",
     ("inferctl-router", "Retries per second", "A"): "the one replica never refuses or fails, so nothing is retried",
@@ -88,15 +92,15 @@ EMPTY_IN_SCENARIO: dict[tuple[str, str, str], str] = {
         "no stream is cut after its first byte (the OOM re-queues the batch)",
     ("inferctl-router", "Streams cut and client disconnects", "B"): "the test's client reads every answer to its end",
     ("inferctl-service", "Request queue time P50 / P90 / P99", "D"):
-        "the P99 line '≥ top bucket' shows only when P99 lies above the 600 s bucket",
+        TOP_BUCKET_ONLY,
     ("inferctl-service", "Request prefill time P50 / P90 / P99", "D"):
-        "the P99 line '≥ top bucket' shows only when P99 lies above the 600 s bucket",
+        TOP_BUCKET_ONLY,
     ("inferctl-service", "Request decode time P50 / P90 / P99", "D"):
-        "the P99 line '≥ top bucket' shows only when P99 lies above the 600 s bucket",
+        TOP_BUCKET_ONLY,
     ("inferctl-model-health", "Draft acceptance rate", "A"):
-        "the scenario's engine runs without --speculative-config: nothing is drafted",
+        NO_DRAFTS,
     ("inferctl-model-health", "Acceptance by draft position", "A"):
-        "the scenario's engine runs without --speculative-config: nothing is drafted",
+        NO_DRAFTS,
     ("inferctl-router", "Rate limited (429) per second", "A"):
         "the scenario's router has no rate limits (no --config), so nothing is limited",
 }
