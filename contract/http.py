@@ -24,6 +24,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import secrets
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal, Protocol
@@ -135,8 +136,17 @@ def check_bearer(authorization: str | None, expected: str) -> None:
 
 
 #: Shortest admin token accepted (characters). 16 URL-safe characters carry ~96 random bits;
-#: ``inferctl up`` generates 32 (``secrets.token_urlsafe(24)``, 192 bits).
+#: ``inferctl up`` generates 48 hex characters (:func:`generate_admin_token`, 192 bits).
 MIN_ADMIN_TOKEN_CHARS = 16
+#: random bytes in a generated admin token (192 bits)
+ADMIN_TOKEN_BYTES = 24
+
+
+def generate_admin_token() -> str:
+    """A fresh admin token that passes :func:`check_admin_token`: ``secrets.token_hex(24)``,
+    48 lowercase hex characters (192 bits). Hex, not ``token_urlsafe``: a URL-safe token starts
+    with ``-`` one time in 64 and would be refused as a swallowed flag."""
+    return secrets.token_hex(ADMIN_TOKEN_BYTES)
 
 
 def check_admin_token(token: str, source: str) -> str:
@@ -153,7 +163,7 @@ def check_admin_token(token: str, source: str) -> str:
     if len(token) < MIN_ADMIN_TOKEN_CHARS:
         raise ValueError(f"{source}: the admin token is {len(token)} characters; at least "
                          f"{MIN_ADMIN_TOKEN_CHARS} are required (generate one: "
-                         "python3 -c 'import secrets; print(secrets.token_urlsafe(24))')")
+                         "python3 -c 'import secrets; print(secrets.token_hex(24))')")
     if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in token):
         raise ValueError(f"{source}: the admin token holds whitespace or control characters")
     return token

@@ -16,7 +16,6 @@ never imports the engine or the router: they run as ``python -m inferctl engine 
 
 from __future__ import annotations
 
-import secrets
 import signal
 import socket
 import sys
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from inferctl.contract.http import generate_admin_token
 from inferctl.controller.actions import Actions, EngineSupervisor, engine_serve_argv
 from inferctl.controller.api import create_app
 from inferctl.controller.config_launch import launch_env
@@ -39,14 +39,13 @@ from inferctl.controller.reset import GpuResetter
 from inferctl.controller.router_watch import RouterWatch
 from inferctl.controller.supervisor import find_owned, owner_key
 
-TOKEN_BYTES = 24   # secrets.token_urlsafe(24): 32 characters, 192 bits
 #: where ``inferctl up --replicas N`` (N > 1) puts the router (``--router-port``)
 DEFAULT_ROUTER_PORT = 8080
 
 
 def generate_token() -> str:
-    """A fresh admin token (URL-safe, 192 random bits from ``secrets``)."""
-    return secrets.token_urlsafe(TOKEN_BYTES)
+    """A fresh admin token: :func:`inferctl.contract.http.generate_admin_token` (192 bits, hex)."""
+    return generate_admin_token()
 
 
 def describe_exit(code: int | None) -> str:

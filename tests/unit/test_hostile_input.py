@@ -185,10 +185,12 @@ def test_token_file_is_read_and_stripped(tmp_path):
 def test_up_generates_a_token_that_passes_the_rules():
     from inferctl.controller.up import generate_token
 
-    tokens = {generate_token() for _ in range(5)}
-    assert len(tokens) == 5
+    # 2,000 tokens: a URL-safe generator starts one in 64 with '-' (a CI run hit it), so the old
+    # generator fails here with probability 1 - (63/64)**2000 (all but certain)
+    tokens = {generate_token() for _ in range(2000)}
+    assert len(tokens) == 2000
     for t in tokens:
-        assert len(t) >= 32 and check_admin_token(t, "generated") == t
+        assert len(t) == 48 and check_admin_token(t, "generated") == t
 
 
 # ------------------------------------------------------------------ aborts are not successes

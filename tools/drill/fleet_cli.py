@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import secrets
 import sys
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from inferctl.contract.http import generate_admin_token
 from inferctl.tools.drill.config import DrillError
 
 DEFAULT_MODEL = "../shared/models/stories260K/stories260K.bin"
@@ -49,7 +49,7 @@ def register(drill_app: Any) -> None:
         stack = None
         try:
             say(f"starting inferctl up --replicas {replicas} (model {model}; log {workdir})")
-            stack = start_fleet(str(model), replicas, workdir, engine_arg or ENGINE_ARGS, secrets.token_urlsafe(24))
+            stack = start_fleet(str(model), replicas, workdir, engine_arg or ENGINE_ARGS, generate_admin_token())
             say(f"router {stack.router_url}, controller {stack.controller_url}; {clients} clients")
             result = run_fleet_drill(stack.router_url, stack.controller_url, stack.token, replicas=replicas,
                                      clients=clients, phase_seconds=phase_seconds, max_tokens=max_tokens, log=say)

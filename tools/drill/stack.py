@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import signal
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inferctl.contract.http import generate_admin_token
 from inferctl.tools.drill.config import STORIES_BUDGET, STORIES_ENGINE_ARGS, DrillError
 
 
@@ -84,7 +84,7 @@ def start_stack(config: dict, workdir: Path, timeout: float = 150.0) -> Stack:
     workdir.mkdir(parents=True, exist_ok=True)
     cfg_path = workdir / "drill-stack.yaml"
     cfg_path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    token = secrets.token_urlsafe(24)
+    token = generate_admin_token()
     log = workdir / "inferctl-up.log"
     env = {**os.environ, "INFERCTL_ADMIN_TOKEN": token}
     env.setdefault("OMP_NUM_THREADS", "1")
