@@ -55,12 +55,12 @@ ENV = "INFERCTL_CPU_KERNELS"
 #: Largest activation batch the GEMV kernels take (the C++ ``MAX_B``); larger batches are GEMMs
 #: and stay on torch's BLAS.
 MAX_BATCH = 8
-#: fp32 weights of this many bytes or more keep torch's ``[in, out]`` layout and its batch-1 kernel
-#: choice (engine.linear_kernels) instead of ``gemv_f32``: measured 2026-12-01 under load (memory
+#: fp32 weights of this many bytes or more keep torch's ``[in, out]`` layout and kernel (MKL, on
+#: torch's own thread pool) instead of ``gemv_f32``: measured 2026-12-01 under load (memory
 #: bus saturated by other work), MKL read the DRAM-resident 384×32000 output layer (49 MB) at
 #: batch 1 in 2.7–2.9 ms of CPU vs 3.6–4.7 ms for ``gemv_f32``, and its GEMM on the ``[in, out]``
 #: layout ran 1.1× faster at 32–128 rows than on ``W.T``; the layer linears (≤ 3.1 MB, cache
-#: resident) were equal or faster through the GEMV. Same threshold as linear_kernels.MIN_BYTES.
+#: resident) were equal or faster through the GEMV.
 #: int8 weights take ``gemv_int8`` at any size (1.5× faster than the bf16 kernel on that layer).
 GEMV_F32_MAX_BYTES = 16 * 1024 * 1024
 SOURCE = Path(__file__).resolve().parent / "csrc" / "cpu_kernels.cpp"
@@ -114,10 +114,12 @@ def ops_for(device: torch.device | str, dtype: torch.dtype) -> Any | None:
     return load_ops()
 
 
-def gemv_eligible(x: torch.Tensor) -> bool:
-    """Whether ``x`` can feed the GEMV kernels: float32 CPU [B ≤ MAX_BATCH, K], contiguous, no grad."""
-    return (x.dim() == 2 and x.shape[0] <= MAX_BATCH and x.dtype == torch.float32 and x.device.type == "cpu"
-            and x.is_contiguous() and not x.requires_grad)
+def eligible(x: torch.Tensor, max_rows: int | None = None) -> bool:
+    """Whether ``x`` can feed a kernel: a contiguous 2-D float32 CPU tensor without grad, with at
+    most ``max_rows`` rows when given (the GEMVs pass :data:`MAX_BATCH`). The one predicate every
+    op's caller uses (the C++ TORCH_CHECKs the same)."""
+    return (x.dim() == 2 and x.dtype == torch.float32 and x.device.type == "cpu" and x.is_contiguous()
+            and not x.requires_grad and (max_rows is None or x.shape[0] <= max_rows))
 
 
 def gemv_f32(ops: Any, x: torch.Tensor, w_out_in: torch.Tensor) -> torch.Tensor:
@@ -137,7 +139,7 @@ def gemv_int8(ops: Any, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Te
 def rms_norm(ops: Any | None, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim of ``x`` [T, D] with ``weight`` [D]: the kernel when ``ops`` is
     given and ``x`` is a contiguous 2-D float32 CPU tensor, else ``F.rms_norm`` (same formula)."""
-    if ops is not None and x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous() and not x.requires_grad:
+    if ops is not None and eligible(x):
         return ops.rms_norm(x, weight, eps)
     return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
 
@@ -145,7 +147,7 @@ def rms_norm(ops: Any | None, x: torch.Tensor, weight: torch.Tensor, eps: float)
 def silu_mul(ops: Any | None, gu: torch.Tensor) -> torch.Tensor:
     """``silu(gu[:, :H]) · gu[:, H:]`` for ``gu`` [T, 2H] → [T, H]: the kernel when ``ops`` is given
     and ``gu`` is a contiguous 2-D float32 CPU tensor, else three torch ops."""
-    if ops is not None and gu.dim() == 2 and gu.dtype == torch.float32 and gu.is_contiguous() and not gu.requires_grad:
+    if ops is not None and eligible(gu):
         return ops.silu_mul(gu)
     h = gu.shape[-1] // 2
     return torch.nn.functional.silu(gu[..., :h]) * gu[..., h:]

@@ -32,7 +32,6 @@ import torch
 
 from inferctl.engine import cpu_kernels
 from inferctl.engine.attention import AttentionMetadata, KVCache, paged_attention
-from inferctl.engine.linear_kernels import choose_batch1_kernel, numpy_eligible, numpy_matmul
 from inferctl.engine.quant import Int8Weight, int8_matmul, int8_weight_nbytes, quantize_per_channel
 from inferctl.engine.quant_int4 import Int4Weight, int4_matmul, int4_weight_nbytes, int4_weights
 
@@ -125,10 +124,9 @@ class Linear(torch.nn.Module):
     (``layout == "out_in"``, engine.cpu_kernels):
     ``weight`` [out, in] contiguous; batches of up to ``cpu_kernels.MAX_BATCH`` rows run the
     kernels' GEMV (one contiguous weight row per output), larger ones ``x @ weight.T`` (torch).
-    full otherwise (``layout == "in_out"``): ``weight`` [in, out] contiguous, ``y = x @ weight``;
-    at batch 1 on CPU in fp32 the kernel (torch or numpy's BLAS) is the one
-    :func:`engine.linear_kernels.choose_batch1_kernel` measured faster for this weight at its first
-    batch-1 call (``batch1_kernel``, None = not yet).
+    full otherwise (``layout == "in_out"``): ``weight`` [in, out] contiguous, ``y = x @ weight``
+    (torch at every batch size: never numpy's BLAS, whose OpenBLAS thread pool left spinning beside
+    torch's OpenMP pool made the next ops 60× slower at 2 threads, docs/performance.md).
     ``weight_t`` is the [in, out] view of either layout (None when quantized); assigning an
     [in, out] tensor to it stores it in the layout.
     int8: ``qweight`` int8 [out, in] + ``scales`` float32 [out] (engine.quant), ``weight_t`` None;
@@ -143,8 +141,6 @@ class Linear(torch.nn.Module):
         self.weight: torch.Tensor | None = None
         self.weight_t = w_out_in.t()
         self.q: Int8Weight | None = None
-        self.batch1_kernel: str | None = None
-        self._w_np = None
 
     @property
     def weight_t(self) -> torch.Tensor | None:
@@ -168,20 +164,14 @@ class Linear(torch.nn.Module):
         if self.q is not None:
             if isinstance(self.q, Int4Weight):
                 return int4_matmul(x, self.q)
-            if self.ops is not None and cpu_kernels.gemv_eligible(x) and self.q.qweight.device.type == "cpu":
+            if (self.ops is not None and cpu_kernels.eligible(x, cpu_kernels.MAX_BATCH)
+                    and self.q.qweight.device.type == "cpu"):
                 return cpu_kernels.gemv_int8(self.ops, x, self.q.qweight, self.q.scales, self.q.in_features)
             return int8_matmul(x, self.q)
         if self.layout == "out_in":
-            if cpu_kernels.gemv_eligible(x):
+            if cpu_kernels.eligible(x, cpu_kernels.MAX_BATCH):
                 return cpu_kernels.gemv_f32(self.ops, x, self.weight)
             return x @ self.weight.t()
-        if x.shape[0] == 1 and self.batch1_kernel != "torch" and numpy_eligible(x, self.weight):
-            if self.batch1_kernel is None:
-                self.batch1_kernel = choose_batch1_kernel(self.weight)
-            if self.batch1_kernel == "numpy":
-                if self._w_np is None:
-                    self._w_np = self.weight.numpy()
-                return numpy_matmul(x, self._w_np)
         return x @ self.weight
 
     def nbytes(self) -> int:
@@ -203,14 +193,12 @@ class Linear(torch.nn.Module):
         full = self.weight_t
         self.q = quantize_per_channel(full.t())
         self.weight = None
-        self._w_np = None
         return full
 
     def restore_(self, weight_t: torch.Tensor) -> None:
         """Switch back to full precision with the exact tensor ``quantize_`` returned."""
         self.weight_t = weight_t
         self.q = None
-        self._w_np = None
 
 
 def rope_inv_freq(head_dim: int, theta: float, args: ModelArgs | None = None,

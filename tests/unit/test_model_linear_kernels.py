@@ -1,71 +1,48 @@
-"""The batch-1 fp32 kernel choice of engine.linear_kernels and its use by engine.model.Linear."""
+"""engine.model.Linear's kernel choice without the CPU kernels (torch only, never numpy's BLAS) and
+the int8 fast path of engine.quant."""
 
 from __future__ import annotations
 
-import time
-
+import numpy as np
 import torch
 
-from inferctl.engine import linear_kernels as lk
-from inferctl.engine import model as model_mod
+from inferctl.engine import cpu_kernels as ck
 from inferctl.engine.model import Linear
 
 
-def _big_weight() -> torch.Tensor:
-    n_in = 256
-    return torch.randn(lk.MIN_BYTES // 4 // n_in + 1, n_in)  # [out, in], just over MIN_BYTES
+def test_fallback_layout_runs_torch_at_batch_1_never_numpy(monkeypatch):
+    """A weight over the old 16 MiB numpy threshold, kernels off: batch 1 is ``x @ W`` on torch's pool.
 
-
-def test_small_weight_keeps_torch_without_measuring(monkeypatch):
-    def boom(*a, **k):
-        raise AssertionError("measured a small weight")
-
-    monkeypatch.setattr(lk, "numpy_matmul", boom)
-    assert lk.choose_batch1_kernel(torch.randn(64, 128)) == "torch"
-    assert lk.choose_batch1_kernel(torch.randn(256, 8192, dtype=torch.bfloat16)) == "torch"
-
-
-def test_choice_follows_the_measurement(monkeypatch):
-    w_t = _big_weight().t().contiguous()
-
-    def slow(x, w_np):
-        time.sleep(0.05)
-        return torch.zeros(1, w_np.shape[1])
-
-    monkeypatch.setattr(lk, "numpy_matmul", slow)
-    assert lk.choose_batch1_kernel(w_t, trials=2) == "torch"
-    monkeypatch.setattr(lk, "numpy_matmul", lambda x, w_np: None)   # "instant" numpy
-    assert lk.choose_batch1_kernel(w_t, trials=2) == "numpy"
-
-
-def test_numpy_kernel_matches_torch_and_is_used_at_batch_1_only(monkeypatch):
-    monkeypatch.setenv("INFERCTL_CPU_KERNELS", "0")   # the numpy choice is the fallback layout's ("in_out")
-    w = _big_weight()
-    lin = Linear(w)
-    lin.batch1_kernel = "numpy"
-    calls = []
-    real = model_mod.numpy_matmul
-    monkeypatch.setattr(model_mod, "numpy_matmul", lambda x, w_np: calls.append(1) or real(x, w_np))
-    x = torch.randn(1, w.shape[1])
-    with torch.inference_mode():
-        y = lin(x)
-        assert calls == [1] and y.dtype == torch.float32 and y.shape == (1, w.shape[0])
-        torch.testing.assert_close(y, x @ w.t(), rtol=1e-4, atol=1e-4)
-        y2 = lin(torch.randn(2, w.shape[1]))          # batch 2: torch
-    assert calls == [1] and y2.shape == (2, w.shape[0])
-
-
-def test_quantize_and_restore_drop_the_numpy_view(monkeypatch):
+    numpy's OpenBLAS pool spinning beside torch's OpenMP pool made a 2-thread step 2.75× slower
+    (docs/performance.md); this fails if any Linear path reaches np.matmul again."""
     monkeypatch.setenv("INFERCTL_CPU_KERNELS", "0")
-    lin = Linear(_big_weight())
-    lin.batch1_kernel = "numpy"
+
+    def boom(*a, **k):
+        raise AssertionError("numpy BLAS on the hot path")
+
+    monkeypatch.setattr(np, "matmul", boom)
+    monkeypatch.setattr(np, "dot", boom)
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(16 * 1024 * 1024 // 4 // 256 + 1, 256, generator=g)   # [out, in], just over 16 MiB
+    lin = Linear(w)
+    assert lin.layout == "in_out"
+    x = torch.randn(1, 256, generator=g)
     with torch.inference_mode():
-        lin(torch.randn(1, lin.in_features))
-    assert lin._w_np is not None
-    full = lin.quantize_()
-    assert lin._w_np is None
-    lin.restore_(full)
-    assert lin._w_np is None
+        for _ in range(2):
+            y = lin(x)
+            assert y.shape == (1, w.shape[0]) and torch.equal(y, x @ lin.weight)
+    torch.testing.assert_close(y, x @ w.t(), rtol=1e-4, atol=1e-4)
+
+
+def test_one_predicate_decides_every_kernel_input():
+    x = torch.randn(3, 8)
+    assert ck.eligible(x) and ck.eligible(x, 3) and not ck.eligible(x, 2)
+    assert not ck.eligible(x.t())                       # not contiguous
+    assert not ck.eligible(x.to(torch.bfloat16))
+    assert not ck.eligible(x[None])                     # 3-D
+    assert not ck.eligible(x.clone().requires_grad_())
+    assert ck.eligible(torch.randn(ck.MAX_BATCH, 4), ck.MAX_BATCH)
+    assert not ck.eligible(torch.randn(ck.MAX_BATCH + 1, 4), ck.MAX_BATCH)
 
 
 def test_int8_fast_path_is_bit_identical_and_padded_weights_still_work():
