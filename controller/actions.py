@@ -12,8 +12,9 @@
   ``quiet_wait_seconds`` for a quiet moment; ``force`` skips both), drain, wait until the
   engine has no running or waiting requests (``drain_timeout_seconds``), restart the engine
   process the controller launched (:class:`EngineSupervisor`), wait for its ``/ready``, undrain
-  and put it back. If in-flight work does not finish in time, the restart is postponed and the
-  engine undrained: nothing is dropped. Each step is a ``step`` event (who, which replica, why).
+  and put it back; done only if a NEW process answers (controller/restart_proof.py). If in-flight
+  work does not finish in time, the restart is postponed, the engine undrained: nothing is
+  dropped. Each step is a ``step`` event (who, which replica, why).
 * ``route_light`` / ``route_main`` / ``probe`` — send a model's traffic to the lightweight
   model and back (engine ``/admin/route``; ``to: null`` clears the route). The engine routes
   whole models, so a half-open ``probe`` sends all new requests to the main model.
@@ -43,6 +44,7 @@ from inferctl.controller.engines.base import outcome_unknown
 from inferctl.controller.events import EventLog, json_safe
 from inferctl.controller.fleet import FleetRail
 from inferctl.controller.reset import GpuResetter
+from inferctl.controller.restart_proof import good_poll, prove_restart
 from inferctl.controller.state import ControllerState
 from inferctl.controller.supervisor import EngineSupervisor, engine_serve_argv
 from inferctl.controller.types import Decision
@@ -332,7 +334,7 @@ class Actions:
                                 {"last_poll": seen}, refused=True)
         self._step(decision, name, "drained", "drained" + ("" if idle else " (in-flight work left: forced)"),
                    idle=idle, last_poll=seen)
-        old_pid = sup.pid
+        old_pid, before = sup.pid, good_poll(client)    # the process to be replaced (restart_proof.py)
         self.rail.set(name, "restarting")
         try:
             sup.restart()
@@ -346,17 +348,22 @@ class Actions:
         self._step(decision, name, "restarted", f"restarted (pid {old_pid} → {sup.pid}); waiting for /ready",
                    old_pid=old_pid, new_pid=sup.pid)
         ready = self._wait_ready(sup)
+        proof = prove_restart(before, good_poll(client, self.confirm_timeout_seconds, self.poll_interval_seconds)
+                              if ready else None, old_pid, sup.pid)
         undrained = True
         try:
             client.drain(False)   # a fresh engine admits already; make sure
         except Exception:
             undrained = False
-        self._step(decision, name, "in_rotation" if ready else "not_ready",
-                   "ready, back in rotation" if ready else f"not ready within {self.ready_timeout_seconds:g} s",
-                   ready=ready)
-        return ActionResult(action, name, ready, f"engine {name} drained, restarted (pid {old_pid} →"
-                            f" {sup.pid})" + (" and ready" if ready else "; not ready yet"),
-                            {"old_pid": old_pid, "new_pid": sup.pid, "undrained": undrained, "ready": ready})
+        done = ready and proof.ok
+        self._step(decision, name, "in_rotation" if done else "not_restarted" if ready else "not_ready",
+                   f"ready, back in rotation: {proof.message}" if done else proof.message if ready
+                   else f"not ready within {self.ready_timeout_seconds:g} s", ready=ready,
+                   verified_by=proof.verified_by)
+        return ActionResult(action, name, done, f"engine {name} drained, restarted (pid {old_pid} → {sup.pid})"
+                            + ((" and ready: " if done else "; ") + proof.message if ready else "; not ready yet"),
+                            {"old_pid": old_pid, "new_pid": sup.pid, "undrained": undrained, "ready": ready,
+                             "restart_verified_by": proof.verified_by, "evidence": proof.evidence})
 
     def _start_dead(self, name: str, sup: EngineSupervisor, decision: Decision) -> ActionResult:
         """Restart a launched engine whose process is not running, without a drain (there is no

@@ -9,13 +9,16 @@ States (one instance per engine)::
     NORMAL ──fragmentation > threshold for hold_seconds, also while idle──▶ RESTARTING
       ▲          (refused, action None, while the last restart is < min_interval ago)   │
       └─ the action reports the restart done / not done (postponed by the rails, failed),
-         or the engine, seen down since, answers with fragmentation ≤ threshold, or
-         restart_timeout ──────────────────────────────────────────────────────────────┘
+         or a NEW engine process (restart evidence against the last good poll before the
+         decision) answers with fragmentation ≤ threshold, or restart_timeout ──────────┘
 
 A restart that was not done (the fleet rails postponed it, the drain timed out, the restart
 failed) does not count against ``min_interval_seconds``: the hold starts again and the policy
-may decide it again. A low sample alone never ends RESTARTING while the engine has not been
-seen down: a drained engine's idle allocator reads 0 % before it is restarted.
+may decide it again. A low sample alone never ends RESTARTING: a drained engine's idle
+allocator reads 0 % before it is restarted. Nor does a failed poll followed by a good one: a
+busy engine's poll times out while the same process serves on. Only proof of a new process
+ends it from the polls: ``engine.instance_id`` changed (else the uptime went down or a counter
+reset; :func:`~inferctl.controller.policies.liveness.restart_evidence`).
 
 The hold clock runs only while every sample is valid and above the threshold; a missing or
 invalid sample (reserved 0, allocated > reserved, NaN, engine down) resets it. A refusal is
@@ -44,6 +47,7 @@ from typing import Any, Mapping
 from inferctl.contract.thresholds import THRESHOLDS
 from inferctl.controller.policies.common import (HoldClock, PerEnginePolicy, check_number,
                                         config_from_mapping)
+from inferctl.controller.policies.liveness import restart_evidence
 from inferctl.controller.signals import InvalidSampleCounter, format_bytes, fragmentation_ratio
 from inferctl.controller.types import Decision, EngineSnapshot, GpuSnapshot
 
@@ -117,7 +121,8 @@ class FragmentationPolicy(PerEnginePolicy):
         self._last_now: float | None = None
         self._idle_confirmed: float | None = None   # when an idle sample was above, this hold
         self._previous_restart: float | None = None  # the rate limit's clock before this restart
-        self._seen_down = False                      # the engine failed a poll since the decision
+        self._last_good: EngineSnapshot | None = None   # the engine's last good poll
+        self._before: EngineSnapshot | None = None      # the last good poll before the decision
 
     @property
     def current(self) -> FragmentationState:
@@ -133,7 +138,12 @@ class FragmentationPolicy(PerEnginePolicy):
                                    self.counter) if engine.ok else None)
         self._last_value = None if sig is None else sig.value
         if self._state is FragmentationState.RESTARTING:
-            return self._watch_restart(now, engine, sig)
+            out = self._watch_restart(now, engine, sig)
+            if engine.ok:
+                self._last_good = engine
+            return out
+        if engine.ok:
+            self._last_good = engine
         if sig is None or sig.value is None:
             self._hold.update(now, False, "engine did not answer" if sig is None else
                               f"no valid sample: {sig.reason}")
@@ -200,7 +210,7 @@ class FragmentationPolicy(PerEnginePolicy):
                             f"{nxt - now:g} s)", inputs, "warning")
         self.check_transition(self._state, "restart_decided", FragmentationState.RESTARTING)
         self._previous_restart = self._last_restart
-        self._seen_down = False
+        self._before = self._last_good
         self._last_restart = now
         self._refused_since_restart = False
         self._state = FragmentationState.RESTARTING
@@ -213,14 +223,15 @@ class FragmentationPolicy(PerEnginePolicy):
 
     def _watch_restart(self, now: float, engine: EngineSnapshot, sig: Any) -> list[Decision]:
         elapsed = 0.0 if self._last_restart is None else now - self._last_restart
-        if not engine.ok:
-            self._seen_down = True
-        if self._seen_down and engine.ok and sig is not None and sig.value is not None \
+        evidence = (restart_evidence(self._before, engine)
+                    if engine.ok and self._before is not None else [])
+        if evidence and sig is not None and sig.value is not None \
                 and sig.value <= self.config.threshold_ratio:
-            return [self._back(now, f"engine answers with fragmentation {sig.value:.1%} <= "
-                                    f"{self.config.threshold_ratio:.0%}: restart done",
-                               {"fragmentation_ratio": sig.value, "elapsed_seconds": elapsed},
-                               event="restart_done")]
+            return [self._back(now, f"a new engine process ({evidence[0]['signal']} changed) answers with "
+                                    f"fragmentation {sig.value:.1%} <= {self.config.threshold_ratio:.0%}:"
+                                    " restart done",
+                               {"fragmentation_ratio": sig.value, "elapsed_seconds": elapsed,
+                                "evidence": evidence}, event="restart_done")]
         if elapsed >= self.config.restart_timeout_seconds:
             value = None if sig is None else sig.value
             shown = "no data" if value is None else f"{value:.1%}"

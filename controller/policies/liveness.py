@@ -7,7 +7,8 @@ Two policies observe the snapshots the loop already hands to policies (they poll
     severity warning, with the last-seen values: time, running, waiting, steps, uptime) and
     back (one event with the downtime). A one-poll outage is still one down and one up
     event; more failed polls add nothing.
-  - **restart**: the engine's start time changed while we looked away — its ``/stats``
+  - **restart**: the engine's process changed while we looked away — its ``/stats``
+    ``engine.instance_id`` changed (when reported, it alone decides), else its
     ``engine.uptime_seconds`` went down, or a counter reset (``steps_total``,
     ``finished_total``, ``prompt_tokens_total``, ``generation_tokens_total`` decreased). The
     evidence names which. Coming back from down, the evidence goes in the ``up`` event (one
@@ -132,9 +133,24 @@ def queued_work(snap: EngineSnapshot) -> int | None:
     return sum(known) if known else None
 
 
+def instance_id_of(snap: EngineSnapshot) -> str | None:
+    """``engine.instance_id`` of a bundled ``/stats`` (a uuid4 hex the engine process makes at
+    start, engine/entrypoints/state.py), None when not reported (an older engine, vLLM...)."""
+    v = _engine_doc(snap).get("instance_id")
+    return v if isinstance(v, str) and v else None
+
+
 def restart_evidence(before: EngineSnapshot, after: EngineSnapshot) -> list[dict[str, Any]]:
-    """Why ``after`` comes from a newer process than ``before`` (both good polls): the uptime
-    went down, or one of :data:`RESET_COUNTERS` decreased. Empty when nothing says so."""
+    """Why ``after`` comes from a newer process than ``before`` (both good polls). Empty when
+    nothing says so.
+
+    When both report ``engine.instance_id`` it alone decides (a changed id is a restart, the
+    same id is the same process, whatever else moved). Otherwise: the uptime went down, or one
+    of :data:`RESET_COUNTERS` decreased. A failed poll in between is never evidence: a busy
+    engine's poll times out while the same process serves on."""
+    i0, i1 = instance_id_of(before), instance_id_of(after)
+    if i0 is not None and i1 is not None:
+        return [] if i0 == i1 else [{"signal": "instance_id", "before": i0, "after": i1}]
     out: list[dict[str, Any]] = []
     u0, u1 = uptime_of(before), uptime_of(after)
     if u0 is not None and u1 is not None and u1 < u0:
@@ -155,7 +171,11 @@ def _last_seen(snap: EngineSnapshot | None) -> dict[str, Any] | None:
 
 
 def _evidence_text(evidence: list[dict[str, Any]]) -> str:
-    return ", ".join(f"{e['signal']} {e['before']:g} → {e['after']:g}" for e in evidence)
+    return ", ".join(f"{e['signal']} {_shown(e['before'])} → {_shown(e['after'])}" for e in evidence)
+
+
+def _shown(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) else str(value)
 
 
 class EngineLiveness(PerEnginePolicy):

@@ -10,6 +10,7 @@ on ``app.state.server`` (no module globals). Routes get it with :func:`server_st
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -173,6 +174,9 @@ class ServerState:
     routes: dict[str, str] = field(default_factory=dict)
     draining: dict[str, bool] = field(default_factory=dict)
     started: float = field(default_factory=time.time)
+    #: this process's identity (a uuid4 hex made at start, in ``/health`` and ``/stats``): a
+    #: restart is proven by a new one (controller/policies/restart_proof.py), never by a failed poll
+    instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     stopping: bool = False
     in_flight: int = 0
 

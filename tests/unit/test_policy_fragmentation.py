@@ -80,9 +80,10 @@ def test_invalid_samples_reset_the_hold(bad):
 
 def test_restart_confirmed_then_rate_limited_refusal_once_then_allowed():
     p = policy(hold_seconds=0.0, min_interval_seconds=600.0)
-    assert acts(p.observe(0.0, snap(0, 0.5))) == ["drain_restart"]
+    assert acts(p.observe(0.0, snap(0, 0.5, raw={"engine": {"instance_id": "old"}}))) == ["drain_restart"]
     assert p.observe(5.0, engine(5.0, ok=False)) == []       # engine restarting
-    done = p.observe(20.0, snap(20, 0.05))
+    # a new process (another instance id than the poll before the decision) reads low
+    done = p.observe(20.0, snap(20, 0.05, raw={"engine": {"instance_id": "new"}}))
     assert done[0].to_state == "normal" and done[0].action is None
     assert p.current is FragmentationState.NORMAL
     refused = p.observe(100.0, snap(100, 0.6))

@@ -22,12 +22,14 @@ def policy(**kw):
 
 def test_a_drained_engine_reading_low_before_its_restart_is_not_a_finished_restart():
     p = policy()
-    assert acts(p.observe(0.0, snap(0, 0.5))) == ["drain_restart"]
+    assert acts(p.observe(0.0, engine(0.0, reserved=R, allocated=R // 2, running=0, waiting=0,
+                                      raw={"engine": {"uptime_seconds": 900.0}}))) == ["drain_restart"]
     # drained, idle, its allocator cache released: 0 % while the old process still runs
     assert p.observe(1.0, snap(1, 0.0)) == []
     assert p.current is FragmentationState.RESTARTING
     assert p.observe(2.0, engine(2.0, ok=False)) == []         # the restart: down
-    [done] = p.observe(3.0, snap(3, 0.0))
+    [done] = p.observe(3.0, engine(3.0, reserved=R, allocated=R, running=0, waiting=0,
+                                   raw={"engine": {"uptime_seconds": 0.5}}))   # a new process: uptime reset
     assert done.to_state == "normal" and "restart done" in done.reason
 
 
