@@ -111,7 +111,7 @@ class Controller:
         self.state = state if state is not None else ControllerState.for_config(config)
         self.exporter = Exporter(metrics, counter, clock)
         self.sources = Sources(engines, gpu_source, config.intervals, self.state, self.exporter, metrics,
-                               resetter=resetter, counter=counter, clock=clock)
+                               resetter=resetter, counter=counter, clock=clock, steady=self._held_by_action)
         self.dispatcher = Dispatcher(policies, self.gpu_policies, actions, event_log, self.exporter,
                                      self.state, resetter=resetter, clock=clock)
         # operator pause and maintenance windows (controller/pause.py): the dispatcher's gate
@@ -133,6 +133,12 @@ class Controller:
         self.exporter.init_counters(
             self.sources.jobs, {n: kinds.get(n, getattr(c, "kind", None)) for n, c in engines.items()},
             self.supervisors, policies)
+
+    def _held_by_action(self, name: str) -> bool:
+        """True while an action holds engine ``name`` out of rotation (a rolling restart): its
+        polls keep the normal interval while it is down (controller/sources.py ``steady``)."""
+        rail = getattr(self.actions, "rail", None)
+        return rail is not None and name in rail.held()
 
     def _restore_pauses(self) -> None:
         """Operator pauses survive a restart: rebuilt from the event log (controller/pause.py)."""

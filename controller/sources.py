@@ -9,7 +9,10 @@ it arrives (:meth:`Sources.poll_engines`). Other sources (the GPU source, test d
 their own worker thread and are waited for at most ``call_timeout_seconds``
 (:class:`SourceJob`). Either way the timeout is shorter than the interval, so a slow or hung
 source never delays another. A failed or timed-out poll backs off exponentially (interval × 2^failures, capped at
-``max_backoff_seconds``) and counts as a poll error; the first good poll clears the backoff.
+``max_backoff_seconds``) and counts as a poll error; the first good poll clears the backoff. An engine
+that an action holds out of rotation (a rolling restart: ``steady``) is polled at its normal
+interval while it is down: the action expects it back, and the next rolling step must not wait on
+a backoff (up to ``max_backoff_seconds``) to see it ready again.
 """
 
 from __future__ import annotations
@@ -68,12 +71,19 @@ class SourceJob:
         self._future: cf.Future | None = None
         self._run_lock = threading.Lock()
         self._duration: Any = None
+        #: True while the source is expected down (an action holds it): failures do not back off
+        self.steady: Callable[[], bool] | None = None
+
+    def due(self, now: float) -> bool:
+        """Not backing off at ``now``; a ``steady`` source (held by an action) is always due, even
+        when a backoff began before the hold."""
+        return now >= self.next_attempt or (self.steady is not None and self.steady())
 
     def run(self, now: float | None = None, force: bool = False) -> Any | None:
         """Poll once unless backing off (``force`` ignores the backoff). Returns the result
         (a failed one on error/timeout) or None when skipped."""
         now = self.clock() if now is None else now
-        if not force and now < self.next_attempt:
+        if not force and not self.due(now):
             return None
         # one caller at a time (the scheduler's job, a forced poll after an operator action):
         # a second caller waits for the first (forced) or skips (scheduled), never fails
@@ -123,7 +133,8 @@ class SourceJob:
     def _backoff(self, now: float, error: str) -> None:
         self.failures += 1
         self.last_error = error
-        delay = min(self.interval * (2 ** self.failures), self.max_backoff)
+        steady = self.steady is not None and self.steady()
+        delay = self.interval if steady else min(self.interval * (2 ** self.failures), self.max_backoff)
         self.next_attempt = now + delay
         c = self.metrics.get("inferctl_poll_errors_total")
         if c is not None:
@@ -163,7 +174,7 @@ class AsyncSourceJob(SourceJob):
 
     def run(self, now: float | None = None, force: bool = False) -> Any | None:
         now = self.clock() if now is None else now
-        if not force and now < self.next_attempt:
+        if not force and not self.due(now):
             return None
         fut = self.poller.submit(self.arun(now, force))
         try:   # arun ends within 2 × timeout (waiting its turn) + timeout (the call)
@@ -174,7 +185,7 @@ class AsyncSourceJob(SourceJob):
 
     async def arun(self, now: float, force: bool = False) -> Any | None:
         """Poll once on the loop unless backing off; the result, a failed one, or None (skipped)."""
-        if not force and now < self.next_attempt:
+        if not force and not self.due(now):
             return None
         if self._idle is None:
             self._idle = asyncio.Event()
@@ -263,11 +274,14 @@ class Sources:
         clock: time source.
         poller: the event loop and connection pool of the engines' HTTP polls (built on first
             need, closed by :meth:`shutdown`, when not given).
+        steady: ``steady(name)`` is True while an action holds engine ``name`` out of rotation
+            (its failed polls keep the normal interval, no backoff); None: always back off.
     """
 
     def __init__(self, engines: dict[str, Any], gpu_source: Any, intervals: Any, state: ControllerState,
                  exporter: Exporter, metrics: dict, *, resetter: Any = None, counter: Any = None,
-                 clock: Callable[[], float] = time.time, poller: AsyncPoller | None = None) -> None:
+                 clock: Callable[[], float] = time.time, poller: AsyncPoller | None = None,
+                 steady: Callable[[str], bool] | None = None) -> None:
         self.engines = engines
         self.gpu_source = gpu_source
         self.state = state
@@ -294,6 +308,9 @@ class Sources:
             self.jobs[f"engine:{name}"] = SourceJob(
                 f"engine:{name}", client.poll, self._failed_engine(name), iv.engine_poll_seconds,
                 iv.call_timeout_seconds, iv.max_backoff_seconds, metrics, clock)
+        if steady is not None:
+            for name in engines:
+                self.jobs[f"engine:{name}"].steady = lambda n=name: steady(n)
         self.jobs["gpu"] = SourceJob("gpu", gpu_source.poll, self._failed_gpu, iv.gpu_poll_seconds,
                                      iv.call_timeout_seconds, iv.max_backoff_seconds, metrics, clock)
 
@@ -335,7 +352,7 @@ class Sources:
         futs: dict[cf.Future, str] = {}
         for name in self.engines:
             job = self.jobs[f"engine:{name}"]
-            if not force and now < job.next_attempt:
+            if not force and not job.due(now):
                 continue
             if isinstance(job, AsyncSourceJob):
                 async_jobs.append((name, job))
