@@ -1,0 +1,273 @@
+// One C++ call for every decoder layer of a decode step (inferctl.engine.fused_decode drives it).
+//
+// decode_layers(x[B, dim], cos[B, D], sin[B, D], k_pool, v_pool [L, Hkv, NB, bs, D], slot_mapping[B],
+//               block_tables[B, maxb], seq_lens[B], attn_norm[L], ffn_norm[L], weights[4L], scales[4L],
+//               n_heads, n_kv_heads, rope_style, eps, scale) -> x'[B, dim]
+//
+// Every sequence contributes exactly one token (B = T <= 8). Per layer, the same math as
+// engine.model.LlamaModel.forward's per-op path (fp32 throughout):
+//   h = rms_norm(x) ; qkv = h @ Wqkv^T ; RoPE on q and k (x*cos + partner(x)*sin, the model's
+//   rope_tables: "interleaved" swaps pairs (0,1),(2,3)..., "half" pairs (i, i+D/2)) ; k, v written
+//   into the pool at slot_mapping ; attention of each query head over its sequence's context read
+//   IN PLACE through its block table (scores = q.k * scale, softmax with the max subtracted, then
+//   p @ v; GQA: query head h reads kv head h / (H/Hkv)) ; x += o @ Wo^T ; h = rms_norm(x) ;
+//   gu = h @ W13^T ; x += (silu(g) * u) @ W2^T.
+// The GEMVs are the extension's own gemv_f32 / gemv_int8 (csrc/cpu_kernels.cpp), called through
+// the dispatcher, so this file shares their inner loops without copying them. weights[4i..4i+3] are
+// layer i's wqkv, wo, w13, w2: float32 [out, in] with an empty scales entry, or int8 [out, in_padded]
+// with float32 scales [out] (engine.quant's per-channel layout).
+// Threads: at::parallel_for only (query heads in attention, rows in the GEMVs): never another pool.
+// Every input is checked with TORCH_CHECK (a RuntimeError, never a crash), block ids and slots too.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define INFERCTL_DS_AVX2 1
+#else
+#define INFERCTL_DS_AVX2 0
+#endif
+
+namespace {
+
+constexpr int64_t MAX_B = 8;        // the GEMV kernels' batch limit (cpu_kernels.MAX_BATCH)
+constexpr int64_t MAX_HEAD_DIM = 512;
+constexpr int64_t ATTN_GRAIN = 1 << 14;   // score multiply-adds per parallel chunk of heads
+
+#if INFERCTL_DS_AVX2
+inline float hsum8(__m256 v) {
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  __m128 sh = _mm_movehdup_ps(lo);
+  __m128 s = _mm_add_ps(lo, sh);
+  sh = _mm_movehl_ps(sh, s);
+  return _mm_cvtss_f32(_mm_add_ss(s, sh));
+}
+#endif
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  int64_t i = 0;
+  float s = 0.f;
+#if INFERCTL_DS_AVX2
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  s = hsum8(acc);
+#endif
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// y[n] += a * x[n]
+inline void axpy(float a, const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+#if INFERCTL_DS_AVX2
+  const __m256 av = _mm256_set1_ps(a);
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+#endif
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
+// the engine's rms_norm kernel's formula: (x * 1/sqrt(mean(x^2) + eps)) * w, row by row
+void rms_norm_rows(const float* x, const float* w, float* y, int64_t B, int64_t dim, float eps) {
+  for (int64_t b = 0; b < B; ++b) {
+    const float* r = x + b * dim;
+    float* o = y + b * dim;
+    const float inv = 1.f / std::sqrt(dot(r, r, dim) / static_cast<float>(dim) + eps);
+    for (int64_t d = 0; d < dim; ++d) o[d] = (r[d] * inv) * w[d];
+  }
+}
+
+// y = x @ W^T through the extension's registered GEMV ops (fp32 when scales is empty, else int8)
+at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& s) {
+  if (s.numel() == 0) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("inferctl_cpu::gemv_f32", "")
+                         .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+    return op.call(x, w);
+  }
+  static auto op8 = c10::Dispatcher::singleton()
+                        .findSchemaOrThrow("inferctl_cpu::gemv_int8", "")
+                        .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t)>();
+  return op8.call(x, w, s, x.size(1));
+}
+
+void check_linear(const at::Tensor& w, const at::Tensor& s, int64_t out, int64_t in, const char* name, int64_t layer) {
+  TORCH_CHECK(w.device().is_cpu() && w.dim() == 2 && w.is_contiguous() && w.size(0) == out,
+              "layer ", layer, " ", name, ": weight must be a contiguous CPU tensor with ", out, " rows");
+  if (s.numel() == 0) {
+    TORCH_CHECK(w.scalar_type() == at::kFloat && w.size(1) == in, "layer ", layer, " ", name,
+                ": float32 weight must be [", out, ", ", in, "]");
+  } else {
+    TORCH_CHECK(w.scalar_type() == at::kChar && w.size(1) >= in && s.scalar_type() == at::kFloat && s.numel() == out,
+                "layer ", layer, " ", name, ": int8 weight must be [", out, ", >=", in, "] with float32 scales [", out,
+                "]");
+  }
+}
+
+// x * cos + partner(x) * sin over one head of D lanes (see the file comment)
+inline void rope_head(float* x, const float* c, const float* s, int64_t D, bool half) {
+  float tmp[MAX_HEAD_DIM];
+  std::memcpy(tmp, x, sizeof(float) * D);
+  if (half) {
+    const int64_t h = D / 2;
+    for (int64_t i = 0; i < D; ++i) x[i] = tmp[i] * c[i] + tmp[i < h ? i + h : i - h] * s[i];
+  } else {
+    for (int64_t i = 0; i < D; ++i) x[i] = tmp[i] * c[i] + tmp[i ^ 1] * s[i];
+  }
+}
+
+at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_pool,
+                         const at::Tensor& v_pool, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                         const at::Tensor& seq_lens, at::TensorList attn_norm, at::TensorList ffn_norm,
+                         at::TensorList weights, at::TensorList scales, int64_t H, int64_t Hkv, int64_t rope_style,
+                         double eps_d, double scale_d) {
+  auto f32cpu = [](const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(); };
+  TORCH_CHECK(f32cpu(x_in) && x_in.dim() == 2, "x must be a contiguous float32 CPU tensor [B, dim]");
+  const int64_t B = x_in.size(0), dim = x_in.size(1);
+  TORCH_CHECK(B >= 1 && B <= MAX_B, "decode_layers takes 1..", MAX_B, " sequences, got ", B);
+  TORCH_CHECK(f32cpu(k_pool) && f32cpu(v_pool) && k_pool.dim() == 5 && k_pool.sizes() == v_pool.sizes(),
+              "k_pool/v_pool must be contiguous float32 CPU tensors [layers, kv_heads, blocks, block_size, head_dim]");
+  const int64_t L = k_pool.size(0), NB = k_pool.size(2), bs = k_pool.size(3), D = k_pool.size(4);
+  TORCH_CHECK(H >= 1 && Hkv >= 1 && H % Hkv == 0 && k_pool.size(1) == Hkv, "n_heads ", H, " / n_kv_heads ", Hkv,
+              " do not match the pool's ", k_pool.size(1), " kv heads");
+  TORCH_CHECK(D >= 2 && D % 2 == 0 && D <= MAX_HEAD_DIM, "head_dim must be even and <= ", MAX_HEAD_DIM, ", got ", D);
+  TORCH_CHECK(rope_style == 0 || rope_style == 1, "rope_style must be 0 (interleaved) or 1 (half)");
+  TORCH_CHECK(f32cpu(cos) && f32cpu(sin) && cos.numel() == B * D && sin.numel() == B * D,
+              "cos/sin must be contiguous float32 [B, head_dim] = [", B, ", ", D, "]");
+  TORCH_CHECK(attn_norm.size() == static_cast<size_t>(L) && ffn_norm.size() == static_cast<size_t>(L) &&
+                  weights.size() == static_cast<size_t>(4 * L) && scales.size() == weights.size(),
+              "expected ", L, " attn_norm/ffn_norm tensors and ", 4 * L, " weights/scales (pool has ", L, " layers)");
+  for (const auto* t : {&slot_mapping, &seq_lens}) {
+    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kLong && t->is_contiguous() && t->numel() == B,
+                "slot_mapping and seq_lens must be contiguous int64 [", B, "]");
+  }
+  TORCH_CHECK(block_tables.device().is_cpu() && block_tables.scalar_type() == at::kLong && block_tables.dim() == 2 &&
+                  block_tables.is_contiguous() && block_tables.size(0) == B,
+              "block_tables must be contiguous int64 [", B, ", max_blocks]");
+  const int64_t maxb = block_tables.size(1), slots = NB * bs;
+  const int64_t* slot_p = slot_mapping.data_ptr<int64_t>();
+  const int64_t* len_p = seq_lens.data_ptr<int64_t>();
+  const int64_t* bt_p = block_tables.data_ptr<int64_t>();
+  int64_t max_len = 1;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = len_p[b];
+    TORCH_CHECK(n >= 1 && n <= maxb * bs, "seq_lens[", b, "] = ", n, " outside 1..", maxb * bs);
+    TORCH_CHECK(slot_p[b] >= 0 && slot_p[b] < slots, "slot_mapping[", b, "] = ", slot_p[b], " outside 0..", slots - 1);
+    for (int64_t j = 0; j < (n + bs - 1) / bs; ++j) {
+      const int64_t blk = bt_p[b * maxb + j];
+      TORCH_CHECK(blk >= 0 && blk < NB, "block_tables[", b, ", ", j, "] = ", blk, " outside 0..", NB - 1);
+    }
+    max_len = std::max(max_len, n);
+  }
+  const int64_t qkv_out = (H + 2 * Hkv) * D, g = H / Hkv;
+  int64_t hidden = -1;
+  for (int64_t li = 0; li < L; ++li) {
+    TORCH_CHECK(f32cpu(attn_norm[li]) && attn_norm[li].numel() == dim && f32cpu(ffn_norm[li]) &&
+                    ffn_norm[li].numel() == dim,
+                "layer ", li, ": norm weights must be contiguous float32 [", dim, "]");
+    const at::Tensor* w = &weights[4 * li];
+    const at::Tensor* s = &scales[4 * li];
+    TORCH_CHECK(w[2].dim() == 2 && w[2].size(0) % 2 == 0, "layer ", li, ": w13 must have an even number of rows");
+    if (hidden < 0) hidden = w[2].size(0) / 2;
+    check_linear(w[0], s[0], qkv_out, dim, "wqkv", li);
+    check_linear(w[1], s[1], dim, H * D, "wo", li);
+    check_linear(w[2], s[2], 2 * hidden, dim, "w13", li);
+    check_linear(w[3], s[3], dim, hidden, "w2", li);
+  }
+
+  const float eps = static_cast<float>(eps_d), scale = static_cast<float>(scale_d);
+  const bool half = rope_style == 1;
+  at::Tensor x = x_in.clone();
+  at::Tensor h = at::empty({B, dim}, x.options());
+  at::Tensor o = at::empty({B, H * D}, x.options());
+  at::Tensor act = at::empty({B, hidden}, x.options());
+  at::Tensor probs = at::empty({B * H, max_len}, x.options());
+  float* xp = x.data_ptr<float>();
+  float* hp = h.data_ptr<float>();
+  float* op = o.data_ptr<float>();
+  float* ap = act.data_ptr<float>();
+  float* pp = probs.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  const int64_t layer_elems = Hkv * slots * D;
+  const int64_t grain = std::max<int64_t>(1, ATTN_GRAIN / std::max<int64_t>(1, max_len * D));
+
+  for (int64_t li = 0; li < L; ++li) {
+    float* kl = k_pool.data_ptr<float>() + li * layer_elems;
+    float* vl = v_pool.data_ptr<float>() + li * layer_elems;
+    rms_norm_rows(xp, attn_norm[li].data_ptr<float>(), hp, B, dim, eps);
+    at::Tensor qkv = gemv(h, weights[4 * li], scales[4 * li]);
+    float* qp = qkv.data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b) {
+      float* row = qp + b * qkv_out;
+      for (int64_t hh = 0; hh < H + Hkv; ++hh) rope_head(row + hh * D, cp + b * D, sp + b * D, D, half);
+      for (int64_t kh = 0; kh < Hkv; ++kh) {
+        const int64_t dst = (kh * slots + slot_p[b]) * D;
+        std::memcpy(kl + dst, row + (H + kh) * D, sizeof(float) * D);
+        std::memcpy(vl + dst, row + (H + Hkv + kh) * D, sizeof(float) * D);
+      }
+    }
+    at::parallel_for(0, B * H, grain, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t b = i / H, hh = i % H, kh = hh / g, n = len_p[b];
+        const float* q = qp + b * qkv_out + hh * D;
+        const int64_t* table = bt_p + b * maxb;
+        const float* kh_base = kl + kh * slots * D;
+        const float* vh_base = vl + kh * slots * D;
+        float* p = pp + i * max_len;
+        float mx = -INFINITY;
+        for (int64_t t = 0; t < n; ++t) {
+          const int64_t slot = table[t / bs] * bs + t % bs;
+          p[t] = dot(q, kh_base + slot * D, D) * scale;
+          mx = std::max(mx, p[t]);
+        }
+        float sum = 0.f;
+        for (int64_t t = 0; t < n; ++t) {
+          p[t] = std::exp(p[t] - mx);
+          sum += p[t];
+        }
+        const float inv = 1.f / sum;
+        float* out = op + b * H * D + hh * D;
+        std::fill(out, out + D, 0.f);
+        for (int64_t t = 0; t < n; ++t) {
+          const int64_t slot = table[t / bs] * bs + t % bs;
+          axpy(p[t] * inv, vh_base + slot * D, out, D);
+        }
+      }
+    });
+    at::Tensor y = gemv(o, weights[4 * li + 1], scales[4 * li + 1]);
+    const float* yp = y.data_ptr<float>();
+    for (int64_t i = 0; i < B * dim; ++i) xp[i] += yp[i];
+    rms_norm_rows(xp, ffn_norm[li].data_ptr<float>(), hp, B, dim, eps);
+    at::Tensor gu = gemv(h, weights[4 * li + 2], scales[4 * li + 2]);
+    const float* gp = gu.data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b) {
+      const float* gr = gp + b * 2 * hidden;
+      const float* ur = gr + hidden;
+      float* ar = ap + b * hidden;
+      for (int64_t j = 0; j < hidden; ++j) ar[j] = gr[j] / (1.f + std::exp(-gr[j])) * ur[j];
+    }
+    y = gemv(act, weights[4 * li + 3], scales[4 * li + 3]);
+    yp = y.data_ptr<float>();
+    for (int64_t i = 0; i < B * dim; ++i) xp[i] += yp[i];
+  }
+  return x;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(inferctl_cpu, m) {
+  m.def(
+      "decode_layers(Tensor x, Tensor cos, Tensor sin, Tensor k_pool, Tensor v_pool, Tensor slot_mapping, "
+      "Tensor block_tables, Tensor seq_lens, Tensor[] attn_norm, Tensor[] ffn_norm, Tensor[] weights, "
+      "Tensor[] scales, int n_heads, int n_kv_heads, int rope_style, float eps, float scale) -> Tensor",
+      &decode_layers);
+}

@@ -1,0 +1,86 @@
+"""Decode steps in one C++ call for all decoder layers (``torch.ops.inferctl_cpu.decode_layers``).
+
+At batch 1 a small model's step was ~900 small torch ops (per layer: norm, QKV GEMV, RoPE, KV
+write, gather/bmm/softmax/bmm, output projection, residual, norm, gate/up, SiLU·up, down, residual),
+so per-op overhead, not arithmetic, set its speed (docs/performance.md). ``csrc/decode_step.cpp``
+runs every layer of such a step in one op: the same formulas in float32 (see that file), K/V read
+in place from the paged pool through each sequence's block table, the GEMVs through the
+extension's own ``gemv_f32``/``gemv_int8`` kernels, threads only through ``at::parallel_for``.
+
+:func:`layer_weights` is the one predicate: it returns the op's weight lists for a step the fused
+path can run, else None (the model then takes its per-op path unchanged). Eligible: the engine's
+CPU kernels built (``INFERCTL_CPU_KERNELS`` not off) and exporting ``decode_layers``; float32
+model on CPU; a float32 KV pool (not int8); a decode-only step (every sequence one new token, one
+logit row each) of at most ``cpu_kernels.MAX_BATCH`` sequences; every layer linear either float32
+in the ``[out, in]`` layout or int8 per-channel (``Linear.q`` an ``Int8Weight``; int4 is not).
+
+Numerics: the same math as the per-op path with a different summation order (8-lane partial
+sums in the dot products and GEMVs); tests/unit/test_fused_decode.py bounds the logits' difference.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from inferctl.engine import cpu_kernels
+from inferctl.engine.quant import Int8Weight
+
+if TYPE_CHECKING:
+    from inferctl.engine.attention import AttentionMetadata, KVCache
+    from inferctl.engine.model import LlamaModel
+
+#: ``rope_style`` → the op's integer code
+ROPE_CODES = {"interleaved": 0, "half": 1}
+
+
+def _linear_tensors(lin: Any, no_scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(weight, scales) the op takes for one ``engine.model.Linear`` (``no_scales``, an empty
+    tensor, for a float32 weight), or None when it cannot."""
+    q = lin.q
+    if q is None:
+        w = lin.weight
+        if getattr(lin, "layout", None) != "out_in" or w is None or w.dtype != torch.float32 or not w.is_contiguous():
+            return None
+        return w, no_scales
+    if type(q) is not Int8Weight or q.qweight.device.type != "cpu" or not q.qweight.is_contiguous():
+        return None
+    return q.qweight, q.scales
+
+
+def layer_weights(model: "LlamaModel", kv_cache: "KVCache", meta: "AttentionMetadata",
+                  num_tokens: int) -> tuple[list[torch.Tensor], ...] | None:
+    """``(attn_norm, ffn_norm, weights, scales)`` lists for :func:`decode_layers` when this step
+    can run fused (see the module docstring), else None. ``meta`` must be prepared."""
+    ops = model.kernel_ops
+    if (ops is None or not meta.all_decode or num_tokens != meta.num_seqs or num_tokens > cpu_kernels.MAX_BATCH
+            or meta.logits_indices.shape[0] != num_tokens or kv_cache.kv_int8 or kv_cache.k.dtype != torch.float32
+            or model.dtype != torch.float32 or model.device.type != "cpu" or not hasattr(ops, "decode_layers")):
+        return None
+    weights: list[torch.Tensor] = []
+    scales: list[torch.Tensor] = []
+    no_scales = torch.empty(0, dtype=torch.float32)
+    for blk in model.layers:
+        for lin in (blk.wqkv, blk.wo, blk.w13, blk.w2):
+            pair = _linear_tensors(lin, no_scales)
+            if pair is None:
+                return None
+            weights.append(pair[0])
+            scales.append(pair[1])
+    return ([blk.attention_norm for blk in model.layers], [blk.ffn_norm for blk in model.layers], weights, scales)
+
+
+def decode_layers(model: "LlamaModel", lists: tuple[list[torch.Tensor], ...], x: torch.Tensor,
+                  cos: torch.Tensor, sin: torch.Tensor, kv_cache: "KVCache", meta: "AttentionMetadata") -> torch.Tensor:
+    """All decoder layers of one decode step: ``x`` [B, dim] float32 → [B, dim] (before the final
+    norm); writes each token's K/V into ``kv_cache`` at ``meta.slot_mapping``. ``cos``/``sin``
+    [B, 1, head_dim]: the model's RoPE table rows (``LlamaModel.rope_at``). ``lists``: what
+    :func:`layer_weights` returned. Raises RuntimeError (from the op) on inconsistent input."""
+    a = model.args
+    attn_norm, ffn_norm, weights, scales = lists
+    return model.kernel_ops.decode_layers(
+        x.contiguous(), cos, sin, kv_cache.k, kv_cache.v, meta.slot_mapping.contiguous(),
+        meta.block_tables.contiguous(), meta.seq_lens.contiguous(),
+        attn_norm, ffn_norm, weights, scales, a.n_heads, a.n_kv_heads, ROPE_CODES[a.rope_style], a.norm_eps,
+        model.scale)
