@@ -26,7 +26,7 @@ from typing import Any, Callable
 from inferctl.contract.http import generate_admin_token
 from inferctl.controller.actions import Actions, EngineSupervisor, engine_serve_argv
 from inferctl.controller.api import create_app
-from inferctl.controller.config_launch import launch_env
+from inferctl.controller.config_launch import API_KEY_ENV, launch_env
 from inferctl.controller.config import (DEFAULT_ENGINE_PORT, ConfigError, ControllerConfig, check_files,
                                         parse_config)
 from inferctl.controller.eventlog_retention import EventLogMaintenance, Retention
@@ -360,13 +360,34 @@ def up_config(cfg: ControllerConfig, *, from_file: bool, replicas: int = 1, mode
     return parse_config(data)
 
 
-def router_argv(spec: RouterSpec, engines: list[tuple[str, str]], controller_url: str) -> list[str]:
+#: the variable ``inferctl up`` hands the launched engines' API key to its router in (never argv)
+UPSTREAM_KEY_ENV = "INFERCTL_UPSTREAM_API_KEY"
+
+
+def router_argv(spec: RouterSpec, engines: list[tuple[str, str]], controller_url: str,
+                upstream_key_env: str | None = None) -> list[str]:
     """``python -m inferctl router`` in front of ``engines`` (name, URL), reading the
-    controller's ``/status`` (docs/router.md), logging warnings and errors only."""
+    controller's ``/status`` (docs/router.md), logging warnings and errors only;
+    ``upstream_key_env``: the variable that holds the engines' API key (``--upstream-api-key-env``)."""
     argv = [sys.executable, "-m", "inferctl", "router", "--host", spec.host, "--port", str(spec.port)]
     for name, url in engines:
         argv += ["--engine", f"{name}={url}"]
+    if upstream_key_env:
+        argv += ["--upstream-api-key-env", upstream_key_env]
     return argv + ["--controller", controller_url, "--log-level", "warning"]
+
+
+def upstream_key(config: ControllerConfig) -> str | None:
+    """The API key of the launched engines (``launch.api_key`` / ``launch.api_key_env``), which
+    their router sends on its probes; None when none has one. Raises ``RuntimeError`` when two
+    launched engines have different keys (one router holds one key) and ``ValueError`` for an
+    unusable key (:func:`~inferctl.controller.config_launch.launch_env`)."""
+    keys = {k for e in config.engines if e.launch is not None
+            for k in [launch_env(e.launch).get(API_KEY_ENV)] if k}
+    if len(keys) > 1:
+        raise RuntimeError("router: the launched engines have different API keys (launch.api_key /"
+                           " api_key_env): one router sends one key to every replica")
+    return next(iter(keys), None)
 
 
 def _start_router(spec: RouterSpec, config: ControllerConfig, controller_url: str,
@@ -378,7 +399,9 @@ def _start_router(spec: RouterSpec, config: ControllerConfig, controller_url: st
     if not engines:
         raise RuntimeError("router: no launched engine to route to")
     log_path = None if log_dir is None else Path(log_dir) / "router.log"
-    sup = EngineSupervisor("router", router_argv(spec, engines, controller_url), _url(spec.host, spec.port),
+    key = upstream_key(config)
+    sup = EngineSupervisor("router", router_argv(spec, engines, controller_url, UPSTREAM_KEY_ENV if key else None),
+                           _url(spec.host, spec.port), env={UPSTREAM_KEY_ENV: key} if key else None,
                            health_timeout_seconds=60.0, stop_timeout_seconds=10.0, log_path=log_path)
     sup.start()
     return sup

@@ -144,7 +144,7 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
     registry, metrics = build_router_registry()
     replicas = ReplicaSet.from_specs(config.engines)
     prober = Prober(replicas, client, timeout=config.probe_timeout_seconds, controller=config.controller,
-                    metrics=metrics)
+                    metrics=metrics, api_key=config.upstream_api_key)
     state = RouterState(config, replicas, client, upstream, prober, Forwarder(config, replicas, upstream, metrics),
                         registry, metrics, limits or ProtocolLimits(),
                         RateLimiter(config.rate_keys, config.rate_default))

@@ -11,7 +11,7 @@ from typing import List, Optional
 import typer
 
 from inferctl.contract.units import parse_size
-from inferctl.router.config import ConfigError, RouterConfig, load_config_file, parse_engine
+from inferctl.router.config import ConfigError, RouterConfig, load_config_file, parse_engine, upstream_key_from_env
 
 
 def router(
@@ -42,6 +42,10 @@ def router(
                                                   "each in-flight request holds one)."),
     log_format: str = typer.Option("text", "--log-format", help="text | json (one JSON object per line)."),
     log_level: str = typer.Option("info", "--log-level", help="debug | info | warning | error."),
+    upstream_api_key_env: Optional[str] = typer.Option(
+        None, "--upstream-api-key-env", metavar="NAME",
+        help="The environment variable holding the replicas' API key (their --api-key), sent on the router's "
+             "probes; never the key itself on the command line (docs/router.md \"API keys\")."),
     allowed_host: List[str] = typer.Option([], "--allowed-host",
                                            help="A Host name clients may use (repeat; default: loopback names "
                                                 "when bound to loopback, any name otherwise)."),
@@ -54,7 +58,10 @@ def router(
 
     try:
         from_file = load_config_file(config_file) if config_file else {"engines": [], "controller": None,
-                                                                          "rate_keys": {}, "rate_default": None}
+                                                                          "rate_keys": {}, "rate_default": None,
+                                                                          "upstream_api_key": None}
+        upstream_key = (upstream_key_from_env(upstream_api_key_env) if upstream_api_key_env
+                        else from_file["upstream_api_key"])
         config = RouterConfig(
             engines=tuple(from_file["engines"]) + tuple(parse_engine(e) for e in engine),
             controller=controller or from_file["controller"],
@@ -63,7 +70,7 @@ def router(
             affinity_chars=affinity_chars, affinity_min_chars=affinity_min_chars, epsilon=epsilon,
             max_body_bytes=parse_size(max_body_bytes, "--max-body-bytes"),
             upstream_timeout_seconds=upstream_timeout, upstream_connections=upstream_connections,
-            log_format=log_format).validate()
+            log_format=log_format, upstream_api_key=upstream_key).validate()
     except (ConfigError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2)

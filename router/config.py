@@ -71,6 +71,9 @@ class RouterConfig:
     ``Retry-After`` of a 503 when no replica is ready. ``log_format``: ``text`` or ``json``.
     ``rate_keys``: per-key rate limits by raw API key (never logged); ``rate_default``: the
     limits of keys not listed (:mod:`inferctl.router.ratelimit`; ``--config`` ``rate_limits``).
+    ``upstream_api_key``: the replicas' API key (their ``--api-key``), sent on the router's own
+    probes; read from the variable ``--upstream-api-key-env`` / ``upstream_api_key_env`` names,
+    never from a flag value (it would show in ``ps``); never logged (docs/router.md "API keys").
     """
 
     engines: tuple[EngineSpec, ...]
@@ -90,6 +93,7 @@ class RouterConfig:
     log_format: str = "text"
     rate_keys: Mapping[str, KeyLimit] = field(default_factory=dict, repr=False)
     rate_default: KeyLimit | None = None
+    upstream_api_key: str | None = field(default=None, repr=False)
 
     def validate(self) -> "RouterConfig":
         """Check every field; returns ``self``.
@@ -140,7 +144,30 @@ class RouterConfig:
 
 
 #: The top-level keys of a ``--config`` file.
-FILE_KEYS = ("engines", "controller", "rate_limits")
+FILE_KEYS = ("engines", "controller", "rate_limits", "upstream_api_key_env")
+
+
+def upstream_key_from_env(var: str, env: Mapping[str, str] | None = None,
+                          source: str = "--upstream-api-key-env") -> str:
+    """The replicas' API key from the environment variable ``var`` (stripped: a secret mounted
+    from a file ends in a newline).
+
+    Raises:
+        ConfigError: ``var`` is not a variable name, is unset or empty, or holds a key no client
+            could send (:func:`inferctl.contract.http.check_api_key`); the message names
+            ``source`` and the variable, never the value."""
+    import os
+
+    env = os.environ if env is None else env
+    if not isinstance(var, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", var):
+        raise ConfigError(f"{source}: {var!r} is not an environment variable name")
+    key = (env.get(var) or "").strip()
+    if not key:
+        raise ConfigError(f"{source}: environment variable {var} is not set or empty")
+    try:
+        return check_api_key(key, "key")
+    except ValueError as exc:
+        raise ConfigError(f"{source}: ${var}: {str(exc).removeprefix('key: ')}") from None
 _LIMIT_KEYS = ("requests_per_minute", "tokens_per_minute")
 #: Largest per-minute limit accepted (a bigger one is no limit: leave the key out).
 MAX_PER_MINUTE = 1e15
@@ -149,8 +176,8 @@ MAX_PER_MINUTE = 1e15
 def load_config_file(path: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Read a router ``--config`` YAML file (docs/router.md "Configuration file") into
     ``{"engines": [EngineSpec], "controller": str | None, "rate_keys": {raw key: KeyLimit},
-    "rate_default": KeyLimit | None}``. ``env``: where ``key_env`` names are looked up
-    (default ``os.environ``).
+    "rate_default": KeyLimit | None, "upstream_api_key": str | None}``. ``env``: where
+    ``key_env`` and ``upstream_api_key_env`` names are looked up (default ``os.environ``).
 
     Raises:
         ConfigError: the file cannot be read, is not UTF-8, is not a YAML mapping, holds a key
@@ -196,7 +223,10 @@ def load_config_file(path: str, env: Mapping[str, str] | None = None) -> dict[st
     if controller is not None and not isinstance(controller, str):
         raise fail("controller", f"must be a URL string, got {controller!r}")
     keys, default = _rate_limits(doc.get("rate_limits"), env, fail)
-    return {"engines": engines, "controller": controller, "rate_keys": keys, "rate_default": default}
+    var = doc.get("upstream_api_key_env")
+    upstream_key = None if var is None else upstream_key_from_env(var, env, f"--config {path}: upstream_api_key_env")
+    return {"engines": engines, "controller": controller, "rate_keys": keys, "rate_default": default,
+            "upstream_api_key": upstream_key}
 
 
 def _limit(where: str, raw: Any, name: str, fail: Callable[[str, str], ConfigError],

@@ -19,6 +19,11 @@ once took every replica of a loaded fleet out of rotation (217 requests answered
 test); whether a replica answers is this prober's own ``/ready`` verdict. Engines are matched by
 URL, then by name. When the controller cannot be read the last known view is kept
 (``inferctl_router_controller_up`` 0).
+
+With ``api_key`` (the replicas' ``--api-key``, ``--upstream-api-key-env``), every request to a
+replica carries ``Authorization: Bearer <key>``: an engine guards ``/v1/*`` (``/v1/models``) with
+it and leaves ``/ready``, ``/health``, ``/stats`` open, other servers may guard more. The
+controller's ``/status`` never gets it (another service, another secret).
 """
 
 from __future__ import annotations
@@ -50,11 +55,11 @@ class Prober:
 
     ``client``: the shared httpx.AsyncClient; ``timeout``: one probe's deadline (s);
     ``controller``: the controller's base URL or None; ``metrics``: the router registry's
-    metrics dict (catalog name → metric).
+    metrics dict (catalog name → metric); ``api_key``: the replicas' API key or None.
     """
 
     def __init__(self, replicas: ReplicaSet, client: httpx.AsyncClient, *, timeout: float,
-                 controller: str | None, metrics: dict) -> None:
+                 controller: str | None, metrics: dict, api_key: str | None = None) -> None:
         self.replicas = replicas
         self.client = client
         self.timeout = timeout
@@ -62,6 +67,7 @@ class Prober:
         self.metrics = metrics
         self.rounds = 0
         self.controller_ok: bool | None = None
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else None
 
     async def round(self) -> None:
         """One probe round over every replica (and the controller), then the gauges."""
@@ -89,8 +95,9 @@ class Prober:
             self.metrics["inferctl_router_outstanding_requests"].labels(r.name).set(r.outstanding)
         self.metrics["inferctl_router_replicas_ready"].set(len(self.replicas.routable()))
 
-    async def _get(self, url: str) -> httpx.Response:
-        return await self.client.get(url, timeout=self.timeout)
+    async def _get(self, url: str, replica: bool = True) -> httpx.Response:
+        """GET ``url`` within the probe deadline; a replica's URL with the API key (if any)."""
+        return await self.client.get(url, timeout=self.timeout, headers=self._auth if replica else None)
 
     async def probe(self, r: Replica) -> None:
         """Readiness, then load and models of one replica (module docstring)."""
@@ -149,7 +156,7 @@ class Prober:
     async def read_controller(self) -> None:
         """Block the engines the controller keeps away; keep the last view on failure."""
         try:
-            resp = await self._get(self.controller + "/status")
+            resp = await self._get(self.controller + "/status", replica=False)
             resp.raise_for_status()
             engines = resp.json().get("engines")
             if not isinstance(engines, dict):
