@@ -4,10 +4,12 @@
 
 The controller is assembled as ``inferctl up`` does (``controller.up.build_policies``: precision,
 fragmentation, breaker off, hardware) over REAL engine clients polling over loopback HTTP: a
-fake fleet in a child process (``--serve``: one aiohttp server listening on one port per
-engine) answers with recorded data: half the engines are bundled engines whose ``/stats`` is a
-real document (taken from an in-process stories260K engine after a few requests; their
-``/metrics`` answers 404, so the latency histograms stay missing), half are vLLM engines whose
+fake fleet in a child process (``--serve``: one aiohttp server listening on one free port per
+engine, picked by the OS, so two runs never collide) answers with recorded data: half the engines
+are bundled engines whose ``/stats`` and ``/metrics`` are a real engine's (an in-process stories260K
+engine after a few requests; its ``/stats`` carries the latency histograms, so the controller
+makes one GET per poll; ``--old-stats`` strips them, as an engine before them answered, so the
+controller also fetches and parses ``/metrics``), half are vLLM engines whose
 ``/metrics`` is one of the real captures of ``../shared/fixtures/vllm/metrics_samples.txt`` in
 turn. The GPU source replays the real 8×H100 ``nvidia-smi -q`` capture
 (``../shared/fixtures/gpu/nvsmi_q_h100x8_535.161.08.txt``) cloned to N/4 GPUs with distinct
@@ -47,13 +49,15 @@ from bench.common import FIXTURES, STORIES_BIN, machine_facts, md_table, section
 
 TARGET_TICK_CPU_SECONDS = 0.250
 TARGET_RENDER_SECONDS = 0.100
-BASE_PORT = 23000
 #: The real 8×H100 ``nvidia-smi -q`` capture the GPU source replays.
 H100_CAPTURE = FIXTURES / "gpu" / "nvsmi_q_h100x8_535.161.08.txt"
 
 
-def bundled_stats_doc() -> dict:
-    """A real ``/stats`` document: stories260K, 8 requests served in-process."""
+def bundled_engine_bodies() -> tuple[dict, bytes]:
+    """A real engine's ``/stats`` document and ``/metrics`` text: stories260K, 8 requests served
+    in-process."""
+    from prometheus_client import generate_latest
+
     from inferctl.engine.config import EngineConfig
     from inferctl.engine.engine import LLMEngine
     from inferctl.engine.loader import load_model
@@ -65,7 +69,7 @@ def bundled_stats_doc() -> dict:
         eng.add_request(f"r{i}", ids, SamplingParams(max_tokens=24, temperature=0.8, seed=i))
     while eng.has_unfinished_requests():
         eng.step()
-    return eng.stats()
+    return eng.stats(), generate_latest(eng.registry)
 
 
 def raise_file_limit() -> None:
@@ -75,57 +79,72 @@ def raise_file_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def payloads(n_engines: int) -> list[tuple[str, bytes]]:
-    """Per engine: (kind, body): bundled engines' ``/stats`` JSON, vLLM engines' ``/metrics``."""
-    stats = json.dumps(bundled_stats_doc()).encode()
+def payloads(n_engines: int, old_stats: bool = False) -> list[tuple[str, dict[str, str]]]:
+    """Per engine: (kind, {path: body}): a bundled engine's ``/stats`` JSON and ``/metrics`` text
+    (``old_stats``: its ``/stats`` without the latency histograms, as an older engine's), a vLLM
+    engine's ``/metrics``."""
+    doc, metrics = bundled_engine_bodies()
+    if old_stats:
+        doc["requests"].pop("latency_histograms", None)
+        doc.pop("latency_histograms_by_model", None)
+    bundled = {"/stats": json.dumps(doc), "/metrics": metrics.decode()}
     vllm_text = (FIXTURES / "vllm" / "metrics_samples.txt").read_text()
     blocks = ["# SOURCE" + b for b in vllm_text.split("# SOURCE")[1:]]
-    return [("bundled", stats) if i % 2 == 0 else ("vllm", blocks[(i // 2) % len(blocks)].encode())
+    return [("bundled", bundled) if i % 2 == 0 else ("vllm", {"/metrics": blocks[(i // 2) % len(blocks)]})
             for i in range(n_engines)]
 
 
-def serve(n_engines: int, base_port: int, bodies_path: str) -> None:
-    """The fake fleet (child process): one aiohttp server on ports base_port..+n, each port one
-    engine answering its recorded body; prints ``ready`` when all listen."""
+def serve(n_engines: int, bodies_path: str) -> None:
+    """The fake fleet (child process): one aiohttp server per engine, each on a free loopback port
+    the OS picks, answering its recorded bodies; prints ``ready [ports]`` when all listen."""
+    import socket
+
     from aiohttp import web
 
     raise_file_limit()
     bodies = json.loads(Path(bodies_path).read_text())
 
+    def answer(body: bytes, ctype: str):
+        async def handler(request: web.Request) -> web.Response:
+            return web.Response(body=body, content_type=ctype)
+        return handler
+
     async def main() -> None:
-        runners = []
+        runners, ports = [], []
         for i in range(n_engines):
-            kind, body = bodies[i][0], bodies[i][1].encode()
             app = web.Application()
-            if kind == "bundled":
-                app.router.add_get("/stats", lambda r, b=body: web.Response(body=b, content_type="application/json"))
-            else:
-                app.router.add_get("/metrics", lambda r, b=body: web.Response(body=b, content_type="text/plain"))
+            for path, body in bodies[i][1].items():
+                ctype = "application/json" if path == "/stats" else "text/plain"
+                app.router.add_get(path, answer(body.encode(), ctype))
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", base_port + i, backlog=128).start()
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+            await web.SockSite(runner, sock, backlog=128).start()
             runners.append(runner)
-        print("ready", flush=True)
+        print("ready " + json.dumps(ports), flush=True)
         await asyncio.Event().wait()
 
     asyncio.run(main())
 
 
 class Fleet:
-    """The fake fleet's child process (context manager)."""
+    """The fake fleet's child process (context manager); ``urls`` one per engine."""
 
-    def __init__(self, n_engines: int, workdir: Path, base_port: int = BASE_PORT) -> None:
-        self.kinds = payloads(n_engines)
+    def __init__(self, n_engines: int, workdir: Path, old_stats: bool = False) -> None:
+        self.kinds = payloads(n_engines, old_stats)
         bodies = workdir / "bodies.json"
-        bodies.write_text(json.dumps([[k, b.decode()] for k, b in self.kinds]))
-        self.urls = [f"http://127.0.0.1:{base_port + i}" for i in range(n_engines)]
+        bodies.write_text(json.dumps(self.kinds))
         self.proc = subprocess.Popen([sys.executable, "-m", "bench.controller_tick", "--serve", str(n_engines),
-                                      "--port", str(base_port), "--bodies", str(bodies)],
+                                      "--bodies", str(bodies)],
                                      stdout=subprocess.PIPE, cwd=str(Path(__file__).resolve().parents[1]))
         line = self.proc.stdout.readline()
-        if b"ready" not in line:
+        if not line.startswith(b"ready "):
             self.close()
             raise RuntimeError(f"fake fleet did not start: {line!r}")
+        self.urls = [f"http://127.0.0.1:{port}" for port in json.loads(line[len(b"ready "):])]
 
     def close(self) -> None:
         self.proc.kill()
@@ -191,8 +210,10 @@ def build_controller(fleet: Fleet, n_gpus: int, workdir: Path, model: str):
     return ctl, registry, log, clients
 
 
-def measure(fleet: Fleet, n_gpus: int, ticks: int, model: str, workdir: Path) -> dict:
-    """Tick and render numbers (seconds, bytes) for one polling model."""
+def measure(fleet: Fleet, n_gpus: int, ticks: int, model: str, workdir: Path, profile: str | None = None) -> dict:
+    """Tick and render numbers (seconds, bytes) for one polling model. ``profile``: cProfile the
+    measured ticks (the tick's thread and the poller's loop thread, one profile each) into
+    ``profile`` + ``.tick`` / ``.loop`` (pstats files)."""
     from prometheus_client import generate_latest
 
     from inferctl.controller.exposition import FleetExposition
@@ -204,12 +225,15 @@ def measure(fleet: Fleet, n_gpus: int, ticks: int, model: str, workdir: Path) ->
             now += 1.0
             ctl.tick(now)
         cpu, wall, decisions = [], [], 0
+        profiles = _start_profiles(ctl) if profile else None
         for _ in range(ticks):
             now += 1.0
             c0, w0 = time.process_time(), time.perf_counter()
             decisions += len(ctl.tick(now))
             cpu.append(time.process_time() - c0)
             wall.append(time.perf_counter() - w0)
+        if profiles:
+            _stop_profiles(ctl, profiles, profile)
         up = sum(1 for s in ctl.state.latest.values() if s.ok)
         poll_cpu, rec_cpu = [], []
         for _ in range(max(3, ticks // 2)):
@@ -251,6 +275,34 @@ def measure(fleet: Fleet, n_gpus: int, ticks: int, model: str, workdir: Path) ->
         log.close()
         for c in clients.values():
             c.close()
+
+
+def _start_profiles(ctl) -> tuple:
+    """A ``cProfile.Profile`` enabled in this (the tick's) thread and one in the poller's loop thread."""
+    import cProfile
+
+    tick, loop = cProfile.Profile(), cProfile.Profile()
+    poller = ctl.sources.poller
+
+    async def enable() -> None:
+        loop.enable()
+    if poller is not None:
+        poller.submit(enable()).result(10)
+    tick.enable()
+    return tick, loop
+
+
+def _stop_profiles(ctl, profiles: tuple, path: str) -> None:
+    tick, loop = profiles
+    tick.disable()
+
+    async def disable() -> None:
+        loop.disable()
+    if ctl.sources.poller is not None:
+        ctl.sources.poller.submit(disable()).result(10)
+    tick.dump_stats(path + ".tick")
+    loop.dump_stats(path + ".loop")
+    print(f"profiles: {path}.tick {path}.loop", flush=True)
 
 
 def probe(fleet: Fleet, reps: int = 3) -> list[list[str]]:
@@ -348,14 +400,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="polling models: aiohttp (one event loop), threads (a thread + httpx.Client per engine)")
     ap.add_argument("--threads-max", type=int, default=256, help="largest fleet the threads model is run on")
     ap.add_argument("--probe", type=int, default=256, help="engines for the raw HTTP client probe (0: skip)")
+    ap.add_argument("--old-stats", action="store_true",
+                    help="bundled engines answer /stats without the latency histograms (an older engine): "
+                         "the controller also fetches /metrics from each")
+    ap.add_argument("--profile", metavar="FILE",
+                    help="cProfile the measured ticks of the largest fleet's first model into FILE (pstats)")
     ap.add_argument("--quick", action="store_true", help="smoke test: no doc write")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--port", type=int, default=BASE_PORT, help=argparse.SUPPRESS)
     ap.add_argument("--bodies", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.serve:
-        serve(a.serve, a.port, a.bodies)
+        serve(a.serve, a.bodies)
         return 0
     raise_file_limit()
     facts = machine_facts()
@@ -363,11 +419,12 @@ def main(argv: list[str] | None = None) -> int:
     models = [m.strip() for m in a.models.split(",") if m.strip()]
     results, probe_rows = [], None
     for n in sizes:
-        with tempfile.TemporaryDirectory() as tmp, Fleet(n, Path(tmp)) as fleet:
+        with tempfile.TemporaryDirectory() as tmp, Fleet(n, Path(tmp), a.old_stats) as fleet:
             for model in models:
                 if model == "threads" and n > a.threads_max:
                     continue
-                r = measure(fleet, max(1, n // 4), a.ticks, model, Path(tmp) / model)
+                prof = a.profile if a.profile and n == max(sizes) and model == models[0] else None
+                r = measure(fleet, max(1, n // 4), a.ticks, model, Path(tmp) / model, prof)
                 print(json.dumps(r), flush=True)
                 results.append(r)
             if a.probe and n == a.probe:

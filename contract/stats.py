@@ -177,6 +177,29 @@ class RecentRequest(TypedDict):
     prompt_len_bucket: str | None
 
 
+#: ``requests.latency_histograms``'s histograms (seconds), by key.
+LATENCY_HISTOGRAM_KEYS: tuple[str, ...] = ("ttft_seconds", "itl_seconds", "e2e_seconds")
+
+
+class LatencyHistogramCounts(TypedDict):
+    """One cumulative histogram: ``buckets[i]`` = samples <= ``le[i]`` (seconds), ``count`` =
+    all samples (the ``+Inf`` bucket), ``sum`` in seconds."""
+
+    buckets: list[int]
+    sum: float
+    count: int
+
+
+class LatencyHistograms(TypedDict):
+    """``requests.latency_histograms``: the ``/metrics`` latency histograms (TTFT, ITL, e2e;
+    cumulative since start, successful requests only) as arrays over shared bounds ``le``."""
+
+    le: list[float]
+    ttft_seconds: LatencyHistogramCounts
+    itl_seconds: LatencyHistogramCounts
+    e2e_seconds: LatencyHistogramCounts
+
+
 class RequestsSection(TypedDict):
     """``requests``: finished-request counters, latency windows and the recent ones."""
 
@@ -190,6 +213,7 @@ class RequestsSection(TypedDict):
     ttft_seconds: LatencyQuantiles
     itl_seconds: LatencyQuantiles
     e2e_seconds: LatencyQuantiles
+    latency_histograms: LatencyHistograms
     recent: list[RecentRequest]
 
 

@@ -186,6 +186,12 @@ class AsyncLLMEngine:
         doc["engine"]["step_thread_alive"] = self.is_running
         return doc
 
+    def latency_histograms(self) -> dict:
+        """The engine's cumulative latency histograms (``requests.latency_histograms`` of
+        ``/stats``, :meth:`inferctl.engine.stats.EngineStats.latency_histograms`), read without
+        waiting for the step in flight: the server adds every served model's to ``/stats``."""
+        return self.engine.stats_.latency_histograms()
+
     async def get_stats(self) -> dict:
         """:meth:`stats` without blocking the event loop."""
         return await asyncio.get_running_loop().run_in_executor(None, self.stats)

@@ -26,14 +26,17 @@ tokens come.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections import deque
+from itertools import accumulate
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from inferctl.contract.oom import OOM_EXHAUSTION, OOM_FRAGMENTATION, OOM_IMPOSSIBLE, OomInfo
 from inferctl.contract.stats import (FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, FINISH_REASONS, FINISH_REPETITION,
-                                     FINISH_STOP)
+                                     FINISH_STOP, LATENCY_HISTOGRAM_KEYS)
+from inferctl.engine.metrics import LATENCY_BUCKETS
 from inferctl.engine.quality import OutputQuality
 
 
@@ -145,6 +148,35 @@ class SchedulerStats:
 
 
 # ---------------------------------------------------------------------------- /stats
+class LatencyHistogram:
+    """A cumulative latency histogram over :data:`~inferctl.engine.metrics.LATENCY_BUCKETS`
+    (seconds), the same buckets and the same rule as prometheus-client's ``Histogram.observe``
+    (a value goes in the first bucket whose upper bound ``le`` is >= it; above the last, only
+    ``+Inf``), so :meth:`to_dict` equals the ``inferctl_engine_*_seconds`` series of ``/metrics``.
+
+    Kept as per-bucket counts (the last slot is ``+Inf``); the document's ``count`` is the sum of
+    the buckets, so buckets and count always agree even when read while a step records (``sum``
+    may then lag by the sample being added).
+    """
+
+    __slots__ = ("_counts", "_sum")
+
+    def __init__(self) -> None:
+        self._counts = [0] * (len(LATENCY_BUCKETS) + 1)
+        self._sum = 0.0
+
+    def observe(self, value: float) -> None:
+        """Count one sample (seconds)."""
+        self._counts[bisect_left(LATENCY_BUCKETS, value)] += 1
+        self._sum += value
+
+    def to_dict(self) -> dict:
+        """``{"buckets": [cumulative count per finite le], "sum": seconds, "count": samples}``
+        (``count`` is the ``+Inf`` bucket; the bounds are the section's ``le``)."""
+        cum = list(accumulate(list(self._counts)))
+        return {"buckets": cum[:-1], "sum": self._sum, "count": cum[-1]}
+
+
 def quantiles(samples: deque | list) -> dict:
     """``{"p50", "p90", "p99", "count"}`` of ``samples`` (seconds); quantiles None if empty."""
     if not samples:
@@ -186,6 +218,8 @@ class EngineStats:
         self.ttft: deque[float] = deque(maxlen=latency_window)
         self.itl: deque[float] = deque(maxlen=latency_window)
         self.e2e: deque[float] = deque(maxlen=latency_window)
+        #: cumulative since start (the ``/metrics`` histograms' values): ``requests.latency_histograms``
+        self.histograms = {key: LatencyHistogram() for key in LATENCY_HISTOGRAM_KEYS}
         self.recent: deque[dict] = deque(maxlen=recent_requests)
         self.oom_total = 0
         self.oom_by_kind = {OOM_FRAGMENTATION: 0, OOM_EXHAUSTION: 0, OOM_IMPOSSIBLE: 0}
@@ -201,6 +235,10 @@ class EngineStats:
             self._record_step(it)
         self.ttft.extend(it.ttfts)
         self.itl.extend(it.itls)
+        for name, values in (("ttft_seconds", it.ttfts), ("itl_seconds", it.itls)):
+            hist = self.histograms[name]
+            for v in values:
+                hist.observe(v)
         self.prompt_tokens_total += it.num_prompt_tokens
         for fin in it.finished:
             self._record_finished(fin)
@@ -236,6 +274,7 @@ class EngineStats:
         self.completion_tokens_total += fin.completion_tokens
         if reason in SUCCESS_REASONS:
             self.e2e.append(fin.e2e)
+            self.histograms["e2e_seconds"].observe(fin.e2e)
         q = fin.quality.to_dict()
         self.recent.append({
             "request_id": fin.request_id, "x_request_id": fin.x_request_id, "prompt_tokens": fin.prompt_tokens,
@@ -264,6 +303,16 @@ class EngineStats:
                  "request_id": f.request_id, "x_request_id": f.x_request_id}
         self.faults.append(entry)
         self.last_oom = entry
+
+    def latency_histograms(self) -> dict:
+        """``requests.latency_histograms``: ``{"le": [finite upper bounds, seconds], "ttft_seconds",
+        "itl_seconds", "e2e_seconds": {"buckets": [cumulative counts, one per le], "sum", "count"}}``,
+        cumulative since start, of requests that finished successfully: the same numbers as the
+        ``inferctl_engine_{time_to_first_token,inter_token_latency,e2e_request_latency}_seconds``
+        histograms of ``/metrics`` (``count`` is their ``+Inf`` bucket), as arrays, so a controller
+        reads them from ``/stats`` without fetching and parsing ``/metrics``. Safe to call from
+        another thread while the engine steps."""
+        return {"le": list(LATENCY_BUCKETS), **{k: h.to_dict() for k, h in self.histograms.items()}}
 
     def sections(self, live: SchedulerStats) -> dict:
         """The ``scheduler``, ``requests``, ``quality``, ``faults`` and ``prefix_cache`` sections, with
@@ -294,6 +343,7 @@ class EngineStats:
                          "ttft_seconds": quantiles(self.ttft),
                          "itl_seconds": quantiles(self.itl),
                          "e2e_seconds": quantiles(self.e2e),
+                         "latency_histograms": self.latency_histograms(),
                          "recent": list(self.recent)},
             "quality": {"nonfinite_logprobs_total": self.nonfinite_logprobs_total,
                         "degenerate_total": self.degenerate_total},

@@ -18,6 +18,7 @@ import httpx
 import orjson
 
 from inferctl.contract.precision import check_precision_mode
+from inferctl.contract.stats import LATENCY_HISTOGRAM_KEYS
 from inferctl.controller.engines.base import EngineAdminError, EngineClient, describe_error, failed_snapshot
 from inferctl.controller.engines.promtext import CORE_FIELDS, histogram_from_samples, parse_prometheus_text
 from inferctl.controller.scrape.promtext import family_filter
@@ -32,6 +33,20 @@ METRIC_HISTOGRAMS = {"ttft_histogram": "inferctl_engine_time_to_first_token_seco
                      "e2e_histogram": "inferctl_engine_e2e_request_latency_seconds"}
 #: The /metrics sample names read (the histograms' parts); the engine's other series are skipped.
 _KEEP = family_filter(METRIC_HISTOGRAMS.values())
+#: ``requests.latency_histograms`` of ``/stats`` (contract/stats.py ``LatencyHistograms``): key ->
+#: snapshot field. The same numbers as the /metrics histograms above, so the snapshot is the same.
+STATS_HISTOGRAMS = dict(zip(LATENCY_HISTOGRAM_KEYS, ("ttft_histogram", "itl_histogram", "e2e_histogram")))
+
+
+def histograms_in_stats(doc: dict[str, Any]) -> bool:
+    """Whether a ``/stats`` document carries the latency histograms (``requests.latency_histograms``,
+    and ``latency_histograms_by_model`` when the engine serves several models): then ``/metrics``
+    is not fetched. An older engine's document lacks them and the client reads ``/metrics``."""
+    req = doc.get("requests")
+    if not isinstance(req, dict) or "latency_histograms" not in req:
+        return False
+    models = doc.get("engine", {}).get("models") if isinstance(doc.get("engine"), dict) else None
+    return not (isinstance(models, list) and len(models) > 1) or "latency_histograms_by_model" in doc
 
 
 def loads_stats(body: bytes) -> Any:
@@ -55,11 +70,13 @@ class BundledEngineClient(EngineClient):
 
     ``admin_token``: bearer token for ``/admin/*`` (the engine's ``INFERCTL_ADMIN_TOKEN``);
     ``None`` sends no Authorization header (the engine will answer 401 if it wants one).
-    ``scrape_metrics``: also read the TTFT / ITL / e2e histograms from ``/metrics`` (``/stats``
-    carries only quantiles), within what is left of ``timeout_s``; a failing ``/metrics`` only
-    leaves the histograms missing. The TTFT histogram of every served model
-    (``inferctl_engine_time_to_first_token_seconds{model=...}``) goes to
-    ``ttft_histogram_by_model`` by model name.
+    The TTFT / ITL / e2e histograms come from ``/stats`` (``requests.latency_histograms``: one
+    GET per poll). ``scrape_metrics``: for an engine whose ``/stats`` lacks them (an older
+    engine, :func:`histograms_in_stats`), read them from ``/metrics`` within what is left of
+    ``timeout_s``; a failing ``/metrics`` only leaves the histograms missing (no data). The TTFT
+    histogram of every served model (``latency_histograms_by_model``, or
+    ``inferctl_engine_time_to_first_token_seconds{model=...}``) goes to ``ttft_histogram_by_model``
+    by model name.
     """
 
     kind = "bundled"
@@ -79,7 +96,7 @@ class BundledEngineClient(EngineClient):
         except httpx.HTTPError as exc:
             return failed_snapshot(self, now, f"GET /stats: {describe_error(exc, self.timeout_s)}")
         snap = self._stats_snapshot(resp.status_code, resp.content, now)
-        if snap.ok and self.scrape_metrics:
+        if snap.ok and self.scrape_metrics and not histograms_in_stats(snap.raw):
             left = self.timeout_s - (time.monotonic() - started)
             if left > 0.05:
                 self._add_metric_histograms(snap, left)
@@ -87,8 +104,8 @@ class BundledEngineClient(EngineClient):
         return snap
 
     async def poll_async(self, poller: AsyncPoller, now: float) -> EngineSnapshot:
-        """:meth:`poll` on the shared loop and connection pool (``GET /stats``, then
-        ``/metrics`` within what is left of ``timeout_s``). Never raises."""
+        """:meth:`poll` on the shared loop and connection pool (``GET /stats``; for an older
+        engine, ``/metrics`` within what is left of ``timeout_s``). Never raises."""
         started = time.monotonic()
         try:
             status, body = await poller.get(self.base_url + "/stats", deadline_s=self.timeout_s,
@@ -96,7 +113,7 @@ class BundledEngineClient(EngineClient):
         except SCRAPE_ERRORS as exc:
             return failed_snapshot(self, now, f"GET /stats: {describe_error(exc, self.timeout_s)}")
         snap = await poller.offload(len(body), self._stats_snapshot, status, body, now)
-        if snap.ok and self.scrape_metrics:
+        if snap.ok and self.scrape_metrics and not histograms_in_stats(snap.raw):
             left = self.timeout_s - (time.monotonic() - started)
             if left > 0.05:
                 try:
@@ -313,6 +330,43 @@ def _histogram(r: _Reader, *paths: tuple[str, ...]) -> dict[str, Any] | None:
     return None
 
 
+def _finite_nonneg(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+
+def stats_histograms(section: Any, where: str, invalid: list[str]) -> dict[str, dict[str, Any]] | None:
+    """A ``latency_histograms`` section (contract/stats.py ``LatencyHistograms``) -> ``{snapshot
+    field: {"buckets": [(le, cumulative count)..., (inf, count)], "sum", "count", "metric"}}``,
+    the shape (and the ``metric`` name) the same histogram read from ``/metrics`` has. None when
+    the section is absent; a malformed part (``le`` not increasing finite numbers, a bucket list
+    of another length, counts negative or decreasing, ``count`` below the last bucket, ``sum``
+    not a finite number >= 0) is listed in ``invalid`` and left out (no data)."""
+    if section is None:
+        return None
+    le = section.get("le") if isinstance(section, dict) else None
+    if (not isinstance(le, list) or not le or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                       and math.isfinite(x) for x in le)
+            or any(b <= a for a, b in zip(le, le[1:]))):
+        invalid.append(f"{where}.le (not increasing finite numbers)")
+        return {}
+    bounds = [float(x) for x in le]
+    out: dict[str, dict[str, Any]] = {}
+    for key, field in STATS_HISTOGRAMS.items():
+        h = section.get(key)
+        if h is None:
+            continue
+        buckets = h.get("buckets") if isinstance(h, dict) else None
+        count, hsum = (h.get("count"), h.get("sum")) if isinstance(h, dict) else (None, None)
+        if (not isinstance(buckets, list) or len(buckets) != len(bounds)
+                or not all(_finite_nonneg(c) for c in buckets) or any(b < a for a, b in zip(buckets, buckets[1:]))
+                or not _finite_nonneg(count) or count < buckets[-1] or not _finite_nonneg(hsum)):
+            invalid.append(f"{where}.{key} (not cumulative counts over le with count and sum)")
+            continue
+        out[field] = {"buckets": [(le_, float(c)) for le_, c in zip(bounds, buckets)] + [(math.inf, float(count))],
+                      "sum": float(hsum), "count": float(count), "metric": METRIC_HISTOGRAMS[field]}
+    return out
+
+
 def snapshot_from_stats(doc: dict[str, Any], *, name: str, now: float = 0.0) -> EngineSnapshot:
     """Map a bundled engine ``/stats`` document (docs/architecture.md) to an EngineSnapshot."""
     r = _Reader(doc)
@@ -350,6 +404,7 @@ def snapshot_from_stats(doc: dict[str, Any], *, name: str, now: float = 0.0) -> 
     s.ttft_histogram = _histogram(r, ("requests", "ttft_histogram"), ("requests", "ttft_seconds", "histogram"))
     s.e2e_histogram = _histogram(r, ("requests", "e2e_histogram"), ("requests", "e2e_seconds", "histogram"))
     s.itl_histogram = _histogram(r, ("requests", "itl_histogram"), ("requests", "itl_seconds", "histogram"))
+    _apply_stats_histograms(s, r)
     s.oom_total = r.num("faults", "oom_total")
     recent = r.raw("faults", "recent")
     s.faults = [_clean_fault(f, f"faults.recent[{i}]", r.invalid)
@@ -357,3 +412,23 @@ def snapshot_from_stats(doc: dict[str, Any], *, name: str, now: float = 0.0) -> 
     s.invalid = r.invalid
     s.missing = [f for f in CORE_FIELDS if getattr(s, f) is None]
     return s
+
+
+def _apply_stats_histograms(s: EngineSnapshot, r: _Reader) -> None:
+    """``requests.latency_histograms`` into the snapshot's histogram fields still missing, the
+    TTFT one also under ``ttft_histogram_by_model[model]``; the other served models' TTFT from
+    ``latency_histograms_by_model``."""
+    own = stats_histograms(r.raw("requests", "latency_histograms"), "requests.latency_histograms", r.invalid)
+    for field, hist in (own or {}).items():
+        if getattr(s, field) is None:
+            setattr(s, field, hist)
+    if s.model is not None and own and "ttft_histogram" in own:
+        s.ttft_histogram_by_model[s.model] = own["ttft_histogram"]
+    others = r.raw("latency_histograms_by_model")
+    if isinstance(others, dict):
+        for model, section in sorted(others.items()):
+            if model == s.model:
+                continue
+            hists = stats_histograms(section, f"latency_histograms_by_model.{model}", r.invalid)
+            if hists and "ttft_histogram" in hists:
+                s.ttft_histogram_by_model[str(model)] = hists["ttft_histogram"]

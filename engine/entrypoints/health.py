@@ -1,7 +1,9 @@
 """Health, stats, metrics and the model list: ``GET /health``, ``/stats``, ``/metrics``, ``/v1/models``.
 
 * ``/health`` — always 200 while the process serves: ``{"status": "ok"|"degraded"|"draining",
-  "precision": <main model's mode>, "models": {...}, "routes": {...}}``. ``degraded`` while
+  "precision": <main model's mode>, "models": {...}, "routes": {...}, "instance_id": <uuid4 hex>}``.
+  ``instance_id`` is made once at the process's start (also ``engine.instance_id`` in
+  ``/stats``): a changed id proves a restart (a failed poll does not). ``degraded`` while
   any served model runs int8, a route sends one model's traffic to another, or an engine's
   stepping thread is not running; ``draining`` wins over both.
 * ``/ready`` — readiness (Kubernetes readinessProbe, the router): 200 ``{"ready": true,
@@ -12,7 +14,10 @@
   main (default) model and the model serving it after a route: draining only the light model
   leaves the server ready, and ``models`` shows it. Liveness is ``/health``, never ``/ready``.
 * ``/stats[?model=NAME]`` — the engine's ``stats()`` document (docs/architecture.md), strictly
-  valid JSON; ``engine.models`` lists the served set and ``routes`` the active routes.
+  valid JSON; ``engine.models`` lists the served set and ``routes`` the active routes. With more
+  than one served model, ``latency_histograms_by_model`` gives every served model's
+  ``requests.latency_histograms`` by name (a controller reads the latency breaker's per-model
+  TTFT from one ``GET /stats``, without ``/metrics``).
 * ``/metrics`` — Prometheus text of the engine registries, merged (:class:`MergedCollector`).
 * ``/v1/models`` — the served models (never the route table); each card has ``max_model_len``.
 """
@@ -34,9 +39,10 @@ from inferctl.engine.entrypoints.state import ServerState, server_state
 
 State = Annotated[ServerState, Depends(server_state)]
 #: The documented shapes of ``/health`` and ``/ready`` (their OpenAPI schemas).
-HEALTH_SCHEMA = {"type": "object", "required": ["status", "precision", "models", "routes"],
+HEALTH_SCHEMA = {"type": "object", "required": ["status", "precision", "models", "routes", "instance_id"],
                  "properties": {"status": {"enum": ["ok", "degraded", "draining"]}, "precision": {"type": "string"},
-                                "models": {"type": "object"}, "routes": {"type": "object"}}}
+                                "models": {"type": "object"}, "routes": {"type": "object"},
+                                "instance_id": {"type": "string"}}}
 READY_SCHEMA = {"type": "object", "required": ["ready", "status", "model", "models"],
                 "properties": {"ready": {"type": "boolean"}, "reason": {"enum": ["starting", "draining", "stopping"]},
                                "status": {"type": "string"}, "model": {"type": "string"}, "models": {"type": "object"}}}
@@ -57,7 +63,8 @@ def health_document(state: ServerState) -> dict:
         status = "degraded"
     else:
         status = "ok"
-    return {"status": status, "precision": main["precision"], "models": per_model, "routes": dict(state.routes)}
+    return {"status": status, "precision": main["precision"], "models": per_model, "routes": dict(state.routes),
+            "instance_id": state.instance_id}
 
 
 @router.get("/health", **route_doc(response_schema=HEALTH_SCHEMA))
@@ -107,9 +114,17 @@ async def stats(request: Request, state: State) -> Response:
     engine_part = dict(doc.get("engine") or {})
     engine_part["model"] = served.name
     engine_part["models"] = sorted(state.models)
+    engine_part["instance_id"] = state.instance_id
     engine_part["draining"] = bool(state.draining.get(served.name, engine_part.get("draining", False)))
     doc["engine"] = engine_part
     doc["routes"] = dict(state.routes)
+    if len(state.models) > 1:
+        by_model = {}
+        for name, other in state.models.items():
+            read = getattr(other.async_engine, "latency_histograms", None)
+            if callable(read):
+                by_model[name] = read()
+        doc["latency_histograms_by_model"] = by_model
     return json_response(doc)
 
 

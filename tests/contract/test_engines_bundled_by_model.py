@@ -37,6 +37,32 @@ def test_ttft_by_model_from_a_real_two_model_engine(stories_dir):
     assert snap.ttft_histogram_by_model[STORIES]["buckets"][-1][1] == 3.0
     # the engine-wide field stays the /stats model's (the main one)
     assert snap.model == STORIES and snap.ttft_histogram["count"] == 3.0
+    # /stats alone carries them (one GET per poll): the same histograms as /metrics gives
+    assert sorted(stats["latency_histograms_by_model"]) == ["light", STORIES]
+    paths = []
+
+    def stats_only(req: httpx.Request) -> httpx.Response:
+        paths.append(req.url.path)
+        return httpx.Response(200, json=stats) if req.url.path == "/stats" else httpx.Response(404)
+
+    alone = BundledEngineClient("main", "http://e:1", transport=httpx.MockTransport(stats_only)).poll(1.0)
+    assert paths == ["/stats"]
+    assert alone.ttft_histogram_by_model == snap.ttft_histogram_by_model
+    assert (alone.ttft_histogram, alone.itl_histogram, alone.e2e_histogram) == (
+        snap.ttft_histogram, snap.itl_histogram, snap.e2e_histogram)
+    # an older engine (no histograms in /stats): read from /metrics, as before
+    old = {k: v for k, v in stats.items() if k != "latency_histograms_by_model"}
+    old["requests"] = {k: v for k, v in stats["requests"].items() if k != "latency_histograms"}
+    paths.clear()
+
+    def old_engine(req: httpx.Request) -> httpx.Response:
+        paths.append(req.url.path)
+        return httpx.Response(200, json=old) if req.url.path == "/stats" else httpx.Response(200, text=metrics)
+
+    legacy = BundledEngineClient("main", "http://e:1", transport=httpx.MockTransport(old_engine)).poll(1.0)
+    assert paths == ["/stats", "/metrics"] and legacy.ttft_histogram_by_model == alone.ttft_histogram_by_model
+    assert (legacy.ttft_histogram, legacy.itl_histogram, legacy.e2e_histogram) == (
+        alone.ttft_histogram, alone.itl_histogram, alone.e2e_histogram)
 
 
 def test_scrape_off_or_failing_metrics_leaves_by_model_empty():
