@@ -480,6 +480,18 @@ def render(res: dict, uptime: str, facts: dict | None = None) -> str:
     ])
 
 
+def affinity_summary(aff: dict) -> str:
+    """One line per affinity run (TTFT p50 / p99 / mean in ms, cached %, answers per replica, wall s)."""
+    lines = []
+    for name in ("aff", "off"):
+        for r in aff["runs"][name]:
+            ms = [fmt(None if r[k] is None else 1000 * r[k], 1) for k in ("ttft_p50", "ttft_p99", "ttft_mean")]
+            cached = fmt(100 * r["cache_hit"] / r["cache_queried"], 1) if r["cache_queried"] else "-"
+            lines.append(f"{name} run {r['run']}: TTFT p50 {ms[0]} p99 {ms[1]} mean {ms[2]} ms, cached {cached} %,"
+                         f" answers {r['replicas']}, errors {r['errors']}, wall {r['wall']:.1f} s")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -492,10 +504,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--system-chars", type=int, default=6000, help="Characters of each system prompt.")
     ap.add_argument("--aff-runs", type=int, default=1, help="Alternated runs of affinity on / off.")
     ap.add_argument("--write", action="store_true", help="Write the router section of docs/benchmarks.md.")
+    ap.add_argument("--affinity-only", action="store_true",
+                    help="Run only the affinity part (section 3) and print its runs; never writes.")
     args = ap.parse_args(argv)
     facts = machine_facts()
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     t = time.time()
+    if args.affinity_only:
+        workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-router-{os.getpid()}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        aff = affinity(workdir, args.chats, args.groups, min(args.turns, len(TURNS)), args.system_chars,
+                       args.aff_runs)
+        print(json.dumps(aff, indent=1, default=str))
+        print(uptime)
+        print(affinity_summary(aff) + f"\n\nWall time: {time.time() - t:.0f} s.")
+        return 0
     res = run(args.rounds, args.clients, args.per_client, args.tp_seconds, args.chats, args.groups,
               min(args.turns, len(TURNS)), args.system_chars, args.aff_runs)
     body = render(res, uptime, facts) + f"\n\nWall time of the whole run: {time.time() - t:.0f} s."

@@ -1,10 +1,13 @@
 """The routing rule: which ready replica takes a request, and why.
 
 1. ``X-Session-Id`` given → the session id on the hash ring with bounded loads
-   (:mod:`inferctl.router.ring`): reason ``session``.
+   (:mod:`inferctl.router.ring`; with an :class:`~inferctl.router.ring.AffinityTable`, the
+   key's remembered placement): reason ``session``.
 2. Else a prompt prefix of at least ``affinity_min_chars`` characters → the prefix key on the
    ring: reason ``affinity`` (requests sharing the first N characters land on the same
    replica while its load allows, so its KV/prefix cache is reused).
+   A ring key whose replica is at the bounded load goes on along its walk: reason ``spill``
+   (for a session or a prefix alike; the key then follows the replica it spilled to).
 3. Else (a short prompt) → the least-loaded replica by :func:`load_score`: reason ``least_load``.
 4. A retry takes the least-loaded replica not tried yet: reason ``fallback``.
 
@@ -20,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from inferctl.router.ring import HashRing
+from inferctl.router.ring import AffinityTable, HashRing
 
 
 @dataclass(frozen=True)
@@ -36,8 +39,9 @@ class ReplicaLoad:
 
 @dataclass(frozen=True)
 class Decision:
-    """The chosen replica and the reason (``session``, ``affinity``, ``least_load``, ``fallback``);
-    ``at_home`` is False when a ring key spilled past its loaded home (bounded load)."""
+    """The chosen replica and the reason (``session``, ``affinity``, ``spill``, ``least_load``,
+    ``fallback``); ``at_home`` is False when a ring key spilled past its loaded replica (bounded
+    load: reason ``spill``)."""
 
     replica: str
     reason: str
@@ -66,10 +70,11 @@ def least_loaded(cands: Sequence[ReplicaLoad], tie: int = 0) -> str:
     return tied[tie % len(tied)]
 
 
-def choose(cands: Sequence[ReplicaLoad], ring: HashRing, *, session: str | None, prefix: str | None,
+def choose(cands: Sequence[ReplicaLoad], ring: HashRing | AffinityTable, *, session: str | None, prefix: str | None,
            epsilon: float, tie: int = 0, retry: bool = False) -> Decision:
     """Apply the routing rule (module docstring) to the candidates (ready replicas not tried).
 
+    ``ring``: a stateless :class:`HashRing` or the router's sticky :class:`AffinityTable`;
     ``session``: the ``X-Session-Id`` value or None; ``prefix``: the affinity key (already cut to
     N characters, None when too short); ``retry``: this is not the request's first attempt.
     Raises ValueError for no candidate.
@@ -83,5 +88,5 @@ def choose(cands: Sequence[ReplicaLoad], ring: HashRing, *, session: str | None,
             found = ring.lookup(("s:" if reason == "session" else "p:") + key,
                                 {c.name: c.outstanding for c in cands}, epsilon)
             if found is not None:
-                return Decision(found[0], reason, found[1])
+                return Decision(found[0], reason if found[1] else "spill", found[1])
     return Decision(least_loaded(cands, tie), "least_load")

@@ -17,9 +17,10 @@ from prometheus_client import CollectorRegistry
 
 from inferctl.contract.metrics import MetricSpec, build_registry
 
-#: Why a replica was chosen: a session pin, a prompt-prefix affinity, the least-loaded replica,
-#: or (on a retry) the least-loaded replica not tried yet.
-DECISION_REASONS: tuple[str, ...] = ("session", "affinity", "least_load", "fallback")
+#: Why a replica was chosen: a session pin, a prompt-prefix affinity, a session or prefix key
+#: spilled past its replica at the bounded load (router/ring.py), the least-loaded replica, or
+#: (on a retry) the least-loaded replica not tried yet.
+DECISION_REASONS: tuple[str, ...] = ("session", "affinity", "spill", "least_load", "fallback")
 #: Why an attempt was retried on another replica.
 RETRY_REASONS: tuple[str, ...] = ("connect_error", "unavailable", "upstream_error")
 
@@ -41,7 +42,8 @@ ROUTER_METRICS: list[MetricSpec] = [
              "(connect_error, unavailable = 503, upstream_error = failed before the first byte).",
      "labels": ("replica", "reason")},
     {"name": "inferctl_router_routing_decisions_total", "type": "counter", "unit": "decisions",
-     "help": "Replica choices by reason (session, affinity, least_load, fallback = a retry's choice).",
+     "help": "Replica choices by reason (session, affinity, spill = a session or prefix key past its replica at "
+             "the bounded load, least_load, fallback = a retry's choice).",
      "labels": ("reason",)},
     {"name": "inferctl_router_stream_errors_total", "type": "counter", "unit": "streams",
      "help": "Streams cut after their first byte reached the client (never retried), by replica.",

@@ -36,7 +36,7 @@ from inferctl.router.balancer import choose
 from inferctl.router.config import RouterConfig
 from inferctl.router.ratelimit import UsageMeter
 from inferctl.router.replicas import Replica, ReplicaSet
-from inferctl.router.ring import HashRing
+from inferctl.router.ring import AffinityTable, HashRing
 from inferctl.router.upstream import Upstream, UpstreamConnectError, UpstreamError, UpstreamResponse
 
 log = logging.getLogger("inferctl.router.access")
@@ -105,7 +105,7 @@ class Forwarder:
         self.replicas = replicas
         self.upstream = upstream
         self.metrics = metrics
-        self.ring = HashRing([e.name for e in config.engines], config.vnodes)
+        self.ring = AffinityTable(HashRing([e.name for e in config.engines], config.vnodes))
         self._tie = itertools.count()
         self._children: dict[tuple, object] = {}
 

@@ -372,7 +372,9 @@ def test_request_id_is_forwarded_and_returned(apps):
 
 
 def test_prefix_affinity_and_session_pin_a_replica(apps):
-    system = "You are a storyteller who always writes about a cat named Tom and his friend. " * 2
+    # longer than the 256 affinity characters: every turn's key is the system prompt alone (at
+    # 2 copies the key took in each turn's own user text, and the turns were 4 different keys)
+    system = "You are a storyteller who always writes about a cat named Tom and his friend. " * 4
 
     async def go():
         app, st = build_router({"a": Recording(apps["a"]), "b": Recording(apps["b"])})
