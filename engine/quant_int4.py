@@ -34,11 +34,17 @@ bytes per weight (fp32: 4).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
-from inferctl.engine.quant import quantize_per_channel
+from inferctl.engine import cpu_kernels
+from inferctl.engine.q4_kernels import Q4Weight, q4_weight_nbytes
+from inferctl.engine.q4_kernels import from_gguf as q4_from_gguf
+from inferctl.engine.q4_kernels import matmul as q4_matmul
+from inferctl.engine.q4_kernels import quantize as q4_quantize
+from inferctl.engine.quant import int8_weight_nbytes, quantize_per_channel
 
 GROUP = 32
 """Values per scale/zero group: the GGUF Q4_0/Q4_1 block size (ggml ``QK4_0 = QK4_1 = 32``)."""
@@ -78,6 +84,10 @@ class Int4Weight:
         eye = torch.eye(self.k_padded, dtype=torch.bfloat16)
         wt = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, GROUP, self.scales_and_zeros)
         return wt.t()[: self.out_features, : self.in_features].to(torch.float32).contiguous()
+
+
+#: The int4 weight types a ``Linear.q`` may hold: torch's kernel layout and the GGUF block layout.
+INT4_TYPES = (Int4Weight, Q4Weight)
 
 
 def int4_weight_nbytes(out_features: int, in_features: int) -> int:
@@ -170,9 +180,12 @@ def quantize_int4(w_out_in: torch.Tensor) -> Int4Weight:
     return pack_int4(codes, d, lo + 8.0 * d, in_features=k)
 
 
-def int4_matmul(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
-    """y = x @ W.T for x ``[..., in]`` → ``[..., out]`` in x's dtype; the product runs in bf16
-    (activations rounded to bf16, see the module docstring). ValueError on a feature mismatch."""
+def int4_matmul(x: torch.Tensor, w: Int4Weight | Q4Weight) -> torch.Tensor:
+    """y = x @ W.T for x ``[..., in]`` → ``[..., out]`` in x's dtype. :class:`Int4Weight`: the
+    product runs in bf16 (activations rounded to bf16, see the module docstring);
+    ``Q4Weight``: engine.q4_kernels.matmul (fp32 activations). ValueError on a feature mismatch."""
+    if isinstance(w, Q4Weight):
+        return q4_matmul(w.ops, x, w)
     if x.shape[-1] != w.in_features:
         raise ValueError(f"int4_matmul: input has {x.shape[-1]} features, weight expects {w.in_features}")
     lead = x.shape[:-1]
@@ -185,17 +198,48 @@ def int4_matmul(x: torch.Tensor, w: Int4Weight) -> torch.Tensor:
     return y.to(x.dtype).reshape(*lead, w.out_features)
 
 
+def q4_ops(device: torch.device | str) -> Any | None:
+    """The engine's CPU kernel ops when they run the GGUF-block int4 layout (engine.q4_kernels) for
+    a model on ``device``: CPU, kernels switched on and built; else None (torch's int4 kernel
+    layout, :class:`Int4Weight`). The one decision both :func:`int4_weights` and the byte
+    accounting (``LlamaModel.weight_bytes_by_mode``) follow."""
+    ops = cpu_kernels.ops_for(device, torch.float32)
+    return ops if ops is not None and hasattr(ops, "q4_matmul") else None
+
+
+def int4_mode_nbytes(mats: list[tuple[int, int]], n_tables: int, device: torch.device | str) -> int:
+    """Weight bytes (norms excluded) of int4 mode for the ``[out, in]`` matrices ``mats`` whose
+    first ``n_tables`` are the classifier/embedding tables: every matrix as Q4_1 blocks
+    (0.625 B/weight) where :func:`q4_ops` runs, else the tables int8 per row and the rest
+    :class:`Int4Weight`."""
+    if q4_ops(device) is not None:
+        return sum(q4_weight_nbytes(o, i) for o, i in mats)
+    return (sum(int8_weight_nbytes(o, i) for o, i in mats[:n_tables])
+            + sum(int4_weight_nbytes(o, i) for o, i in mats[n_tables:]))
+
+
+def _q4_from(raws: list, float_w) -> Q4Weight:
+    """GGUF Q4 tensors kept as they are when every part is Q4_0/Q4_1, else the float weight
+    (``float_w()``, [out, in]) quantized to Q4_1."""
+    if all(r is not None and r.ggml_type in Q4_TYPES for r in raws):
+        return q4_from_gguf(raws)
+    return q4_quantize(float_w())
+
+
 def int4_weights(model, q4_sources: dict | None, current: str) -> None:
     """Switch a ``engine.model.LlamaModel`` in ``"full"`` precision to int4, in place.
 
-    Layer linears (fused QKV, WO, fused gate/up, down) become :class:`Int4Weight`: from the
-    GGUF Q4_0/Q4_1 tensors in ``q4_sources`` (canonical name → ``engine.gguf.RawTensor``) when
-    every part of the fused matrix is there, else by :func:`quantize_int4` of the float
-    weight. The classifier (and an untied embedding table) become int8 per channel
-    (``engine.quant``): GGUF Q4 files keep those at 8 bits or more (SmolLM2: Q8_0), and a tied
-    embedding is looked up in the int8 classifier. The float weights are dropped (no host
-    copy): int4 is a start-time mode with no way back. ValueError when ``current`` is not
-    "full" (including int4 → anything) or the model is not on the CPU (the kernel is CPU-only).
+    Where the engine's CPU kernels run (:func:`q4_ops`): EVERY linear, the classifier included,
+    becomes an ``engine.q4_kernels.Q4Weight`` (GGUF Q4_1 blocks): the file's Q4_0/Q4_1 tensors
+    as stored when every part of the fused matrix is there (``q4_sources``: canonical name →
+    ``engine.gguf.RawTensor``), else the float weight quantized to Q4_1 (SmolLM2's tied
+    embedding is Q8_0 in its file: it becomes Q4_1, as ``llama-quantize`` would make it); a
+    tied embedding (or an untied table, also Q4_1) is looked up by dequantizing the gathered
+    rows only. Without the kernels (plain-PyTorch fallback): layer linears become
+    :class:`Int4Weight` for torch's int4 kernel, the classifier and an untied table int8 per
+    row (``engine.quant``). The float weights are dropped (no host copy): int4 is a start-time
+    mode with no way back. ValueError when ``current`` is not "full" (including int4 →
+    anything) or the model is not on the CPU.
     """
     if current != "full":
         raise ValueError(f"precision int4 is chosen at start from full precision; cannot switch from {current} "
@@ -203,21 +247,37 @@ def int4_weights(model, q4_sources: dict | None, current: str) -> None:
     if model.device.type != "cpu":
         raise ValueError(f"precision int4 runs on the CPU only (torch's int4 CPU kernel), model is on {model.device}")
     src = q4_sources or {}
+    ops = q4_ops(model.device)
     parts = {"wqkv": ("attention.wq", "attention.wk", "attention.wv"), "wo": ("attention.wo",),
              "w13": ("feed_forward.w1", "feed_forward.w3"), "w2": ("feed_forward.w2",)}
     for i, blk in enumerate(model.layers):
         for attr, names in parts.items():
             lin = getattr(blk, attr)
             raws = [src.get(f"layers.{i}.{n}.weight") for n in names]
-            if all(r is not None and r.ggml_type in Q4_TYPES for r in raws):
+            if ops is not None:
+                lin.q = _q4_from(raws, lambda lin=lin: lin.weight_t.t())
+                lin.q.ops = ops
+            elif all(r is not None and r.ggml_type in Q4_TYPES for r in raws):
                 lin.q = int4_from_gguf(raws)
             else:
                 lin.q = quantize_int4(lin.weight_t.t())
             lin.weight_t = None
             if hasattr(lin, "_w_np"):
                 lin._w_np = None
-    model.output.quantize_()
-    if model.tok_embeddings is not None:
-        model.tok_embeddings_q = quantize_per_channel(model.tok_embeddings)
-        model.tok_embeddings = None
+    tied = model.tok_embeddings is None
+    if ops is not None:
+        out = model.output
+        out_raw = src.get("tok_embeddings.weight" if tied else "output.weight")
+        out.q = _q4_from([out_raw], lambda: out.weight_t.t())
+        out.q.ops = ops
+        out.weight_t = None
+        if not tied:
+            emb = model.tok_embeddings
+            model.tok_embeddings_q = _q4_from([src.get("tok_embeddings.weight")], lambda: emb)
+            model.tok_embeddings_q.ops = ops
+    else:
+        model.output.quantize_()
+        if not tied:
+            model.tok_embeddings_q = quantize_per_channel(model.tok_embeddings)
+    model.tok_embeddings = None
     model._host_backup = {}

@@ -393,10 +393,11 @@ def compute_plan(d: ModelDims, precision: str = "auto", context: int | None = No
         weights = formula
     if prec == "int4" and None not in (d.vocab, d.hidden, d.layers):  # engine/quant_int4.py's layout
         n_tab = 1 if d.tied is not False else 2
-        tables, norms = n_tab * d.vocab * d.hidden, (2 * d.layers + 1) * d.hidden
-        eng = (d.params - tables - norms) * 5 // 8 + tables + 6 * n_tab * d.vocab + 4 * norms
-        notes.append(f"this engine's --precision int4 holds {eng:,} bytes of weights: layer linears 4 bits + bf16 "
-                     "scale and zero per 32 (0.625 B/weight), classifier/embedding int8 per row, norms fp32")
+        norms = (2 * d.layers + 1) * d.hidden
+        eng = (d.params - norms) * 5 // 8 + 4 * norms
+        notes.append(f"this engine's --precision int4 holds {eng:,} bytes of weights: every linear, the "
+                     f"classifier{'' if n_tab == 1 else ' and embedding'} included, as GGUF Q4_1 blocks (fp16 d "
+                     "and m per 32 weights, 0.625 B/weight; engine/q4_kernels.py), norms fp32")
     act_bytes = 4 if prec == "fp32" else 2
     kvd = kv_cache_dtype if kv_cache_dtype != "auto" else ("fp32" if prec == "fp32" else "fp16")
     kv_tok = (2 * d.layers * d.kv_heads * d.head_dim * KV_DTYPE_BYTES[kvd]
