@@ -52,9 +52,14 @@ log = logging.getLogger("inferctl.engine.cpu_kernels")
 
 #: Environment switch: "0", "false", "no" or "off" keeps every op on plain PyTorch.
 ENV = "INFERCTL_CPU_KERNELS"
-#: Largest activation batch the GEMV kernels take (the C++ ``MAX_B``); larger batches are GEMMs
-#: and stay on torch's BLAS.
+#: Largest activation batch sent to ``gemv_f32``; larger fp32 batches are GEMMs and stay on MKL
+#: (at 1 thread MKL ran the layer shapes 1.4-1.7x faster from 16-32 rows, wave 5).
 MAX_BATCH = 8
+#: Largest activation batch sent to ``gemv_int8`` (the C++ ``MAX_B``): torch's int8 kernel
+#: (``_weight_int8pack_mm``) takes bf16 activations, emulated on a CPU without bf16 hardware, and
+#: read 16-64 rows 2.5-8x slower in CPU time than ``gemv_int8`` on the engine's shapes (wave 5,
+#: docs/performance.md); above 64 rows (long prefills) it stays on torch.
+MAX_BATCH_INT8 = 64
 #: fp32 weights of this many bytes or more keep torch's ``[in, out]`` layout and kernel (MKL, on
 #: torch's own thread pool) instead of ``gemv_f32``: measured 2026-12-01 under load (memory
 #: bus saturated by other work), MKL read the DRAM-resident 384×32000 output layer (49 MB) at
@@ -95,7 +100,9 @@ def load_ops() -> Any | None:
     try:
         from torch.utils.cpp_extension import load
 
-        load(name=f"inferctl_cpu_kernels_{_cpu_tag()}", sources=[str(SOURCE)], extra_cflags=list(CFLAGS),
+        load(name=f"inferctl_cpu_kernels_{_cpu_tag()}", sources=[str(SOURCE), str(SOURCE.with_name("decode_step.cpp")),
+                                                                       str(SOURCE.with_name("q4_kernels.cpp"))],
+             extra_cflags=list(CFLAGS),
              is_python_module=False, verbose=False)
         ops = torch.ops.inferctl_cpu
         ops.has_avx2()  # the library answers

@@ -164,7 +164,7 @@ class Linear(torch.nn.Module):
         if self.q is not None:
             if isinstance(self.q, Int4Weight):
                 return int4_matmul(x, self.q)
-            if (self.ops is not None and cpu_kernels.eligible(x, cpu_kernels.MAX_BATCH)
+            if (self.ops is not None and cpu_kernels.eligible(x, cpu_kernels.MAX_BATCH_INT8)
                     and self.q.qweight.device.type == "cpu"):
                 return cpu_kernels.gemv_int8(self.ops, x, self.q.qweight, self.q.scales, self.q.in_features)
             return int8_matmul(x, self.q)

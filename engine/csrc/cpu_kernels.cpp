@@ -7,7 +7,9 @@
 //
 // Each output row of a GEMV is a dot product over one contiguous row of W, so the weight is read
 // once, front to back, by each thread (the layout llama.cpp's ggml_vec_dot_f32 streams). Up to
-// MAX_B activation rows share each weight row (in passes of 4 while the row sits in L1).
+// MAX_B activation rows share each weight row (in passes of 4 while the row sits in L1). Python sends
+// fp32 up to cpu_kernels.MAX_BATCH (8) rows (MKL's GEMM wins above that) and int8 up to
+// MAX_BATCH_INT8 (64: torch's int8 kernel takes bf16 activations, emulated without bf16 hardware).
 // Threads: at::parallel_for over output rows
 // (respects torch.set_num_threads). AVX2+FMA intrinsics when the compiler targets them
 // (-march=native on such a CPU), a scalar loop otherwise. int8 weights are widened to fp32 in
@@ -33,7 +35,7 @@
 
 namespace {
 
-constexpr int64_t MAX_B = 8;
+constexpr int64_t MAX_B = 64;  // cpu_kernels.MAX_BATCH_INT8
 constexpr int64_t GRAIN_ELEMS = 1 << 16;  // weights per parallel chunk: smaller work stays on one thread
 
 #if INFERCTL_AVX2
