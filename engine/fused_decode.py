@@ -58,16 +58,29 @@ def layer_weights(model: "LlamaModel", kv_cache: "KVCache", meta: "AttentionMeta
             or meta.logits_indices.shape[0] != num_tokens or kv_cache.kv_int8 or kv_cache.k.dtype != torch.float32
             or model.dtype != torch.float32 or model.device.type != "cpu" or not hasattr(ops, "decode_layers")):
         return None
+    # the lists are cached on the model, keyed by the identity of every linear's weight tensor (a
+    # precision switch replaces them): building them walked ~4 module attributes per linear per step
+    plan = model.__dict__.get("_fused_decode_plan")
+    if plan is None:
+        lins = [lin for blk in model.layers for lin in (blk.wqkv, blk.wo, blk.w13, blk.w2)]
+        plan = model.__dict__["_fused_decode_plan"] = [lins, None, None]
+    lins, key = plan[0], plan[1]
+    now = [lin.weight if lin.q is None else lin.q for lin in lins]
+    if key is None or any(a is not b for a, b in zip(now, key)):
+        plan[1], plan[2] = now, _build_lists(model, lins)
+    return plan[2]
+
+
+def _build_lists(model: "LlamaModel", lins: list[Any]) -> tuple[list[torch.Tensor], ...] | None:
     weights: list[torch.Tensor] = []
     scales: list[torch.Tensor] = []
     no_scales = torch.empty(0, dtype=torch.float32)
-    for blk in model.layers:
-        for lin in (blk.wqkv, blk.wo, blk.w13, blk.w2):
-            pair = _linear_tensors(lin, no_scales)
-            if pair is None:
-                return None
-            weights.append(pair[0])
-            scales.append(pair[1])
+    for lin in lins:
+        pair = _linear_tensors(lin, no_scales)
+        if pair is None:
+            return None
+        weights.append(pair[0])
+        scales.append(pair[1])
     return ([blk.attention_norm for blk in model.layers], [blk.ffn_norm for blk in model.layers], weights, scales)
 
 
