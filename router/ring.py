@@ -77,7 +77,11 @@ class HashRing:
 
     def walk(self, key: str) -> list[str]:
         """Every replica in the order the key visits them clockwise (its home first)."""
-        start = bisect.bisect_left(self._hashes, key_hash(key))
+        return self.walk_hash(key_hash(key))
+
+    def walk_hash(self, h: int) -> list[str]:
+        """:meth:`walk` from the key's :func:`key_hash` ``h``."""
+        start = bisect.bisect_left(self._hashes, h)
         order: dict[str, None] = {}
         total = len(self._names)
         for i in range(total):
@@ -108,7 +112,7 @@ class HashRing:
 
 
 #: Keys an :class:`AffinityTable` remembers at most (least recently used forgotten first):
-#: ~100 bytes each, a few MiB at most.
+#: kept as their 64-bit :func:`key_hash`, ~200 bytes each (13 MiB at 65,536, tracemalloc).
 MAX_KEYS = 65536
 #: Seconds after its last request a key's placement is forgotten (its prefix has likely been
 #: evicted from the replica's cache under other traffic by then).
@@ -135,13 +139,13 @@ class AffinityTable:
         self.max_keys = max_keys
         self.idle_seconds = idle_seconds
         self._clock = clock
-        self._where: OrderedDict[str, tuple[str, float]] = OrderedDict()   # key -> (replica, last use)
+        self._where: OrderedDict[int, tuple[str, float]] = OrderedDict()   # key_hash -> (replica, last use)
         self._keys = {name: 0 for name in ring.nodes}                      # live keys per replica
 
     def placement(self, key: str) -> str | None:
         """The replica ``key`` is placed on now (None: not placed, or forgotten)."""
         self._expire(self._clock())
-        found = self._where.get(key)
+        found = self._where.get(key_hash(key))
         return None if found is None else found[0]
 
     def keys_per_replica(self) -> dict[str, int]:
@@ -164,21 +168,22 @@ class AffinityTable:
         now = self._clock()
         self._expire(now)
         cap = capacity(sum(cands.values()), len(cands), epsilon)
-        placed = self._where.pop(key, None)
+        h = key_hash(key)
+        placed = self._where.pop(h, None)
         if placed is not None:
             self._keys[placed[0]] -= 1
             if placed[0] in cands and cands[placed[0]] + 1 <= cap:
-                return self._remember(key, placed[0], now), True
+                return self._remember(h, placed[0], now), True
         key_cap = capacity(sum(self._keys[n] for n in cands), len(cands), 0.0)
-        walk = [name for name in self.ring.walk(key) if name in cands]
+        walk = [name for name in self.ring.walk_hash(h) if name in cands]
         roomy = [name for name in walk if self._keys[name] + 1 <= key_cap]
         preferred = placed[0] if placed is not None and placed[0] in cands else (roomy or walk)[0]
         under = [name for name in walk if cands[name] + 1 <= cap]     # never empty: n × cap >= L + 1
         choice = next((name for name in under if name in roomy), under[0])
-        return self._remember(key, choice, now), choice == preferred
+        return self._remember(h, choice, now), choice == preferred
 
-    def _remember(self, key: str, name: str, now: float) -> str:
-        self._where[key] = (name, now)
+    def _remember(self, h: int, name: str, now: float) -> str:
+        self._where[h] = (name, now)
         self._keys[name] += 1
         while len(self._where) > self.max_keys:
             _, (old, _) = self._where.popitem(last=False)
