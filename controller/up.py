@@ -16,12 +16,13 @@ never imports the engine or the router: they run as ``python -m inferctl engine 
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from inferctl.contract.http import generate_admin_token
 from inferctl.controller.actions import Actions, EngineSupervisor, engine_serve_argv
@@ -377,13 +378,16 @@ def router_argv(spec: RouterSpec, engines: list[tuple[str, str]], controller_url
     return argv + ["--controller", controller_url, "--log-level", "warning"]
 
 
-def upstream_key(config: ControllerConfig) -> str | None:
-    """The API key of the launched engines (``launch.api_key`` / ``launch.api_key_env``), which
-    their router sends on its probes; None when none has one. Raises ``RuntimeError`` when two
-    launched engines have different keys (one router holds one key) and ``ValueError`` for an
-    unusable key (:func:`~inferctl.controller.config_launch.launch_env`)."""
+def upstream_key(config: ControllerConfig, environ: Mapping[str, str] | None = None) -> str | None:
+    """The API key of the launched engines, which their router sends on its probes: each one's
+    ``launch.api_key`` / ``launch.api_key_env``, else the ``$INFERCTL_API_KEY`` it inherits from
+    ``environ`` (default ``os.environ``: ``INFERCTL_API_KEY=... inferctl up --replicas N``); None
+    when none has one. Raises ``RuntimeError`` when two launched engines have different keys (one
+    router holds one key) and ``ValueError`` for an unusable key
+    (:func:`~inferctl.controller.config_launch.launch_env`)."""
+    inherited = (os.environ if environ is None else environ).get(API_KEY_ENV) or None
     keys = {k for e in config.engines if e.launch is not None
-            for k in [launch_env(e.launch).get(API_KEY_ENV)] if k}
+            for k in [launch_env(e.launch).get(API_KEY_ENV) or inherited] if k}
     if len(keys) > 1:
         raise RuntimeError("router: the launched engines have different API keys (launch.api_key /"
                            " api_key_env): one router sends one key to every replica")

@@ -56,8 +56,10 @@ def launched(*keys):
 
 
 def test_up_hands_the_engines_key_to_the_router_by_variable_name_only():
-    assert upstream_key(launched(KEY, KEY)) == KEY
-    assert upstream_key(launched(None, None)) is None
+    assert upstream_key(launched(KEY, KEY), environ={}) == KEY
+    assert upstream_key(launched(None, None), environ={}) is None
+    # INFERCTL_API_KEY=... inferctl up --replicas N: every engine inherits it, so the router needs it
+    assert upstream_key(launched(None, None), environ={"INFERCTL_API_KEY": KEY}) == KEY
     argv = router_argv(RouterSpec(), [("e0", "http://h:1")], "http://c:1", UPSTREAM_KEY_ENV)
     assert argv[argv.index("--upstream-api-key-env") + 1] == UPSTREAM_KEY_ENV and KEY not in " ".join(argv)
     assert "--upstream-api-key-env" not in router_argv(RouterSpec(), [("e0", "http://h:1")], "http://c:1")
@@ -65,4 +67,4 @@ def test_up_hands_the_engines_key_to_the_router_by_variable_name_only():
 
 def test_up_refuses_engines_with_different_keys_behind_one_router():
     with pytest.raises(RuntimeError, match="different API keys"):
-        upstream_key(launched(KEY, "sk-other-key"))
+        upstream_key(launched(KEY, "sk-other-key"), environ={})
