@@ -30,10 +30,12 @@ from typing import Literal
 
 import torch
 
-from inferctl.engine import cpu_kernels
+from inferctl.engine import cpu_kernels, fused_decode
 from inferctl.engine.attention import AttentionMetadata, KVCache, paged_attention
 from inferctl.engine.quant import Int8Weight, int8_matmul, int8_weight_nbytes, quantize_per_channel
-from inferctl.engine.quant_int4 import Int4Weight, int4_matmul, int4_weight_nbytes, int4_weights
+from inferctl.engine.q4_kernels import Q4Weight
+from inferctl.engine.q4_kernels import rows as q4_rows
+from inferctl.engine.quant_int4 import INT4_TYPES, int4_matmul, int4_mode_nbytes, int4_weights
 
 PRECISIONS = ("full", "int8", "int4")
 
@@ -162,7 +164,7 @@ class Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.q is not None:
-            if isinstance(self.q, Int4Weight):
+            if isinstance(self.q, INT4_TYPES):
                 return int4_matmul(x, self.q)
             if (self.ops is not None and cpu_kernels.eligible(x, cpu_kernels.MAX_BATCH_INT8)
                     and self.q.qweight.device.type == "cpu"):
@@ -425,9 +427,7 @@ class LlamaModel(torch.nn.Module):
                  (a.dim, a.hidden_dim)] * a.n_layers
         full = norms + sum(o * i for o, i in mats) * elem
         int8 = norms + sum(int8_weight_nbytes(o, i) for o, i in mats)
-        nv = 1 if a.tie_embeddings else 2  # int4 mode: classifier/embedding int8, layer linears int4
-        int4 = norms + sum(int8_weight_nbytes(o, i) for o, i in mats[:nv]) + sum(
-            int4_weight_nbytes(o, i) for o, i in mats[nv:])
+        int4 = norms + int4_mode_nbytes(mats, 1 if a.tie_embeddings else 2, self.device)  # engine.quant_int4
         return {"full": full, "int8": int8, "int4": int4}
 
     # ---- weights out (conversion) -----------------------------------------------------
@@ -468,6 +468,9 @@ class LlamaModel(torch.nn.Module):
     # ---- forward ----------------------------------------------------------------------
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings [T, dim] in the model dtype."""
+        emb_q = self.tok_embeddings_q if self.tok_embeddings_q is not None else self.output.q
+        if self.tok_embeddings is None and isinstance(emb_q, Q4Weight):  # int4: only the gathered rows
+            return q4_rows(emb_q.ops, emb_q, input_ids).to(self.dtype)
         if self.tok_embeddings is not None:
             return self.tok_embeddings.index_select(0, input_ids)
         if self.tok_embeddings_q is not None:
@@ -514,7 +517,10 @@ class LlamaModel(torch.nn.Module):
         cos, sin = self.rope_at(positions, meta.max_context)
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds.to(self.dtype)
         eps = a.norm_eps
-        for li, blk in enumerate(self.layers):
+        fused = fused_decode.layer_weights(self, kv_cache, meta, T)   # None: the per-op path below
+        if fused is not None:
+            x = fused_decode.decode_layers(self, fused, x, cos, sin, kv_cache, meta)
+        for li, blk in enumerate(self.layers if fused is None else ()):
             h = cpu_kernels.rms_norm(self.kernel_ops, x, blk.attention_norm, eps)
             qkv = blk.wqkv(h)
             qk = apply_rope_tables(qkv[:, : (H + Hkv) * D].view(T, H + Hkv, D), cos, sin, a.rope_style)

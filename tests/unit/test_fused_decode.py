@@ -1,0 +1,212 @@
+"""engine.fused_decode: decode steps in one C++ call give the per-op path's logits, KV and tokens.
+
+Each case runs the same steps twice over identical block allocations: once with the fused op
+(``torch.ops.inferctl_cpu.decode_layers``), once with :func:`fused_decode.layer_weights` patched to
+None (the model's per-op path, unchanged). Tolerance: the op sums in 8-lane partial sums (dot
+products, GEMVs) where torch sums in its own order, so logits differ by fp32 rounding:
+``TOL_REL`` of the largest |logit| (measured ~4e-7 on stories260K).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inferctl.engine import cpu_kernels, fused_decode
+from inferctl.engine.attention import AttentionMetadata
+from inferctl.engine.loader import load_llama2c
+from inferctl.engine.model import LlamaModel, ModelArgs, canonical_weight_names
+from tests.model_helpers import Harness
+
+OPS = cpu_kernels.ops_for("cpu", torch.float32)
+needs_ops = pytest.mark.skipif(OPS is None, reason="CPU kernels did not build here (no compiler/ninja)")
+TOL_REL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def stories(stories_dir):
+    return load_llama2c(stories_dir / "stories260K.bin")
+
+
+def _random_model(rope_style: str, seed: int = 0) -> LlamaModel:
+    """A small GQA model (4 query heads over 2 KV heads, head_dim 16) with N(0, 0.3²) weights."""
+    args = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=97, hidden_dim=96,
+                     max_seq_len=256, rope_style=rope_style)
+    g = torch.Generator().manual_seed(seed)
+    w = {n: torch.randn(s, generator=g) * (1.0 if n.endswith("norm.weight") else 0.3)
+         for n, s in canonical_weight_names(args).items()}
+    return LlamaModel(args, w)
+
+
+class _Spy:
+    """Counts the fused op's calls (wraps fused_decode.decode_layers)."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        real = fused_decode.decode_layers
+
+        def spy(*a, **k):
+            self.calls += 1
+            return real(*a, **k)
+
+        monkeypatch.setattr(fused_decode, "decode_layers", spy)
+
+
+def _run(model, fused: bool, monkeypatch, prompts, n_decode, block_size, together=True):
+    """Prefill each prompt, then ``n_decode`` decode steps (greedy); all sequences decode in one
+    step when ``together``. Returns (logits of every decode step stacked, tokens, harness)."""
+    with monkeypatch.context() as mp:
+        if not fused:
+            mp.setattr(fused_decode, "layer_weights", lambda *a, **k: None)
+        h = Harness(model, block_size=block_size, shuffle=True, seed=3)
+        last = {s: h.step([(s, p, False)])[-1] for s, p in enumerate(prompts)}
+        rows, toks = [], []
+        for _ in range(n_decode):
+            step = [(s, [int(last[s].argmax())], False) for s in last]
+            toks.append([c[1][0] for c in step])
+            if together:
+                out = h.step(step)
+            else:
+                out = torch.stack([h.step([c])[0] for c in step])
+            last = {s: out[i] for i, s in enumerate(last)}
+            rows.append(out)
+        return torch.stack(rows), toks, h
+
+
+def _assert_close(a: torch.Tensor, b: torch.Tensor) -> None:
+    diff = (a - b).abs().max().item()
+    assert diff <= TOL_REL * max(1.0, b.abs().max().item()), diff
+
+
+@needs_ops
+@pytest.mark.parametrize("precision", ["full", "int8"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_stories260k_fused_equals_per_op(stories, monkeypatch, precision, batch):
+    model = stories.model
+    model.set_precision(precision)
+    try:
+        texts = ["Once upon a time, there was a big dog", "Tom had a", "The sun was hot and the girl went to the park"]
+        prompts = [stories.tokenizer.encode(t) for t in texts[:batch]]
+        spy = _Spy(monkeypatch)
+        fused, ft, hf = _run(model, True, monkeypatch, prompts, 12, block_size=5)
+        assert spy.calls == 12      # every decode step took the fused op, no prefill did
+        plain, pt, hp = _run(model, False, monkeypatch, prompts, 12, block_size=5)
+        assert spy.calls == 12
+        assert ft == pt             # greedy tokens identical
+        _assert_close(fused, plain)
+        _assert_close(hf.cache.k, hp.cache.k)   # the K/V the op wrote at slot_mapping
+        _assert_close(hf.cache.v, hp.cache.v)
+    finally:
+        model.set_precision("full")
+
+
+@needs_ops
+@pytest.mark.parametrize("rope_style", ["interleaved", "half"])
+@pytest.mark.parametrize("precision", ["full", "int8"])
+def test_random_gqa_model_three_sequences(monkeypatch, rope_style, precision):
+    """n_kv_heads < n_heads, 3 sequences of different lengths over several shuffled 4-token blocks."""
+    model = _random_model(rope_style)
+    model.set_precision(precision)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 97, (n,), generator=g).tolist() for n in (3, 9, 14)]
+    spy = _Spy(monkeypatch)
+    fused, ft, hf = _run(model, True, monkeypatch, prompts, 8, block_size=4)
+    plain, pt, hp = _run(model, False, monkeypatch, prompts, 8, block_size=4)
+    assert spy.calls == 8
+    assert fused.shape == (8, 3, 97)
+    assert ft == pt
+    _assert_close(fused, plain)
+    _assert_close(hf.cache.k, hp.cache.k)
+
+
+@needs_ops
+def test_batch1_equals_batch3(monkeypatch):
+    """A sequence decoded alone and beside two others gives the same logits (per-sequence tables)."""
+    model = _random_model("half", seed=2)
+    prompts = [[1, 2, 3, 4, 5], [7, 8], [9] * 11]
+    together, _, _ = _run(model, True, monkeypatch, prompts, 5, block_size=4)
+    alone, _, _ = _run(model, True, monkeypatch, prompts, 5, block_size=4, together=False)
+    _assert_close(together, alone)
+
+
+@needs_ops
+def test_precision_switch_between_steps(monkeypatch):
+    """The op's weight lists are cached on the model: a switch to int8 and back mid-sequence must
+    reach the op (a stale list would run the old weights: int8 and fp32 logits differ by ~1e-2)."""
+    def run(fused):
+        model = _random_model("interleaved", seed=4)
+        with monkeypatch.context() as mp:
+            if not fused:
+                mp.setattr(fused_decode, "layer_weights", lambda *a, **k: None)
+            h = Harness(model, block_size=4)
+            rows = [h.step([(0, [1, 2, 3], False)])[-1]]
+            for mode in ("full", "full", "int8", "int8", "full"):
+                model.set_precision(mode)
+                rows.append(h.step([(0, [int(rows[-1].argmax())], False)])[-1])
+        return torch.stack(rows)
+
+    fused, plain = run(True), run(False)
+    _assert_close(fused, plain)
+    assert (fused[3] - fused[2]).abs().max() > 0   # the steps differ (the test sees each precision)
+
+
+def test_switch_off_keeps_per_op_path(monkeypatch, stories_dir):
+    monkeypatch.setenv(cpu_kernels.ENV, "0")
+    bundle = load_llama2c(stories_dir / "stories260K.bin")
+    spy = _Spy(monkeypatch)
+    toks, _ = Harness(bundle.model, block_size=4).greedy(0, bundle.tokenizer.encode("Once upon a time"), 6)
+    assert bundle.model.kernel_ops is None
+    assert spy.calls == 0
+    assert len(toks) == 6
+
+
+@needs_ops
+def test_predicate_falls_back(stories):
+    """Prefill steps, more than MAX_BATCH sequences and an int8 KV pool take the per-op path."""
+    model = stories.model
+    h = Harness(model, block_size=4)
+    cache_i8 = Harness(model, block_size=4, kv_int8=True).cache
+    one = AttentionMetadata.build([([0, 1], 5, 1, False)], 4)
+    one.prepare(4)
+    assert fused_decode.layer_weights(model, h.cache, one, 1) is not None
+    assert fused_decode.layer_weights(model, cache_i8, one, 1) is None
+    prefill = AttentionMetadata.build([([0, 1], 0, 5, False)], 4)
+    prefill.prepare(4)
+    assert fused_decode.layer_weights(model, h.cache, prefill, 5) is None
+    n = cpu_kernels.MAX_BATCH + 1
+    many = AttentionMetadata.build([([i], 0, 1, False) for i in range(n)], 4)
+    many.prepare(4)
+    assert fused_decode.layer_weights(model, h.cache, many, n) is None
+
+
+@needs_ops
+def test_bad_inputs_raise_runtime_error(stories):
+    model = stories.model
+    h = Harness(model, block_size=4, num_blocks=8)
+    meta = AttentionMetadata.build([([0, 1], 5, 1, False)], 4)
+    meta.prepare(4)
+    lists = fused_decode.layer_weights(model, h.cache, meta, 1)
+    a = model.args
+    x = torch.randn(1, a.dim)
+    cos, sin = model.rope_at(torch.tensor([5]), 6)
+
+    def call(x=x, slots=meta.slot_mapping, tables=meta.block_tables, lens=meta.seq_lens, lists=lists, k=h.cache.k):
+        an, fn, w, s = lists
+        return OPS.decode_layers(x, cos, sin, k, h.cache.v, slots, tables, lens, an, fn, w, s, a.n_heads,
+                                 a.n_kv_heads, 0, a.norm_eps, model.scale)
+
+    assert call().shape == (1, a.dim)
+    cases = {
+        "block_tables": dict(tables=torch.tensor([[0, 99]])),
+        "slot_mapping": dict(slots=torch.tensor([8 * 4])),
+        "seq_lens": dict(lens=torch.tensor([9])),
+        "weights/scales": dict(lists=(lists[0], lists[1], lists[2][:-1], lists[3][:-1])),
+        "x must be": dict(x=x.double()),
+        "k_pool": dict(k=h.cache.k.to(torch.float64)),
+    }
+    for needle, kw in cases.items():
+        with pytest.raises(RuntimeError, match=needle):
+            call(**kw)
+    nine = torch.randn(9, a.dim)
+    with pytest.raises(RuntimeError, match="1..8 sequences"):
+        call(x=nine)
