@@ -5,14 +5,15 @@ write, gather/bmm/softmax/bmm, output projection, residual, norm, gate/up, SiLUÂ
 so per-op overhead, not arithmetic, set its speed (docs/performance.md). ``csrc/decode_step.cpp``
 runs every layer of such a step in one op: the same formulas in float32 (see that file), K/V read
 in place from the paged pool through each sequence's block table, the GEMVs through the
-extension's own ``gemv_f32``/``gemv_int8`` kernels, threads only through ``at::parallel_for``.
+extension's own ``gemv_f32``/``gemv_int8``/``q4_matmul`` kernels, threads only through ``at::parallel_for``.
 
 :func:`layer_weights` is the one predicate: it returns the op's weight lists for a step the fused
 path can run, else None (the model then takes its per-op path unchanged). Eligible: the engine's
 CPU kernels built (``INFERCTL_CPU_KERNELS`` not off) and exporting ``decode_layers``; float32
 model on CPU; a float32 KV pool (not int8); a decode-only step (every sequence one new token, one
 logit row each) of at most ``cpu_kernels.MAX_BATCH`` sequences; every layer linear either float32
-in the ``[out, in]`` layout or int8 per-channel (``Linear.q`` an ``Int8Weight``; int4 is not).
+in the ``[out, in]`` layout, int8 per-channel (``Linear.q`` an ``Int8Weight``) or GGUF Q4_1 blocks run
+by the kernels (a ``Q4Weight``, engine.q4_kernels; torch's int4 layout ``Int4Weight`` is not).
 
 Numerics: the same math as the per-op path with a different summation order (8-lane partial
 sums in the dot products and GEMVs); tests/unit/test_fused_decode.py bounds the logits' difference.
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from inferctl.engine import cpu_kernels
+from inferctl.engine.q4_kernels import Q4Weight
 from inferctl.engine.quant import Int8Weight
 
 if TYPE_CHECKING:
@@ -44,6 +46,9 @@ def _linear_tensors(lin: Any, no_scales: torch.Tensor) -> tuple[torch.Tensor, to
         if getattr(lin, "layout", None) != "out_in" or w is None or w.dtype != torch.float32 or not w.is_contiguous():
             return None
         return w, no_scales
+    if type(q) is Q4Weight:
+        ok = q.ops is not None and q.blocks.device.type == "cpu" and q.blocks.is_contiguous()
+        return (q.blocks, no_scales) if ok else None
     if type(q) is not Int8Weight or q.qweight.device.type != "cpu" or not q.qweight.is_contiguous():
         return None
     return q.qweight, q.scales

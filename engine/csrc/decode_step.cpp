@@ -12,10 +12,12 @@
 //   IN PLACE through its block table (scores = q.k * scale, softmax with the max subtracted, then
 //   p @ v; GQA: query head h reads kv head h / (H/Hkv)) ; x += o @ Wo^T ; h = rms_norm(x) ;
 //   gu = h @ W13^T ; x += (silu(g) * u) @ W2^T.
-// The GEMVs are the extension's own gemv_f32 / gemv_int8 (csrc/cpu_kernels.cpp), called through
+// The GEMVs are the extension's own gemv_f32 / gemv_int8 / q4_matmul (csrc/cpu_kernels.cpp,
+// csrc/q4_kernels.cpp), called through
 // the dispatcher, so this file shares their inner loops without copying them. weights[4i..4i+3] are
 // layer i's wqkv, wo, w13, w2: float32 [out, in] with an empty scales entry, or int8 [out, in_padded]
-// with float32 scales [out] (engine.quant's per-channel layout).
+// with float32 scales [out] (engine.quant's per-channel layout), or uint8 GGUF Q4_1 blocks [out, ceil(in/32)*20]
+// with an empty scales entry (engine.q4_kernels, computed by its q4_matmul).
 // Threads: at::parallel_for only (query heads in attention, rows in the GEMVs): never another pool.
 // Every input is checked with TORCH_CHECK (a RuntimeError, never a crash), block ids and slots too.
 #include <ATen/Parallel.h>
@@ -87,6 +89,12 @@ void rms_norm_rows(const float* x, const float* w, float* y, int64_t B, int64_t 
 
 // y = x @ W^T through the extension's registered GEMV ops (fp32 when scales is empty, else int8)
 at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& s) {
+  if (w.scalar_type() == at::kByte) {
+    static auto op4 = c10::Dispatcher::singleton()
+                          .findSchemaOrThrow("inferctl_cpu::q4_matmul", "")
+                          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t)>();
+    return op4.call(x, w, x.size(1));
+  }
   if (s.numel() == 0) {
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("inferctl_cpu::gemv_f32", "")
@@ -102,7 +110,10 @@ at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& s) {
 void check_linear(const at::Tensor& w, const at::Tensor& s, int64_t out, int64_t in, const char* name, int64_t layer) {
   TORCH_CHECK(w.device().is_cpu() && w.dim() == 2 && w.is_contiguous() && w.size(0) == out,
               "layer ", layer, " ", name, ": weight must be a contiguous CPU tensor with ", out, " rows");
-  if (s.numel() == 0) {
+  if (w.scalar_type() == at::kByte) {
+    TORCH_CHECK(w.size(1) == (in + 31) / 32 * 20, "layer ", layer, " ", name, ": Q4_1 blocks must be [", out, ", ",
+                (in + 31) / 32 * 20, "] uint8");
+  } else if (s.numel() == 0) {
     TORCH_CHECK(w.scalar_type() == at::kFloat && w.size(1) == in, "layer ", layer, " ", name,
                 ": float32 weight must be [", out, ", ", in, "]");
   } else {

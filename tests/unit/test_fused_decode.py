@@ -4,7 +4,9 @@ Each case runs the same steps twice over identical block allocations: once with 
 (``torch.ops.inferctl_cpu.decode_layers``), once with :func:`fused_decode.layer_weights` patched to
 None (the model's per-op path, unchanged). Tolerance: the op sums in 8-lane partial sums (dot
 products, GEMVs) where torch sums in its own order, so logits differ by fp32 rounding:
-``TOL_REL`` of the largest |logit| (measured ~4e-7 on stories260K).
+``TOL_REL`` of the largest |logit| (measured ~4e-7 on stories260K). Precisions: fp32 ("full"),
+int8 per channel and int4 (GGUF Q4_1 blocks, engine.q4_kernels), each against the per-op path in the
+same precision (the same GEMV kernels, so only the layer glue differs).
 """
 
 from __future__ import annotations
@@ -79,11 +81,14 @@ def _assert_close(a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 @needs_ops
-@pytest.mark.parametrize("precision", ["full", "int8"])
+@pytest.mark.parametrize("precision", ["full", "int8", "int4"])
 @pytest.mark.parametrize("batch", [1, 3])
-def test_stories260k_fused_equals_per_op(stories, monkeypatch, precision, batch):
-    model = stories.model
+def test_stories260k_fused_equals_per_op(stories, stories_dir, monkeypatch, precision, batch):
+    # int4 is one-way (start-time only): a model of its own; GGUF Q4_1 blocks through the kernels
+    model = stories.model if precision != "int4" else load_llama2c(stories_dir / "stories260K.bin").model
     model.set_precision(precision)
+    if precision == "int4":
+        assert type(model.layers[0].wqkv.q).__name__ == "Q4Weight"
     try:
         texts = ["Once upon a time, there was a big dog", "Tom had a", "The sun was hot and the girl went to the park"]
         prompts = [stories.tokenizer.encode(t) for t in texts[:batch]]
@@ -97,12 +102,13 @@ def test_stories260k_fused_equals_per_op(stories, monkeypatch, precision, batch)
         _assert_close(hf.cache.k, hp.cache.k)   # the K/V the op wrote at slot_mapping
         _assert_close(hf.cache.v, hp.cache.v)
     finally:
-        model.set_precision("full")
+        if precision != "int4":
+            model.set_precision("full")
 
 
 @needs_ops
 @pytest.mark.parametrize("rope_style", ["interleaved", "half"])
-@pytest.mark.parametrize("precision", ["full", "int8"])
+@pytest.mark.parametrize("precision", ["full", "int8", "int4"])
 def test_random_gqa_model_three_sequences(monkeypatch, rope_style, precision):
     """n_kv_heads < n_heads, 3 sequences of different lengths over several shuffled 4-token blocks."""
     model = _random_model(rope_style)
