@@ -66,6 +66,8 @@ def test_operator_restart_under_load_fails_no_request(up):
     steps = httpx.get(up.controller + "/events", params={"kind": "step", "target": "main-1"}).json()["events"]
     assert [e["inputs"]["step"] for e in steps][-4:] == ["out_of_rotation", "drained", "restarted", "in_rotation"]
     assert all(e["source"] == "operator" for e in steps[-4:])
+    # proven by the new process's identity, not by a failed poll then a good one (restart_proof.py)
+    assert steps[-1]["outcome"]["verified_by"] == "instance_id", steps[-1]
 
 
 def test_sigkill_of_a_replica_fails_only_streams_it_had_started(up):
