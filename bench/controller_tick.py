@@ -82,12 +82,16 @@ def raise_file_limit() -> None:
 def payloads(n_engines: int, old_stats: bool = False) -> list[tuple[str, dict[str, str]]]:
     """Per engine: (kind, {path: body}): a bundled engine's ``/stats`` JSON and ``/metrics`` text
     (``old_stats``: its ``/stats`` without the latency histograms, as an older engine's), a vLLM
-    engine's ``/metrics``."""
-    doc, metrics = bundled_engine_bodies()
+    engine's ``/metrics``. The engine runs in a child process (``--engine-bodies``): the measured
+    process must not carry torch's objects (hundreds of thousands, which every full garbage
+    collection of the controller's would walk; a real controller never imports the engine)."""
+    out = subprocess.run([sys.executable, "-m", "bench.controller_tick", "--engine-bodies"], check=True,
+                         capture_output=True, cwd=str(Path(__file__).resolve().parents[1])).stdout
+    doc, metrics = json.loads(out.decode().strip().splitlines()[-1])
     if old_stats:
         doc["requests"].pop("latency_histograms", None)
         doc.pop("latency_histograms_by_model", None)
-    bundled = {"/stats": json.dumps(doc), "/metrics": metrics.decode()}
+    bundled = {"/stats": json.dumps(doc), "/metrics": metrics}
     vllm_text = (FIXTURES / "vllm" / "metrics_samples.txt").read_text()
     blocks = ["# SOURCE" + b for b in vllm_text.split("# SOURCE")[1:]]
     return [("bundled", bundled) if i % 2 == 0 else ("vllm", {"/metrics": blocks[(i // 2) % len(blocks)]})
@@ -210,16 +214,23 @@ def build_controller(fleet: Fleet, n_gpus: int, workdir: Path, model: str):
     return ctl, registry, log, clients
 
 
-def measure(fleet: Fleet, n_gpus: int, ticks: int, model: str, workdir: Path, profile: str | None = None) -> dict:
+def measure(fleet: Fleet, n_gpus: int, ticks: int, model: str, workdir: Path, profile: str | None = None,
+            no_freeze: bool = False) -> dict:
     """Tick and render numbers (seconds, bytes) for one polling model. ``profile``: cProfile the
     measured ticks (the tick's thread and the poller's loop thread, one profile each) into
-    ``profile`` + ``.tick`` / ``.loop`` (pstats files)."""
+    ``profile`` + ``.tick`` / ``.loop`` (pstats files). ``no_freeze``: leave the start-up heap in
+    the garbage collector's generations (controller/heap.py; the default freezes it as the
+    controller's ``serve`` does)."""
     from prometheus_client import generate_latest
 
     from inferctl.controller.exposition import FleetExposition
 
+    from inferctl.controller.heap import freeze_startup_heap
+
     ctl, registry, log, clients = build_controller(fleet, n_gpus, workdir, model)
     try:
+        if not no_freeze:
+            freeze_startup_heap()       # as controller.up.serve does before the controller starts
         now = time.time()
         for _ in range(3):
             now += 1.0
@@ -405,11 +416,18 @@ def main(argv: list[str] | None = None) -> int:
                          "the controller also fetches /metrics from each")
     ap.add_argument("--profile", metavar="FILE",
                     help="cProfile the measured ticks of the largest fleet's first model into FILE (pstats)")
+    ap.add_argument("--no-freeze", action="store_true",
+                    help="do not freeze the start-up heap (controller/heap.py) before the ticks")
     ap.add_argument("--quick", action="store_true", help="smoke test: no doc write")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--bodies", help=argparse.SUPPRESS)
+    ap.add_argument("--engine-bodies", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.engine_bodies:
+        doc, metrics = bundled_engine_bodies()
+        print(json.dumps([doc, metrics.decode()]))
+        return 0
     if a.serve:
         serve(a.serve, a.bodies)
         return 0
@@ -424,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
                 if model == "threads" and n > a.threads_max:
                     continue
                 prof = a.profile if a.profile and n == max(sizes) and model == models[0] else None
-                r = measure(fleet, max(1, n // 4), a.ticks, model, Path(tmp) / model, prof)
+                r = measure(fleet, max(1, n // 4), a.ticks, model, Path(tmp) / model, prof, a.no_freeze)
                 print(json.dumps(r), flush=True)
                 results.append(r)
             if a.probe and n == a.probe:

@@ -32,6 +32,7 @@ from inferctl.controller.config import (DEFAULT_ENGINE_PORT, ConfigError, Contro
                                         parse_config)
 from inferctl.controller.eventlog_retention import EventLogMaintenance, Retention
 from inferctl.controller.events import EventLog, EventLogError
+from inferctl.controller.heap import freeze_startup_heap
 from inferctl.controller.lifecycle import adopt_engine, mark_unclean_shutdown, record_launch
 from inferctl.controller.loop import Controller
 from inferctl.controller.state import ControllerState
@@ -506,6 +507,7 @@ def serve(config: ControllerConfig, admin_token: str | None = None, *, token_sou
         for e in config.engines:
             if e.launch is None:
                 echo(f"watching:   {e.url}  ({e.name}, {e.kind})")
+        freeze_startup_heap()           # the start-up heap out of every full GC (controller/heap.py)
         runtime.controller.start()
         if router_sup is not None:      # a router that exits on its own is started again
             watch = RouterWatch(router_sup, runtime.controller.event_log, echo)

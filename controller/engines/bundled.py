@@ -330,8 +330,25 @@ def _histogram(r: _Reader, *paths: tuple[str, ...]) -> dict[str, Any] | None:
     return None
 
 
+#: The number types a JSON parser gives (``bool`` is not one: ``type(True) is bool``).
+_NUMBER_TYPES = frozenset({int, float})
+
+
+def _increasing_counts(v: Any, strict: bool = False) -> bool:
+    """``v`` is a non-empty list of finite numbers >= 0 (``strict``: any finite numbers), in
+    non-decreasing (``strict``: increasing) order. C-level checks (``map``, ``sum``, ``sorted``):
+    ~10x cheaper than a Python loop over the 27 buckets, for every bundled engine every tick."""
+    if type(v) is not list or not v or not _NUMBER_TYPES.issuperset(map(type, v)):
+        return False
+    if not math.isfinite(sum(v)):            # a NaN or an infinity makes the sum one (or overflows it)
+        return False
+    if strict:
+        return v == sorted(set(v))
+    return v[0] >= 0 and v == sorted(v)
+
+
 def _finite_nonneg(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+    return type(v) in _NUMBER_TYPES and math.isfinite(v) and v >= 0
 
 
 def stats_histograms(section: Any, where: str, invalid: list[str]) -> dict[str, dict[str, Any]] | None:
@@ -344,12 +361,10 @@ def stats_histograms(section: Any, where: str, invalid: list[str]) -> dict[str, 
     if section is None:
         return None
     le = section.get("le") if isinstance(section, dict) else None
-    if (not isinstance(le, list) or not le or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                                                       and math.isfinite(x) for x in le)
-            or any(b <= a for a, b in zip(le, le[1:]))):
+    if not _increasing_counts(le, strict=True):
         invalid.append(f"{where}.le (not increasing finite numbers)")
         return {}
-    bounds = [float(x) for x in le]
+    bounds = list(map(float, le))
     out: dict[str, dict[str, Any]] = {}
     for key, field in STATS_HISTOGRAMS.items():
         h = section.get(key)
@@ -357,13 +372,13 @@ def stats_histograms(section: Any, where: str, invalid: list[str]) -> dict[str, 
             continue
         buckets = h.get("buckets") if isinstance(h, dict) else None
         count, hsum = (h.get("count"), h.get("sum")) if isinstance(h, dict) else (None, None)
-        if (not isinstance(buckets, list) or len(buckets) != len(bounds)
-                or not all(_finite_nonneg(c) for c in buckets) or any(b < a for a, b in zip(buckets, buckets[1:]))
+        if (not _increasing_counts(buckets) or len(buckets) != len(bounds)
                 or not _finite_nonneg(count) or count < buckets[-1] or not _finite_nonneg(hsum)):
             invalid.append(f"{where}.{key} (not cumulative counts over le with count and sum)")
             continue
-        out[field] = {"buckets": [(le_, float(c)) for le_, c in zip(bounds, buckets)] + [(math.inf, float(count))],
-                      "sum": float(hsum), "count": float(count), "metric": METRIC_HISTOGRAMS[field]}
+        pairs = list(zip(bounds, map(float, buckets)))
+        pairs.append((math.inf, float(count)))
+        out[field] = {"buckets": pairs, "sum": float(hsum), "count": float(count), "metric": METRIC_HISTOGRAMS[field]}
     return out
 
 
