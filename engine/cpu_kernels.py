@@ -11,8 +11,10 @@ small ops that do not:
   :class:`inferctl.engine.model.Linear` when the kernels are there and the weight is under
   :data:`GEMV_F32_MAX_BYTES`), the layout llama.cpp's ``ggml_vec_dot_f32`` streams;
 - ``gemv_int8`` the same over int8 weights ``[N, K_padded]`` with one fp32 scale per output row
-  (engine.quant's per-channel absmax): weights widened to fp32 in registers, fp32 activations,
-  ``y = scale · Σ q·x``;
+  (engine.quant's per-channel absmax): ``y = scale · Σ q·x``; with AVX2 the activations are
+  quantized per block of 32 (absmax/127, round half to even: llama.cpp's Q8_0, ``ggml_vec_dot_q8_0_q8_0``)
+  and each block is an exact int8·int8 integer dot product (columns past the last whole block in
+  fp32); without AVX2 the weights are widened to fp32 against fp32 activations;
 - ``rms_norm``  ``x / sqrt(mean(x²) + eps) · w`` (Zhang & Sennrich 2019), one pass per row;
 - ``silu_mul``  ``silu(gu[:, :H]) · gu[:, H:]`` (SwiGLU, Shazeer 2020), one op instead of three.
 
@@ -139,7 +141,9 @@ def gemv_f32(ops: Any, x: torch.Tensor, w_out_in: torch.Tensor) -> torch.Tensor:
 def gemv_int8(ops: Any, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
               in_features: int) -> torch.Tensor:
     """``(x [B, K] @ qweight[N, :K]ᵀ) · scales[N]`` → float32 [B, N]; ``qweight`` int8 [N, K_padded]
-    (columns past ``in_features`` are ignored). Raises RuntimeError (from the op) on bad input."""
+    (columns past ``in_features`` are ignored); B ≤ MAX_BATCH_INT8. Activations are rounded per block of
+    32 (Q8_0, see the module doc): each moves by at most its block's absmax/254. Raises RuntimeError
+    (from the op) on bad input."""
     return ops.gemv_int8(x, qweight, scales, in_features)
 
 

@@ -2,6 +2,7 @@
 //
 // gemv_f32   y[B, N] = x[B, K] @ W[N, K]^T          (W in nn.Linear's [out, in] layout)
 // gemv_int8  y[B, N] = (x[B, K] @ Q[N, :K]^T) * s[N] (Q int8 [out, in_padded], s fp32 per output row)
+//            x quantized to int8 per block of 32 (llama.cpp Q8_0) where AVX2 is there
 // rms_norm   y[T, D] = x * 1/sqrt(mean(x^2) + eps) * w   (Zhang & Sennrich 2019)
 // silu_mul   y[T, H] = silu(gu[:, :H]) * gu[:, H:]     (SwiGLU, Shazeer 2020)
 //
@@ -25,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -152,6 +154,84 @@ at::Tensor gemv_f32(const at::Tensor& x, const at::Tensor& w) {
   return y;
 }
 
+#if INFERCTL_AVX2
+// int8 x int8 path of gemv_int8 (llama.cpp's Q8_0 dot product, ggml_vec_dot_q8_0_q8_0): each activation
+// row is quantized once per call in blocks of 32 (absmax/127 scale per block, round to nearest), then
+// every weight row is a sequence of 32-wide integer dot products (maddubs on |w| and sign(x, w), madd
+// to int32) scaled by the block's activation scale in fp32; columns past the last whole block of 32
+// use the fp32 widening loop. 2-4x fewer instructions per weight than widening each weight to fp32.
+// x row [K] -> int8 blocks of 32 (first nb*32 values) + one fp32 scale per block (absmax/127, llama.cpp Q8_0)
+void quant_row(const float* x, int64_t nb, int8_t* q, float* d) {
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* p = x + b * 32;
+    __m256 m = _mm256_setzero_ps();
+    const __m256 sgn = _mm256_set1_ps(-0.f);
+    __m256 v[4];
+    for (int i = 0; i < 4; ++i) { v[i] = _mm256_loadu_ps(p + 8 * i); m = _mm256_max_ps(m, _mm256_andnot_ps(sgn, v[i])); }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4)); m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const float dd = amax / 127.f; d[b] = dd;
+    const __m256 inv = _mm256_set1_ps(dd != 0.f ? 1.f / dd : 0.f);
+    __m256i i32[4];
+    for (int i = 0; i < 4; ++i) i32[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], inv), _MM_ROUND_NEAREST | _MM_FROUND_NO_EXC));
+    __m256i i16a = _mm256_packs_epi32(i32[0], i32[1]); __m256i i16b = _mm256_packs_epi32(i32[2], i32[3]);
+    __m256i i8 = _mm256_packs_epi16(i16a, i16b);
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    i8 = _mm256_permutevar8x32_epi32(i8, perm);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * 32), i8);
+  }
+}
+template <int G>
+void q8_rows(const int8_t* xq, const float* xd, const float* x, int64_t ldq, int64_t nbd, int64_t K, int64_t nb,
+          const int8_t* w, int64_t ldw, const float* sc, float* y, int64_t N, int64_t b0, int64_t n0, int64_t n1) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t n = n0; n < n1; ++n) {
+    const int8_t* wr = w + n * ldw;
+    __m256 acc[G];
+    for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + b * 32));
+      const __m256i aw = _mm256_sign_epi8(wv, wv);
+      for (int g = 0; g < G; ++g) {
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * ldq + b * 32));
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv)), ones);
+        acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(xd[g * nbd + b]), acc[g]);
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      float t = hsum(acc[g]);
+      const float* xr = x + g * K;
+      for (int64_t k = nb * 32; k < K; ++k) t += xr[k] * (float)wr[k];
+      y[(b0 + g) * N + n] = t * sc[n];
+    }
+  }
+}
+
+void gemv_int8_q8(const float* xp, int64_t B, int64_t K, const int8_t* wp, int64_t ldw, const float* sp,
+                  float* yp, int64_t N) {
+  const int64_t nb = K / 32;
+  std::vector<int8_t> xq(static_cast<size_t>(B * std::max<int64_t>(nb, 1) * 32));
+  std::vector<float> xd(static_cast<size_t>(B * std::max<int64_t>(nb, 1)));
+  for (int64_t b = 0; b < B; ++b) quant_row(xp + b * K, nb, xq.data() + b * nb * 32, xd.data() + b * nb);
+  const int64_t grain = std::max<int64_t>(16, GRAIN_ELEMS / std::max<int64_t>(K, 1));
+  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
+    for (int64_t b0 = 0; b0 < B; b0 += 4) {
+      const int64_t g = std::min<int64_t>(4, B - b0);
+      const int8_t* xqb = xq.data() + b0 * nb * 32;
+      const float* xdb = xd.data() + b0 * nb;
+      const float* xb = xp + b0 * K;
+      switch (g) {
+        case 1: q8_rows<1>(xqb, xdb, xb, nb * 32, nb, K, nb, wp, ldw, sp, yp, N, b0, n0, n1); break;
+        case 2: q8_rows<2>(xqb, xdb, xb, nb * 32, nb, K, nb, wp, ldw, sp, yp, N, b0, n0, n1); break;
+        case 3: q8_rows<3>(xqb, xdb, xb, nb * 32, nb, K, nb, wp, ldw, sp, yp, N, b0, n0, n1); break;
+        default: q8_rows<4>(xqb, xdb, xb, nb * 32, nb, K, nb, wp, ldw, sp, yp, N, b0, n0, n1); break;
+      }
+    }
+  });
+}
+#endif
+
 at::Tensor gemv_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales, int64_t K) {
   TORCH_CHECK(q.device().is_cpu() && q.scalar_type() == at::kChar && q.dim() == 2 && q.is_contiguous(),
               "q must be a contiguous int8 CPU tensor [N, K_padded]");
@@ -161,8 +241,13 @@ at::Tensor gemv_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor&
               "scales must be contiguous float32 [N]");
   check_x(x, K);
   at::Tensor y = at::empty({B, N}, x.options());
+#if INFERCTL_AVX2
+  gemv_int8_q8(x.data_ptr<float>(), B, K, q.data_ptr<int8_t>(), q.size(1), scales.data_ptr<float>(),
+               y.data_ptr<float>(), N);
+#else
   gemv_dispatch<int8_t>(x.data_ptr<float>(), B, K, q.data_ptr<int8_t>(), q.size(1), scales.data_ptr<float>(),
                         y.data_ptr<float>(), N);
+#endif
   return y;
 }
 
