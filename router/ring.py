@@ -22,7 +22,10 @@ request *places* it: the first replica on its walk whose request load is under t
 above AND whose count of live keys is under ``ceil((K + 1) / n)`` (the same bound with
 ε = 0 over keys instead of requests, ``K`` the live keys on the candidates: the paper's
 balls are the keys), and later requests *follow* the placement while that replica is a
-candidate under the request bound. Over the bound the request spills (the walk again, from
+candidate under the request bound and holds at most ``ceil((1 + ε) × (K + 1) / n)`` keys (a
+replica back from a restart, or added, starts with none: this bound hands it the surplus of
+the others' keys as they come, and nothing moves while each holds within ε of its share).
+Over either bound the request spills (the walk again, from
 the key's ring position) and the key now follows the replica it spilled to: that replica
 prefills the prefix once and then holds it, while going back would only trade one cached
 copy for another — a key that alternates pays a cold prefill on each replica it visits and
@@ -158,8 +161,9 @@ class AffinityTable:
         remembered as the key's placement.
 
         Returns ``(replica, at_home)``: ``at_home`` is False when the request spilled: the
-        replica the key follows (or, for a new key, the one placement would pick) was at the
-        request bound (:func:`capacity`), so it went on along the walk. None when no candidate
+        replica the key follows was at the request bound (:func:`capacity`) or held more than
+        its share of keys by the same bound, or (a new key) the replica placement would pick was
+        at the request bound, so it went on along the walk. None when no candidate
         is on the ring. Candidates not on the ring are ignored.
         """
         cands = {name: int(load) for name, load in loads.items() if name in self._keys}
@@ -172,9 +176,11 @@ class AffinityTable:
         placed = self._where.pop(h, None)
         if placed is not None:
             self._keys[placed[0]] -= 1
-            if placed[0] in cands and cands[placed[0]] + 1 <= cap:
-                return self._remember(h, placed[0], now), True
-        key_cap = capacity(sum(self._keys[n] for n in cands), len(cands), 0.0)
+        live = sum(self._keys[n] for n in cands)
+        if placed is not None and placed[0] in cands and cands[placed[0]] + 1 <= cap \
+                and self._keys[placed[0]] + 1 <= capacity(live, len(cands), epsilon):
+            return self._remember(h, placed[0], now), True
+        key_cap = capacity(live, len(cands), 0.0)
         walk = [name for name in self.ring.walk_hash(h) if name in cands]
         roomy = [name for name in walk if self._keys[name] + 1 <= key_cap]
         preferred = placed[0] if placed is not None and placed[0] in cands else (roomy or walk)[0]

@@ -142,6 +142,28 @@ def test_a_replica_that_leaves_gives_up_its_keys_on_their_next_request():
     assert table.lookup("k0", {"elsewhere": 0}, 0.25) is None
 
 
+def test_a_replica_back_from_a_restart_gets_the_surplus_keys_back():
+    # 64 sessions on 3 replicas; chat-1 drains (its keys move to the other two), comes back
+    # empty, and every key sends one more request: the key bound on following hands chat-1 the
+    # keys above (1 + eps) x the share of the others, and no more (a fully sticky table left it
+    # with none; a stateless ring would move all of its keys back at once)
+    table = _table()
+    idle = {n: 0 for n in REPLICAS}
+    keys = [f"s:client-{i}" for i in range(64)]
+    for k in keys:
+        table.lookup(k, idle, 0.25)
+    assert sorted(table.keys_per_replica().values()) == [21, 21, 22]
+    for k in keys:
+        table.lookup(k, {"chat-0": 0, "chat-2": 0}, 0.25)
+    assert table.keys_per_replica()["chat-1"] == 0
+    moved = [k for k in keys if table.lookup(k, idle, 0.25)[0] == "chat-1"]
+    share = table.keys_per_replica()
+    assert max(share.values()) == capacity(63, 3, 0.25) == 27 and share["chat-1"] == 64 - 2 * 27
+    assert len(moved) == 10
+    again = {k: table.lookup(k, idle, 0.25) for k in keys}                # settled: nothing moves
+    assert all(at_home for _, at_home in again.values()) and table.keys_per_replica() == share
+
+
 # ------------------------------------------------------------------ memory
 
 
