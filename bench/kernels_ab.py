@@ -3,13 +3,19 @@
     python -m bench.kernels_ab [--models synthetic] [--precisions full,int8] [--output 64] [--threads 1] [--rounds 3]
 
 For each model and precision, ``--rounds`` rounds each load the engine once with
-``INFERCTL_CPU_KERNELS=0`` (plain PyTorch: the [in, out] layout, torch/numpy BLAS, the bf16 int8
+``INFERCTL_CPU_KERNELS=0`` (plain PyTorch: the [in, out] layout, torch's BLAS, the bf16 int8
 kernel) and once with the kernels (engine.cpu_kernels), the sides taking turns, and time one
 request's decode (16 prompt tokens, ``--output`` greedy tokens, EOS ignored; ``bench.decode``'s
 ``engine_decode``). Reported: best wall tok/s of each side, the weight bytes read per token, the
 GB/s that implies, that as a fraction of the copy bandwidth measured in the same run
 (``bench.decode.bandwidth``), and whether both sides produced the same tokens. Prints a Markdown
 table; writes nothing (the numbers go to docs/performance.md by hand, with the load average).
+``--ops`` instead times the linear kernels alone on the engine's shapes (synthetic 99.5 MB model:
+384→640 QKV, 384→2048 gate/up, 1024→384 down, 384→32000 output), per row count in ``--rows``, at
+``--threads``: ``gemv_f32`` on ``[out, in]`` against torch (MKL) on ``[in, out]`` and on ``W.T``, and
+``gemv_int8`` against torch's int8 kernel (``engine.quant.int8_matmul``); alternating, best of
+``--rounds`` × enough calls for ~0.2 GB of weight reads, wall µs, CPU µs and weight GB/s — the
+reading that sets ``cpu_kernels.GEMV_F32_MAX_BYTES``, ``MAX_BATCH`` and ``MAX_BATCH_INT8``.
 """
 
 from __future__ import annotations
@@ -48,6 +54,55 @@ def decode_once(model: str, precision: str, output: int, threads: int, kernels: 
             "weight_bytes": eng.model.weight_bytes(), "tokens": tokens}
 
 
+OPS_SHAPES = ((640, 384), (2048, 384), (384, 1024), (32000, 384))
+
+
+def time_call(fn, nbytes: int, rounds: int) -> tuple[float, float]:
+    """Best (wall s, CPU s) per call of ``fn`` over ``rounds`` batches of calls (~0.2 GB read each)."""
+    reps = max(3, int(2e8 // max(nbytes, 1)))
+    fn()
+    best_w = best_c = float("inf")
+    for _ in range(rounds):
+        t, c = time.perf_counter(), time.process_time()
+        for _ in range(reps):
+            fn()
+        best_w = min(best_w, (time.perf_counter() - t) / reps)
+        best_c = min(best_c, (time.process_time() - c) / reps)
+    return best_w, best_c
+
+
+def ops_table(threads: int, rows: list[int], rounds: int) -> None:
+    """Print the per-kernel Markdown table of ``--ops`` (see the module doc)."""
+    import torch
+
+    from inferctl.engine import cpu_kernels as ck
+    from inferctl.engine.quant import int8_matmul, quantize_per_channel
+
+    ops = ck.ops_for("cpu", torch.float32)
+    if ops is None:
+        raise SystemExit("the engine's CPU kernels are not built here (INFERCTL_CPU_KERNELS, compiler)")
+    torch.set_num_threads(threads)
+    print("| N×K | rows | kernel | wall µs | CPU µs | weight GB/s |")
+    print("|---|---|---|---|---|---|")
+    g = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for n, k in OPS_SHAPES:
+            w = torch.randn(n, k, generator=g)
+            wt = w.t().contiguous()
+            q = quantize_per_channel(w)
+            for b in rows:
+                x = torch.randn(b, k, generator=g)
+                runs = {"torch [in, out]": (lambda: x @ wt, 4 * n * k), "torch W.T": (lambda: x @ w.t(), 4 * n * k),
+                        "torch int8 (bf16 act.)": (lambda: int8_matmul(x, q), n * k)}
+                if b <= ck.MAX_BATCH_INT8:
+                    runs["gemv_f32"] = (lambda: ops.gemv_f32(x, w), 4 * n * k)
+                    runs["gemv_int8 (Q8_0 act.)"] = (lambda: ops.gemv_int8(x, q.qweight, q.scales, k), n * k)
+                for name, (fn, nbytes) in runs.items():
+                    wall, cpu = time_call(fn, nbytes, rounds)
+                    gbps = nbytes / wall / 1e9
+                    print(f"| {n}×{k} | {b} | {name} | {wall * 1e6:.0f} | {cpu * 1e6:.0f} | {gbps:.1f} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="synthetic")
@@ -55,10 +110,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--ops", action="store_true", help="time the linear kernels alone (see the module doc)")
+    ap.add_argument("--rows", default="1,4,8,16,32", help="row counts for --ops")
     a = ap.parse_args(argv)
     bw = bandwidth(threads=a.threads)
     print(f"load average {os.getloadavg()[0]:.2f}; copy bandwidth {bw['copy_gbps']:.1f} GB/s "
           f"({a.threads} thread(s)); read {bw['read_gbps']:.1f} GB/s")
+    if a.ops:
+        ops_table(a.threads, [int(r) for r in a.rows.split(",")], a.rounds)
+        return 0
     print("| model | precision | side | best tok/s | CPU ms/tok | weight MB | GB/s | of copy bw | same tokens |")
     print("|---|---|---|---|---|---|---|---|---|")
     for model in a.models.split(","):
