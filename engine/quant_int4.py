@@ -1,5 +1,9 @@
 """int4 weight-only linears: group-wise (32 values) scales and zeros in torch's CPU int4 layout.
 
+Where the engine's CPU kernels are built, :func:`int4_weights` keeps every linear in GGUF's own
+Q4_1 block layout instead (engine.q4_kernels, fp32 activations); what follows is the layout used
+without them.
+
 Kernel: ``torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group_size, scales_and_zeros)``
 (torch ≥ 2.5, schema in torch 2.13: ``(Tensor self, Tensor mat2, int qGroupSize, Tensor
 qScaleAndZeros) -> Tensor``) over weights packed by ``_convert_weight_to_int4pack_for_cpu(q,
