@@ -16,7 +16,8 @@ Memory: 20 bytes per 32 weights = 0.625 bytes per weight (fp32: 4), no padding o
 Kernel: ``torch.ops.inferctl_cpu.q4_matmul(x [B, K] fp32, blocks, K) → [B, N]`` dequantizes each
 weight row in AVX2 registers and multiplies with fp32 activations (no bf16 rounding), at any
 B (activation rows in groups of 4 per pass over a weight row, so the weights stream once);
-``q4_rows(blocks, idx, K)`` dequantizes gathered rows (the tied embedding lookup). Without the
+``q4_rows(blocks, idx, K)`` dequantizes gathered rows (the tied embedding lookup);
+``q4_dequant(blocks, K)`` the whole weight for a long prefill (:data:`GEMM_ROWS`). Without the
 kernels :func:`matmul` and :func:`rows` compute the same in plain PyTorch (dequantize + matmul),
 which the tests hold the kernel to; the engine itself keeps torch's int4 kernel layout then
 (engine.quant_int4.Int4Weight).
@@ -35,6 +36,14 @@ QK = 32
 BLOCK_BYTES = 20
 """Bytes of a ``block_q4_1``: fp16 d, fp16 m, 16 bytes of nibbles."""
 _Q4_0_BYTES = 18
+#: Above this many activation rows (long prefills) a weight of at most :data:`DEQUANT_MAX_BYTES` in
+#: fp32 is dequantized (``q4_dequant``) and multiplied by torch's GEMM (MKL): measured 2026-12-02,
+#: 1 thread, CPU time under load, SmolLM2 shapes 1728×576 / 576×1536: 128 rows 5.7 / 4.2 ms vs
+#: 7.5 / 7.4 for ``q4_matmul``, 512 rows 17.2 / 16.7 vs 37.5 / 36.0; at 32 rows ``q4_matmul`` won
+#: (1.9 / 1.4 vs 3.4 / 1.8), at 64 it was a tie.
+GEMM_ROWS = 64
+#: Largest fp32 temporary the long-prefill path makes (the 49152×576 classifier, 113 MB, never).
+DEQUANT_MAX_BYTES = 16 * 1024 * 1024
 
 
 @dataclass
@@ -120,11 +129,14 @@ def quantize(w_out_in: torch.Tensor) -> Q4Weight:
 
 def matmul(ops: Any | None, x: torch.Tensor, w: Q4Weight) -> torch.Tensor:
     """``x [..., in] @ Wᵀ`` → ``[..., out]`` in x's dtype: the C++ kernel when ``ops`` is given
-    and ``x`` is float32 on the CPU, else dequantize + matmul (plain PyTorch, fp32).
+    and ``x`` is float32 on the CPU (above :data:`GEMM_ROWS` rows its dequantized weight and torch's
+    GEMM), else dequantize + matmul (plain PyTorch, fp32).
     ValueError on a feature mismatch."""
     if x.shape[-1] != w.in_features:
         raise ValueError(f"Q4 matmul: input has {x.shape[-1]} features, weight expects {w.in_features}")
     if ops is not None and x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous() and x.device.type == "cpu":
+        if x.shape[0] > GEMM_ROWS and w.out_features * w.in_features * 4 <= DEQUANT_MAX_BYTES:
+            return x @ ops.q4_dequant(w.blocks, w.in_features).t()   # long prefill: torch's GEMM
         return ops.q4_matmul(x, w.blocks, w.in_features)   # the decode hot path: no reshapes, no casts
     lead = x.shape[:-1]
     x2 = x.reshape(-1, w.in_features)

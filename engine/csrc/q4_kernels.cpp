@@ -2,6 +2,7 @@
 //
 // q4_matmul   y[B, N] = x[B, K] @ W[N, K]^T, W given as blocks uint8 [N, nb * 20], nb = ceil(K / 32)
 // q4_rows     W[idx, :K] as float32 [T, K] (the tied embedding lookup dequantizes the gathered rows only)
+// q4_dequant  W as float32 [N, K] (long prefills run torch's GEMM on it)
 //
 // Block layout (ggml block_q4_1, ggml-common.h; dequantize_row_q4_1 in ggml-quants.c): fp16 d,
 // fp16 m, 16 bytes qs; value j (0..15) is qs[j] & 0xF, value j + 16 is qs[j] >> 4, and the weight is
@@ -169,6 +170,34 @@ at::Tensor q4_rows(const at::Tensor& blocks, const at::Tensor& idx, int64_t K) {
   return y;
 }
 
+// The whole weight as float32 [N, K] (long prefills: the caller hands it to torch's GEMM).
+at::Tensor q4_dequant(const at::Tensor& blocks, int64_t K) {
+  check_blocks(blocks, K);
+  const int64_t N = blocks.size(0), ldw = blocks.size(1);
+  at::Tensor y = at::empty({N, K}, blocks.options().dtype(at::kFloat));
+  const uint8_t* wp = blocks.data_ptr<uint8_t>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, N, std::max<int64_t>(1, GRAIN_WEIGHTS / K), [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const uint8_t* row = wp + n * ldw;
+      float* out = yp + n * K;
+      int64_t j = 0;
+#if INFERCTL_Q4_AVX2
+      for (; (j + 1) * QK <= K; ++j) {
+        __m256 w[4];
+        dequant_block(row + j * BLOCK_BYTES, w);
+        for (int v = 0; v < 4; ++v) _mm256_storeu_ps(out + j * QK + 8 * v, w[v]);
+      }
+#endif
+      for (int64_t k = j * QK; k < K; ++k) {
+        const uint8_t* blk = row + (k / QK) * BLOCK_BYTES;
+        out[k] = code_at(blk + 4, k % QK) * half_at(blk) + half_at(blk + 2);
+      }
+    }
+  });
+  return y;
+}
+
 bool q4_has_avx2() { return INFERCTL_Q4_AVX2 != 0; }
 
 }  // namespace
@@ -176,5 +205,6 @@ bool q4_has_avx2() { return INFERCTL_Q4_AVX2 != 0; }
 TORCH_LIBRARY_FRAGMENT(inferctl_cpu, m) {
   m.def("q4_matmul(Tensor x, Tensor blocks, int k) -> Tensor", &q4_matmul);
   m.def("q4_rows(Tensor blocks, Tensor idx, int k) -> Tensor", &q4_rows);
+  m.def("q4_dequant(Tensor blocks, int k) -> Tensor", &q4_dequant);
   m.def("q4_has_avx2() -> bool", &q4_has_avx2);
 }

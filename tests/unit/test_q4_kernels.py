@@ -50,7 +50,7 @@ def test_blocks_dequantize_exactly_as_gguf(qtype):
 def test_kernel_equals_dequantize_matmul(ops, qtype, k):
     w, ref = _gguf_weight(qtype, 40, k)
     wf = torch.from_numpy(ref)
-    for b in (1, 2, 3, 4, 5, 8, 13, 32):
+    for b in (1, 2, 3, 4, 5, 8, 13, 32, q4.GEMM_ROWS + 1):
         x = torch.randn(b, k, generator=torch.Generator().manual_seed(b))
         want = (x.double() @ wf.double().t()).float()
         got = q4.matmul(ops, x, w)
@@ -69,6 +69,7 @@ def test_k_not_a_multiple_of_32_and_rows(ops):
     assert (deq - wf).abs().max() <= (wf.max() - wf.min()) / 30 * 1.05
     x = torch.randn(3, 70, generator=torch.Generator().manual_seed(4))
     assert ((q4.matmul(ops, x, w) - x @ deq.t()).abs() <= _bound(x, deq)).all()
+    assert torch.equal(ops.q4_dequant(w.blocks, 70), deq)   # the long-prefill path's weight, bit for bit
     idx = torch.tensor([19, 0, 7, 7])
     assert torch.equal(q4.rows(ops, w, idx), deq[idx])
     assert torch.equal(q4.rows(None, w, idx), deq[idx])
