@@ -31,7 +31,6 @@ from inferctl.engine.quant import Int8Weight
 
 if TYPE_CHECKING:
     from inferctl.engine.attention import AttentionMetadata, KVCache
-    from inferctl.engine.model import LlamaModel
 
 #: ``rope_style`` → the op's integer code
 ROPE_CODES = {"interleaved": 0, "half": 1}
@@ -54,10 +53,12 @@ def _linear_tensors(lin: Any, no_scales: torch.Tensor) -> tuple[torch.Tensor, to
     return q.qweight, q.scales
 
 
-def layer_weights(model: "LlamaModel", kv_cache: "KVCache", meta: "AttentionMetadata",
+def layer_weights(model: Any, kv_cache: "KVCache", meta: "AttentionMetadata",
                   num_tokens: int) -> tuple[list[torch.Tensor], ...] | None:
     """``(attn_norm, ffn_norm, weights, scales)`` lists for :func:`decode_layers` when this step
-    can run fused (see the module docstring), else None. ``meta`` must be prepared."""
+    can run fused (see the module docstring), else None. ``model``: an engine.model.LlamaModel
+    (typed Any: model.py imports this module, and the import graph stays without a circle).
+    ``meta`` must be prepared."""
     ops = model.kernel_ops
     if (ops is None or not meta.all_decode or num_tokens != meta.num_seqs or num_tokens > cpu_kernels.MAX_BATCH
             or meta.logits_indices.shape[0] != num_tokens or kv_cache.kv_int8 or kv_cache.k.dtype != torch.float32
@@ -76,7 +77,7 @@ def layer_weights(model: "LlamaModel", kv_cache: "KVCache", meta: "AttentionMeta
     return plan[2]
 
 
-def _build_lists(model: "LlamaModel", lins: list[Any]) -> tuple[list[torch.Tensor], ...] | None:
+def _build_lists(model: Any, lins: list[Any]) -> tuple[list[torch.Tensor], ...] | None:
     weights: list[torch.Tensor] = []
     scales: list[torch.Tensor] = []
     no_scales = torch.empty(0, dtype=torch.float32)
@@ -89,7 +90,7 @@ def _build_lists(model: "LlamaModel", lins: list[Any]) -> tuple[list[torch.Tenso
     return ([blk.attention_norm for blk in model.layers], [blk.ffn_norm for blk in model.layers], weights, scales)
 
 
-def decode_layers(model: "LlamaModel", lists: tuple[list[torch.Tensor], ...], x: torch.Tensor,
+def decode_layers(model: Any, lists: tuple[list[torch.Tensor], ...], x: torch.Tensor,
                   cos: torch.Tensor, sin: torch.Tensor, kv_cache: "KVCache", meta: "AttentionMetadata") -> torch.Tensor:
     """All decoder layers of one decode step: ``x`` [B, dim] float32 → [B, dim] (before the final
     norm); writes each token's K/V into ``kv_cache`` at ``meta.slot_mapping``. ``cos``/``sin``
