@@ -62,6 +62,7 @@ def layer_weights(model: Any, kv_cache: "KVCache", meta: "AttentionMetadata",
     ops = model.kernel_ops
     if (ops is None or not meta.all_decode or num_tokens != meta.num_seqs or num_tokens > cpu_kernels.MAX_BATCH
             or meta.logits_indices.shape[0] != num_tokens or kv_cache.kv_int8 or kv_cache.k.dtype != torch.float32
+            or not (kv_cache.k.is_contiguous() and kv_cache.v.is_contiguous())
             or model.dtype != torch.float32 or model.device.type != "cpu" or not hasattr(ops, "decode_layers")):
         return None
     # the lists are cached on the model, keyed by the identity of every linear's weight tensor (a
