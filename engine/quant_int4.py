@@ -213,13 +213,11 @@ def q4_ops(device: torch.device | str) -> Any | None:
 
 def int4_mode_nbytes(mats: list[tuple[int, int]], n_tables: int, device: torch.device | str) -> int:
     """Weight bytes (norms excluded) of int4 mode for the ``[out, in]`` matrices ``mats`` whose
-    first ``n_tables`` are the classifier/embedding tables: every matrix as Q4_1 blocks
-    (0.625 B/weight) where :func:`q4_ops` runs, else the tables int8 per row and the rest
-    :class:`Int4Weight`."""
-    if q4_ops(device) is not None:
-        return sum(q4_weight_nbytes(o, i) for o, i in mats)
+    first ``n_tables`` are the classifier/embedding tables: the tables int8 per row, the rest
+    Q4_1 blocks (0.625 B/weight) where :func:`q4_ops` runs, else :class:`Int4Weight`."""
+    per_layer = q4_weight_nbytes if q4_ops(device) is not None else int4_weight_nbytes
     return (sum(int8_weight_nbytes(o, i) for o, i in mats[:n_tables])
-            + sum(int4_weight_nbytes(o, i) for o, i in mats[n_tables:]))
+            + sum(per_layer(o, i) for o, i in mats[n_tables:]))
 
 
 def _q4_from(raws: list, float_w) -> Q4Weight:
@@ -233,17 +231,15 @@ def _q4_from(raws: list, float_w) -> Q4Weight:
 def int4_weights(model, q4_sources: dict | None, current: str) -> None:
     """Switch a ``engine.model.LlamaModel`` in ``"full"`` precision to int4, in place.
 
-    Where the engine's CPU kernels run (:func:`q4_ops`): EVERY linear, the classifier included,
-    becomes an ``engine.q4_kernels.Q4Weight`` (GGUF Q4_1 blocks): the file's Q4_0/Q4_1 tensors
-    as stored when every part of the fused matrix is there (``q4_sources``: canonical name →
-    ``engine.gguf.RawTensor``), else the float weight quantized to Q4_1 (SmolLM2's tied
-    embedding is Q8_0 in its file: it becomes Q4_1, as ``llama-quantize`` would make it); a
-    tied embedding (or an untied table, also Q4_1) is looked up by dequantizing the gathered
-    rows only. Without the kernels (plain-PyTorch fallback): layer linears become
-    :class:`Int4Weight` for torch's int4 kernel, the classifier and an untied table int8 per
-    row (``engine.quant``). The float weights are dropped (no host copy): int4 is a start-time
-    mode with no way back. ValueError when ``current`` is not "full" (including int4 →
-    anything) or the model is not on the CPU.
+    Where the engine's CPU kernels run (:func:`q4_ops`): every layer linear becomes an
+    ``engine.q4_kernels.Q4Weight`` (GGUF Q4_1 blocks): the file's Q4_0/Q4_1 tensors as stored
+    when every part of the fused matrix is there (``q4_sources``: canonical name →
+    ``engine.gguf.RawTensor``), else the float weight quantized to Q4_1. Without the kernels
+    (plain-PyTorch fallback): layer linears become :class:`Int4Weight` for torch's int4
+    kernel. In both, the classifier and an untied embedding table are int8 per row
+    (``engine.quant``; SmolLM2's file keeps its tied embedding as Q8_0). The float weights are
+    dropped (no host copy): int4 is a start-time mode with no way back. ValueError when
+    ``current`` is not "full" (including int4 → anything) or the model is not on the CPU.
     """
     if current != "full":
         raise ValueError(f"precision int4 is chosen at start from full precision; cannot switch from {current} "
@@ -269,19 +265,12 @@ def int4_weights(model, q4_sources: dict | None, current: str) -> None:
             if hasattr(lin, "_w_np"):
                 lin._w_np = None
     tied = model.tok_embeddings is None
-    if ops is not None:
-        out = model.output
-        out_raw = src.get("tok_embeddings.weight" if tied else "output.weight")
-        out.q = _q4_from([out_raw], lambda: out.weight_t.t())
-        out.q.ops = ops
-        out.weight_t = None
-        if not tied:
-            emb = model.tok_embeddings
-            model.tok_embeddings_q = _q4_from([src.get("tok_embeddings.weight")], lambda: emb)
-            model.tok_embeddings_q.ops = ops
-    else:
-        model.output.quantize_()
-        if not tied:
-            model.tok_embeddings_q = quantize_per_channel(model.tok_embeddings)
+    # The classifier and an untied embedding table stay 8-bit (int8 per row) in both layouts:
+    # 4-bit codes there cost greedy agreement (SmolLM2, first divergence from fp32 at tokens
+    # 10/4/5/0 with a Q4_1 classifier vs 23/12/none/12 with int8, docs/performance.md), and
+    # quantized files keep them above 4 bits too (SmolLM2's Q4_1 file: token_embd is Q8_0).
+    model.output.quantize_()
+    if not tied:
+        model.tok_embeddings_q = quantize_per_channel(model.tok_embeddings)
     model.tok_embeddings = None
     model._host_backup = {}

@@ -392,12 +392,16 @@ def compute_plan(d: ModelDims, precision: str = "auto", context: int | None = No
     else:
         weights = formula
     if prec == "int4" and None not in (d.vocab, d.hidden, d.layers):  # engine/quant_int4.py's layout
+        from inferctl.engine.quant import int8_weight_nbytes
+
         n_tab = 1 if d.tied is not False else 2
         norms = (2 * d.layers + 1) * d.hidden
-        eng = (d.params - norms) * 5 // 8 + 4 * norms
-        notes.append(f"this engine's --precision int4 holds {eng:,} bytes of weights: every linear, the "
-                     f"classifier{'' if n_tab == 1 else ' and embedding'} included, as GGUF Q4_1 blocks (fp16 d "
-                     "and m per 32 weights, 0.625 B/weight; engine/q4_kernels.py), norms fp32")
+        tables = n_tab * d.vocab * d.hidden
+        eng = ((d.params - norms - tables) * 5 // 8 + n_tab * int8_weight_nbytes(d.vocab, d.hidden)
+               + 4 * norms)
+        notes.append(f"this engine's --precision int4 holds {eng:,} bytes of weights: every layer linear as "
+                     "GGUF Q4_1 blocks (fp16 d and m per 32 weights, 0.625 B/weight; engine/q4_kernels.py), "
+                     f"the classifier{'' if n_tab == 1 else ' and embedding'} int8 per row, norms fp32")
     act_bytes = 4 if prec == "fp32" else 2
     kvd = kv_cache_dtype if kv_cache_dtype != "auto" else ("fp32" if prec == "fp32" else "fp16")
     kv_tok = (2 * d.layers * d.kv_heads * d.head_dim * KV_DTYPE_BYTES[kvd]

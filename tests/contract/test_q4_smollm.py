@@ -1,5 +1,6 @@
-"""SmolLM2 (GGUF Q4_1) in --precision int4 through the engine's GGUF-block kernel: every linear
-4-bit, and the greedy tokens of the C++ kernel equal those of the plain-PyTorch fallback
+"""SmolLM2 (GGUF Q4_1) in --precision int4 through the engine's GGUF-block kernel: every layer
+linear 4-bit (the file's Q4_1 blocks), the tied classifier int8 (the file's is Q8_0), and the
+greedy tokens of the C++ kernel equal those of the plain-PyTorch fallback
 (dequantize + matmul) on the same blocks."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from inferctl.engine.config import EngineConfig
 from inferctl.engine.engine import LLMEngine
 from inferctl.engine.loader import load_model
 from inferctl.engine.q4_kernels import Q4Weight
+from inferctl.engine.quant import Int8Weight
 from inferctl.engine.quant_int4 import q4_ops
 from inferctl.engine.sampling_params import SamplingParams
 from tests.gguf_helpers import require_smollm
@@ -19,7 +21,7 @@ N = 16
 
 
 def _linears(model):
-    return [model.output] + [getattr(b, a) for b in model.layers for a in ("wqkv", "wo", "w13", "w2")]
+    return [getattr(b, a) for b in model.layers for a in ("wqkv", "wo", "w13", "w2")]
 
 
 def _greedy(eng: LLMEngine, prompts: list[list[int]], n: int) -> list[list[int]]:
@@ -40,7 +42,8 @@ def test_smollm2_int4_greedy_kernel_equals_fallback():
     model = eng.model
     assert model.precision == "int4"
     assert all(isinstance(lin.q, Q4Weight) and lin.q.ops is not None for lin in _linears(model))
-    assert model.weight_bytes() == 84_190_464      # every linear 0.625 B/weight + fp32 norms
+    assert isinstance(model.output.q, Int8Weight)
+    assert model.weight_bytes() == 95_102_208      # layer linears 0.625 B/weight, classifier int8, fp32 norms
     prompt = bundle.tokenizer.encode(PROMPT)
     [kernel] = _greedy(eng, [prompt], N)
     assert len(kernel) == N

@@ -90,5 +90,6 @@ def test_plan_int4_note_matches_the_engine_accounting():
     p = compute_plan(read_model(str(SMOL)), "int4", 256)
     [note] = [n for n in p.notes if "int4 holds" in n]
     # the engine's /stats weights_bytes for this file in int4 with its CPU kernels (LlamaModel.weight_bytes()
-    # after set_precision("int4") = weight_bytes_by_mode()["int4"], measured 2026-12-02; every linear Q4_1)
-    assert "84,190,464 bytes" in note
+    # after set_precision("int4") = weight_bytes_by_mode()["int4"], measured 2026-12-02: layer linears
+    # Q4_1, the tied classifier int8 per row)
+    assert "95,102,208 bytes" in note
