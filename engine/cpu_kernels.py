@@ -71,6 +71,11 @@ MAX_BATCH_INT8 = 64
 #: int8 weights take ``gemv_int8`` at any size (1.5× faster than the bf16 kernel on that layer).
 GEMV_F32_MAX_BYTES = 16 * 1024 * 1024
 SOURCE = Path(__file__).resolve().parent / "csrc" / "cpu_kernels.cpp"
+#: every C++ file of the one extension (the ops of engine.fused_decode and engine.q4_kernels too)
+SOURCES = (SOURCE, SOURCE.with_name("decode_step.cpp"), SOURCE.with_name("q4_kernels.cpp"))
+#: headers the sources include: hashed into the build name with them (torch's own rebuild check
+#: sees the listed sources only)
+HEADERS = (SOURCE.with_name("simd.h"),)
 CFLAGS = ("-O3", "-march=native")
 
 
@@ -80,7 +85,9 @@ def enabled() -> bool:
 
 
 def _cpu_tag() -> str:
-    """8 hex digits of sha256 over the CPU's flags line and the torch version (the build-cache key)."""
+    """8 hex digits of sha256 over the CPU's flags line, the torch version and the bytes of
+    :data:`SOURCES` and :data:`HEADERS` (the build-cache key: a changed kernel or header builds
+    under a new name, never over a library another process may have loaded)."""
     flags = ""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
@@ -90,7 +97,13 @@ def _cpu_tag() -> str:
                     break
     except OSError:
         pass
-    return hashlib.sha256((flags + torch.__version__).encode()).hexdigest()[:8]
+    h = hashlib.sha256((flags + torch.__version__).encode())
+    for f in SOURCES + HEADERS:
+        try:
+            h.update(f.read_bytes())
+        except OSError:
+            pass   # a missing file fails the build itself, with its own message
+    return h.hexdigest()[:8]
 
 
 @functools.cache
@@ -102,9 +115,7 @@ def load_ops() -> Any | None:
     try:
         from torch.utils.cpp_extension import load
 
-        load(name=f"inferctl_cpu_kernels_{_cpu_tag()}", sources=[str(SOURCE), str(SOURCE.with_name("decode_step.cpp")),
-                                                                       str(SOURCE.with_name("q4_kernels.cpp"))],
-             extra_cflags=list(CFLAGS),
+        load(name=f"inferctl_cpu_kernels_{_cpu_tag()}", sources=[str(f) for f in SOURCES], extra_cflags=list(CFLAGS),
              is_python_module=False, verbose=False)
         ops = torch.ops.inferctl_cpu
         ops.has_avx2()  # the library answers

@@ -28,6 +28,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "simd.h"
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define INFERCTL_AVX2 1
@@ -41,16 +43,7 @@ constexpr int64_t MAX_B = 64;  // cpu_kernels.MAX_BATCH_INT8
 constexpr int64_t GRAIN_ELEMS = 1 << 16;  // weights per parallel chunk: smaller work stays on one thread
 
 #if INFERCTL_AVX2
-inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v);
-  __m128 hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  __m128 sh = _mm_movehdup_ps(lo);
-  __m128 s = _mm_add_ps(lo, sh);
-  sh = _mm_movehl_ps(sh, s);
-  s = _mm_add_ss(s, sh);
-  return _mm_cvtss_f32(s);
-}
+using inferctl_simd::hsum8;
 
 inline __m256 load_i8x8(const int8_t* p) {
   __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
@@ -93,7 +86,7 @@ inline void row_dot(const float* x, int64_t ldx, const W* w, int64_t K, float* o
   for (int b = 0; b < B; ++b) {
     __m256 s = acc[b][0];
     for (int a = 1; a < A; ++a) s = _mm256_add_ps(s, acc[b][a]);
-    out[b] = hsum(s);
+    out[b] = hsum8(s);
   }
 #else
   for (int b = 0; b < B; ++b) out[b] = 0.f;
@@ -200,7 +193,7 @@ void q8_rows(const int8_t* xq, const float* xd, const float* x, int64_t ldq, int
       }
     }
     for (int g = 0; g < G; ++g) {
-      float t = hsum(acc[g]);
+      float t = hsum8(acc[g]);
       const float* xr = x + g * K;
       for (int64_t k = nb * 32; k < K; ++k) t += xr[k] * (float)wr[k];
       y[(b0 + g) * N + n] = t * sc[n];
@@ -272,7 +265,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
         __m256 v = _mm256_loadu_ps(r + d);
         a = _mm256_fmadd_ps(v, v, a);
       }
-      ss = hsum(a);
+      ss = hsum8(a);
 #endif
       for (; d < D; ++d) ss += r[d] * r[d];
       const float inv = 1.f / std::sqrt(ss / static_cast<float>(D) + static_cast<float>(eps));

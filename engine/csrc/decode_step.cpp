@@ -32,6 +32,8 @@
 #include <cstring>
 #include <vector>
 
+#include "simd.h"
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define INFERCTL_DS_AVX2 1
@@ -46,13 +48,7 @@ constexpr int64_t MAX_HEAD_DIM = 512;
 constexpr int64_t ATTN_GRAIN = 1 << 14;   // score multiply-adds per parallel chunk of heads
 
 #if INFERCTL_DS_AVX2
-inline float hsum8(__m256 v) {
-  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  __m128 sh = _mm_movehdup_ps(lo);
-  __m128 s = _mm_add_ps(lo, sh);
-  sh = _mm_movehl_ps(sh, s);
-  return _mm_cvtss_f32(_mm_add_ss(s, sh));
-}
+using inferctl_simd::hsum8;
 #endif
 
 inline float dot(const float* a, const float* b, int64_t n) {

@@ -23,6 +23,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "simd.h"
+
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define INFERCTL_Q4_AVX2 1
@@ -45,13 +47,7 @@ inline float half_at(const uint8_t* p) {
 inline float code_at(const uint8_t* qs, int64_t i) { return static_cast<float>(i < 16 ? qs[i] & 0xF : qs[i - 16] >> 4); }
 
 #if INFERCTL_Q4_AVX2
-inline float hsum(__m256 v) {
-  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  __m128 sh = _mm_movehdup_ps(lo);
-  __m128 s = _mm_add_ps(lo, sh);
-  sh = _mm_movehl_ps(sh, s);
-  return _mm_cvtss_f32(_mm_add_ss(s, sh));
-}
+using inferctl_simd::hsum8;
 
 // The 32 weights of one block as 4 x 8 fp32 (values 0-7, 8-15, 16-23, 24-31): d * q + m. Each
 // half of qs is widened byte -> int32 straight from memory; low nibble = v & 15, high = v >> 4.
@@ -94,7 +90,7 @@ inline void row_dot(const float* x, int64_t ldx, const uint8_t* row, int64_t K, 
   for (int b = 0; b < G; ++b) {
     __m256 s = acc[b][0];
     for (int a = 1; a < A; ++a) s = _mm256_add_ps(s, acc[b][a]);
-    out[b] = hsum(s);
+    out[b] = hsum8(s);
   }
 #else
   for (int b = 0; b < G; ++b) out[b] = 0.f;
