@@ -33,8 +33,6 @@ import torch
 from inferctl.engine import cpu_kernels, fused_decode
 from inferctl.engine.attention import AttentionMetadata, KVCache, paged_attention
 from inferctl.engine.quant import Int8Weight, int8_matmul, int8_weight_nbytes, quantize_per_channel
-from inferctl.engine.q4_kernels import Q4Weight
-from inferctl.engine.q4_kernels import rows as q4_rows
 from inferctl.engine.quant_int4 import INT4_TYPES, int4_matmul, int4_mode_nbytes, int4_weights
 
 PRECISIONS = ("full", "int8", "int4")
@@ -468,9 +466,6 @@ class LlamaModel(torch.nn.Module):
     # ---- forward ----------------------------------------------------------------------
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings [T, dim] in the model dtype."""
-        emb_q = self.tok_embeddings_q if self.tok_embeddings_q is not None else self.output.q
-        if self.tok_embeddings is None and isinstance(emb_q, Q4Weight):  # int4: only the gathered rows
-            return q4_rows(emb_q.ops, emb_q, input_ids).to(self.dtype)
         if self.tok_embeddings is not None:
             return self.tok_embeddings.index_select(0, input_ids)
         if self.tok_embeddings_q is not None:
