@@ -9,8 +9,8 @@ in the project imports it (``python -m inferctl`` and the ``inferctl`` console s
 - the engine (``inferctl.engine.cli``): ``engine serve``, ``generate``;
 - the router (``inferctl.router.cli``): ``router``;
 - observability (``inferctl.dashboards.cli``): ``dashboards build|check``;
-- the tools: ``drill oom`` (``inferctl.tools.drill``), ``longtext`` (``inferctl.tools.longtext``) and
-  ``plan`` (``inferctl.tools.plan``).
+- the tools: ``drill oom`` (``inferctl.tools.drill``), ``longtext`` (``inferctl.tools.longtext``),
+  ``plan`` (``inferctl.tools.plan``) and ``openapi`` (``inferctl.tools.openapi_docs``).
 
 The order of the calls is the order ``inferctl --help`` lists the commands (``up`` first: the
 controller registers it first). Help is plain click text (``rich_markup_mode=None``): paragraphs
@@ -30,6 +30,7 @@ from inferctl.help_names import name_placeholders
 from inferctl.router.cli import register as register_router
 from inferctl.tools.drill.cli import register as register_drill
 from inferctl.tools.longtext.cli import register as register_longtext
+from inferctl.tools.openapi_docs import register as register_openapi
 from inferctl.tools.plan import register as register_plan
 
 __all__ = ["app", "build_app", "main"]
@@ -62,7 +63,7 @@ def build_app() -> typer.Typer:
     )
     root.callback()(_root)
     for register in (register_controller, register_engine, register_router, register_dashboards, register_drill,
-                     register_longtext, register_plan):
+                     register_longtext, register_plan, register_openapi):
         register(root)
     name_placeholders(root)
     return root

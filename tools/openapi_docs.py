@@ -5,8 +5,10 @@ pydantic models the server validates with). The copies under ``docs/openapi/`` l
 client generator or a reviewer see the API without running anything, and a change to the API
 shows in review as a diff of these files. They are generated, never edited by hand::
 
-    python -m inferctl.tools.openapi_docs            # write docs/openapi/*.json
-    python -m inferctl.tools.openapi_docs --check    # exit 1 naming each stale or missing file
+    inferctl openapi                 # write docs/openapi/*.json
+    inferctl openapi --check         # exit 1 naming each stale or missing file
+    inferctl openapi --out DIR       # write (or with --check, compare) another folder
+    python -m inferctl.tools.openapi_docs [--check] [--dir DIR]   # the same, without the front door
 
 The documents are built in process from each server's ``create_app`` with neutral settings
 (the built-in demo model as ``main`` without an API key; a router with one placeholder replica;
@@ -14,7 +16,8 @@ the controller API over a stand-in with an empty metrics registry): nothing is s
 is opened. Rendering is ``json.dumps(indent=2, sort_keys=True)`` plus a final newline, so the
 same API gives the same bytes. tests/contract/test_openapi_committed.py runs the check in CI.
 
-Exit codes: 0 written / current, 1 stale (``--check``), 2 bad usage.
+Exit codes: 0 written / current, 1 stale (``--check``), 2 bad usage (``--out`` a file, or a
+folder that cannot be written).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import json
 import sys
 import types
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 #: where the documents go, relative to the repository root
 DEFAULT_DIR = Path(__file__).resolve().parent.parent / "docs" / "openapi"
@@ -85,6 +88,32 @@ def stale(directory: Path = DEFAULT_DIR, built: dict[str, str] | None = None) ->
     return out
 
 
+def run(directory: Path, check: bool, out=print, err=None) -> int:
+    """Write the documents into ``directory`` (created), or with ``check`` compare them; the exit
+    code of the module docstring. ``out``/``err`` print a line (err defaults to stderr)."""
+    err = err or (lambda line: print(line, file=sys.stderr))
+    if directory.exists() and not directory.is_dir():
+        err(f"error: --out: {directory} is a file, not a folder")
+        return 2
+    built = documents()
+    if check:
+        bad = stale(directory, built)
+        if bad:
+            err(f"stale OpenAPI documents in {directory}: {', '.join(bad)}; regenerate them with inferctl openapi")
+            return 1
+        out(f"{len(built)} OpenAPI documents current in {directory}")
+        return 0
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, text in built.items():
+            (directory / name).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        err(f"error: --out: cannot write {directory}: {exc.strerror or exc}")
+        return 2
+    out(f"wrote {', '.join(sorted(built))} in {directory}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line (module docstring)."""
     parser = argparse.ArgumentParser(prog="python -m inferctl.tools.openapi_docs",
@@ -92,20 +121,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if a committed document is stale")
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="where the documents are (docs/openapi)")
     args = parser.parse_args(argv)
-    built = documents()
-    if args.check:
-        bad = stale(args.dir, built)
-        if bad:
-            print(f"stale OpenAPI documents in {args.dir}: {', '.join(bad)}; regenerate them with"
-                  " python -m inferctl.tools.openapi_docs", file=sys.stderr)
-            return 1
-        print(f"{len(built)} OpenAPI documents current in {args.dir}")
-        return 0
-    args.dir.mkdir(parents=True, exist_ok=True)
-    for name, text in built.items():
-        (args.dir / name).write_text(text, encoding="utf-8")
-    print(f"wrote {', '.join(sorted(built))} in {args.dir}")
-    return 0
+    return run(args.dir, args.check)
+
+
+def register(app) -> None:
+    """Add ``inferctl openapi [--check] [--out DIR]`` to the typer ``app`` (the front door's)."""
+    import typer
+
+    @app.command("openapi")
+    def openapi(
+        check: bool = typer.Option(False, "--check", help="Exit 1 naming each stale or missing document; "
+                                                          "write nothing."),
+        out_dir: Optional[Path] = typer.Option(None, "--out", metavar="DIR",
+                                               help="The folder of the documents (default: docs/openapi of "
+                                                    "this checkout)."),
+    ) -> None:
+        """Write (or --check) the OpenAPI documents of the engine, router and controller APIs:
+        engine.json, router.json, controller.json, built in process, nothing started (docs/api.md)."""
+        code = run(out_dir or DEFAULT_DIR, check, out=typer.echo, err=lambda line: typer.echo(line, err=True))
+        if code:
+            raise typer.Exit(code)
 
 
 if __name__ == "__main__":
