@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from inferctl.tools.gpu_specs import GPUS
+from inferctl.tools.plan_draft import as_dict, draft_figures, parse_flag
 
 __all__ = ["PRECISION_BITS", "KV_DTYPE_BYTES", "ModelDims", "Plan", "PlanError", "activation_figures",
            "compute_plan", "dims_from_flags", "llama_params", "parse_count", "read_model", "register"]
@@ -320,6 +321,7 @@ class Plan:
     total_bytes: int | None
     gpus: list[GpuFit] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    draft: dict[str, Any] | None = None     # tools/plan_draft.DraftFigures with --speculative-config
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -359,13 +361,17 @@ def activation_figures(d: ModelDims, context: int, concurrency: int, act_bytes: 
 
 def compute_plan(d: ModelDims, precision: str = "auto", context: int | None = None, concurrency: int = 1,
                  kv_cache_dtype: str = "auto", gpu_memory_utilization: float = 0.9,
-                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> Plan:
+                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                 speculative_config: str | dict | None = None) -> Plan:
     """The plan (module doc) for ``d``. ``context`` None = the model's own context length.
+    ``speculative_config`` (vLLM's JSON): a draft model's weights, KV pool and step are added
+    (tools/plan_draft.py).
 
     Raises:
         PlanError: unknown precision / KV dtype, a context or concurrency below 1, a utilization
-            outside (0, 1], or no context known (naming the flag).
+            outside (0, 1], no context known, or a bad speculative config / draft (naming the flag).
     """
+    spec = parse_flag(speculative_config)
     if precision not in ("auto", *PRECISION_BITS):
         raise PlanError("--precision", f"{precision!r} is not one of auto, {', '.join(PRECISION_BITS)}")
     if kv_cache_dtype not in ("auto", *KV_DTYPE_BYTES):
@@ -413,8 +419,13 @@ def compute_plan(d: ModelDims, precision: str = "auto", context: int | None = No
         notes.append(f"--context {ctx} is past the model's trained context ({d.context_length})")
     acts = activation_figures(d, ctx, concurrency, act_bytes, max_num_batched_tokens)
     worst = acts["engine_worst_step"]
-    total = weights + kv + worst if None not in (kv, worst) else None
-    need = total if total is not None else weights + (kv or 0)
+    dr = draft_figures(spec, d, prec, KV_DTYPE_BYTES[kvd], kv_tok, ctx, concurrency, act_bytes,
+                       max_num_batched_tokens, notes)
+    d_known = [0] if dr is None else [dr.weights_bytes, dr.kv_bytes]
+    if dr is not None and worst is not None and dr.worst_step_bytes is not None:
+        worst = max(worst, dr.worst_step_bytes)   # one headroom serves both models (plan_draft)
+    total = weights + kv + worst + sum(d_known) if None not in (kv, worst, *d_known) else None
+    need = total if total is not None else weights + (kv or 0) + sum(v or 0 for v in d_known)
     if total is None:
         notes.append("total: weights + KV only (the activation estimate needs every dimension)"
                      if kv is not None else "total: weights only")
@@ -426,7 +437,7 @@ def compute_plan(d: ModelDims, precision: str = "auto", context: int | None = No
                            g.bandwidth_bytes_per_s / weights, at_ctx, g.bandwidth_bytes_per_s, g.source))
     model = {k: v for k, v in asdict(d).items()}
     return Plan(model, prec, kvd, ctx, concurrency, gpu_memory_utilization, weights, formula,
-                d.stored_bytes, kv_tok, kv, acts, total if total is not None else need, fits, notes)
+                d.stored_bytes, kv_tok, kv, acts, total if total is not None else need, fits, notes, as_dict(dr))
 
 
 def render_rows(plan: Plan) -> tuple[list[tuple[str, str, str]], list[tuple[str, ...]]]:
@@ -457,7 +468,14 @@ def render_rows(plan: Plan) -> tuple[list[tuple[str, str, str]], list[tuple[str,
              ("activations (engine, per step)", format_bytes(a["engine_worst_step"]),
               "this engine's estimate of its worst step (prefill chunk or full-context decode); "
               f"it reserves {format_bytes(a['engine_profile_step'])} for its profile step"),
-             ("total", format_bytes(plan.total_bytes), "weights + KV cache + engine activations")]
+             ("total", format_bytes(plan.total_bytes), "weights + KV cache + engine activations"
+              + (" + the draft's weights and KV cache" if plan.draft else ""))]
+    if plan.draft:
+        dr = plan.draft
+        rows[-1:-1] = [("draft weights", format_bytes(dr["weights_bytes"]), f"{dr['method']}: {dr['name']}"),
+                       ("draft KV cache", format_bytes(dr["kv_bytes"]),
+                        f"{format_bytes(dr['kv_bytes_per_token'])} per token × {plan.context:,} tokens × "
+                        f"{plan.concurrency} sequences (as many blocks as the target's)")]
     gpu_rows = [(g.gpu, format_bytes(g.memory_bytes), format_bytes(g.usable_bytes),
                  "yes" if g.fits else f"no: needs {g.gpus_needed}", f"{g.bandwidth_bytes_per_s / 1e12:.3g} TB/s",
                  f"{g.decode_tokens_per_s:,.0f}",
@@ -505,6 +523,9 @@ def register(app: Any) -> None:
         hidden: Optional[int] = typer.Option(None, "--hidden", metavar="N", help="Model (embedding) width."),
         intermediate: Optional[int] = typer.Option(None, "--intermediate", metavar="N", help="MLP width."),
         vocab: Optional[int] = typer.Option(None, "--vocab", metavar="N"),
+        speculative_config: Optional[str] = typer.Option(
+            None, "--speculative-config", metavar="JSON",
+            help="The engine's flag: a draft model (int8_self, draft_model) adds its weights and KV cache."),
         as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON (bytes)."),
     ) -> None:
         """Memory for a model at a precision, context and concurrency — weights, KV cache,
@@ -530,7 +551,7 @@ def register(app: Any) -> None:
                 raise PlanError("--model", "give a model (a .bin, .gguf or Hugging Face directory) or its "
                                            "dimensions (--params 7B --layers 32 --kv-heads 32 --head-dim 128)")
             result = compute_plan(dims, precision, context, concurrency, kv_cache_dtype, gpu_memory_utilization,
-                                  max_num_batched_tokens)
+                                  max_num_batched_tokens, speculative_config)
         except PlanError as exc:
             fail(exc)
         if as_json:
