@@ -79,6 +79,11 @@ def router(t: Thresholds = THRESHOLDS) -> DashboardSpec:
                 PanelSpec("Outstanding requests", "Requests in flight through the router, per replica.", (
                     T(q.gauge("inferctl_router_outstanding_requests", r), "{{replica}}"),
                 ), "short", width=6),
+                PanelSpec("Affinity keys per replica",
+                          "Prompt prefixes and session ids the router's sticky placement keeps on each replica "
+                          "(forgotten after 10 min idle): a replica holding most keys holds most conversations.", (
+                    T(q.gauge("inferctl_router_affinity_keys", r), "{{replica}}"),
+                ), "short", width=6),
                 PanelSpec("Router and controller up",
                           "Prometheus' scrape of the router; the router's last read of the controller's /status "
                           "(absent without --controller).", (

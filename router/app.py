@@ -45,6 +45,7 @@ from inferctl.contract.http import HostGuard, RequestRejected, host_allowed, rea
 from inferctl.contract.openai import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                      CompletionResponse, ModelList, ProtocolLimits, validate_model)
 from inferctl.contract.openapi import allow_header, install_openapi, route_doc
+from inferctl.router.auth import ClientKey, protected
 from inferctl.router.config import RouterConfig
 from inferctl.router.keys import affinity_prefix, request_id
 from inferctl.router.metrics import build_router_registry
@@ -104,19 +105,30 @@ class RouterApp(FastAPI):
     everything else (other routes, lifespan, a refused ``Host``, which the slow path's
     :class:`~inferctl.contract.http.HostGuard` answers with 421) takes FastAPI's stack. An
     exception the handler raises reaches the server as before (uvicorn logs it and answers 500
-    when nothing was sent yet)."""
+    when nothing was sent yet). ``client_key`` (a :class:`~inferctl.router.auth.ClientKey`,
+    None: open): a request to ``/v1`` or below whose ``Host`` passes gets the engine's 401
+    without the key, on both paths, before its body is read."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fast_routes: dict[str, Any] = {}
         self.host_ok: Any = None
+        self.client_key: ClientKey | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            handler = self.fast_routes.get(scope["path"])
-            if handler is not None and (self.host_ok is None or self.host_ok(scope)):
-                await handler(scope, receive, send)
-                return
+        if scope["type"] == "http" and (self.host_ok is None or self.host_ok(scope)):
+            if self.client_key is not None and protected(scope["path"]):
+                err = self.client_key.refusal(scope.get("headers") or ())
+                if err is not None:
+                    rid = request_id(_header(scope, b"x-request-id"))
+                    self.state.router.metrics["inferctl_router_rejected_total"].labels("invalid_api_key").inc()
+                    await error_response(err, rid)(scope, receive, send)
+                    return
+            if scope["method"] == "POST":
+                handler = self.fast_routes.get(scope["path"])
+                if handler is not None:
+                    await handler(scope, receive, send)
+                    return
         await super().__call__(scope, receive, send)
 
 
@@ -149,6 +161,7 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
                         registry, metrics, limits or ProtocolLimits(),
                         RateLimiter(config.rate_keys, config.rate_default))
     prober.update_gauges()
+    state.forwarder.update_affinity_gauge()
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -169,6 +182,8 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
     app = RouterApp(title="inferctl router", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url="/openapi.json")
     app.state.router = state
+    if config.api_key is not None:
+        app.client_key = ClientKey(config.api_key)
     _install_errors(app)
     if bind_host is not None:   # outermost: a refused Host never reaches the router
         app.add_middleware(HostGuard, bind_host=bind_host, allowed_hosts=tuple(allowed_hosts))
@@ -252,9 +267,11 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
 
     @app.get("/metrics", **route_doc(metrics=True))
     async def metrics_route() -> Response:
+        state.forwarder.update_affinity_gauge()
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    install_openapi(app, description="The inferctl router: the OpenAI API in front of engine replicas.")
+    install_openapi(app, description="The inferctl router: the OpenAI API in front of engine replicas.",
+                    api_key_prefix="/v1" if config.api_key else None)
     return app
 
 
@@ -266,6 +283,12 @@ _READY = {"type": "object", "required": ["ready", "replicas_ready"],
 
 def _host_allowed(raw: bytes | None, *, bind_host: str, allowed_hosts: tuple[str, ...]) -> bool:
     return host_allowed(raw.decode("latin-1") if raw is not None else None, bind_host, allowed_hosts)
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    """The first ``name`` header of the ASGI ``scope`` (Latin-1), or None."""
+    raw = next((v for k, v in scope.get("headers") or () if k == name), None)
+    return None if raw is None else raw.decode("latin-1")
 
 
 def _host_ok(scope: Scope, *, allowed: Any) -> bool:

@@ -46,6 +46,10 @@ def router(
         None, "--upstream-api-key-env", metavar="NAME",
         help="The environment variable holding the replicas' API key (their --api-key), sent on the router's "
              "probes; never the key itself on the command line (docs/router.md \"API keys\")."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="INFERCTL_API_KEY",
+                                          help="Require 'Authorization: Bearer <key>' on /v1/* (401 otherwise, as "
+                                               "the engine); /health, /ready, /metrics stay open. Prefer "
+                                               "$INFERCTL_API_KEY (a flag is visible in `ps`)."),
     allowed_host: List[str] = typer.Option([], "--allowed-host",
                                            help="A Host name clients may use (repeat; default: loopback names "
                                                 "when bound to loopback, any name otherwise)."),
@@ -70,7 +74,7 @@ def router(
             affinity_chars=affinity_chars, affinity_min_chars=affinity_min_chars, epsilon=epsilon,
             max_body_bytes=parse_size(max_body_bytes, "--max-body-bytes"),
             upstream_timeout_seconds=upstream_timeout, upstream_connections=upstream_connections,
-            log_format=log_format, upstream_api_key=upstream_key).validate()
+            log_format=log_format, upstream_api_key=upstream_key, api_key=api_key).validate()
     except (ConfigError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2)

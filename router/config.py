@@ -74,6 +74,8 @@ class RouterConfig:
     ``upstream_api_key``: the replicas' API key (their ``--api-key``), sent on the router's own
     probes; read from the variable ``--upstream-api-key-env`` / ``upstream_api_key_env`` names,
     never from a flag value (it would show in ``ps``); never logged (docs/router.md "API keys").
+    ``api_key``: the key the router's own clients must send on ``/v1/*`` (``--api-key`` /
+    ``$INFERCTL_API_KEY``, as the engine's; :mod:`inferctl.router.auth`); None: open. Never logged.
     """
 
     engines: tuple[EngineSpec, ...]
@@ -94,6 +96,7 @@ class RouterConfig:
     rate_keys: Mapping[str, KeyLimit] = field(default_factory=dict, repr=False)
     rate_default: KeyLimit | None = None
     upstream_api_key: str | None = field(default=None, repr=False)
+    api_key: str | None = field(default=None, repr=False)
 
     def validate(self) -> "RouterConfig":
         """Check every field; returns ``self``.
@@ -101,7 +104,9 @@ class RouterConfig:
         Raises:
             ConfigError: no engine, a duplicate name, a non-positive interval/timeout, a
                 negative ``max_retries`` or ``epsilon``, ``affinity_chars`` < 1, an unknown
-                ``log_format``, a controller URL that is not http(s).
+                ``log_format``, a controller URL that is not http(s), an ``api_key`` no client
+                could send (:func:`inferctl.contract.http.check_api_key`; the message never
+                holds the key).
         """
         if not self.engines:
             raise ConfigError("--engine: at least one NAME=URL is required (or engines in --config)")
@@ -128,6 +133,11 @@ class RouterConfig:
             raise ConfigError(f"--upstream-connections: must be >= 1, got {self.upstream_connections}")
         if self.max_body_bytes < 1:
             raise ConfigError(f"--max-body-bytes: must be >= 1, got {self.max_body_bytes}")
+        if self.api_key is not None:
+            try:
+                check_api_key(self.api_key, "--api-key (or $INFERCTL_API_KEY)")
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
         try:
             check_log_format(self.log_format)
         except ValueError as exc:

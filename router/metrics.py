@@ -34,8 +34,8 @@ ROUTER_METRICS: list[MetricSpec] = [
      "help": "Requests answered by a replica, by replica and the HTTP status the client got.",
      "labels": ("replica", "status")},
     {"name": "inferctl_router_rejected_total", "type": "counter", "unit": "requests",
-     "help": "Requests the router answered itself: invalid_request (4xx from validation) or "
-             "no_ready_replica (503).",
+     "help": "Requests the router answered itself: invalid_request (4xx from validation), "
+             "invalid_api_key (401: its --api-key) or no_ready_replica (503).",
      "labels": ("reason",)},
     {"name": "inferctl_router_retries_total", "type": "counter", "unit": "retries",
      "help": "Attempts retried on another replica, by the replica that failed and the cause "
@@ -72,6 +72,11 @@ ROUTER_METRICS: list[MetricSpec] = [
      "help": "Requests refused with 429 by a per-key rate limit, by the key's configured name (default: keys "
              "not listed) and the limit (requests or tokens per minute). Never the raw key.",
      "labels": ("key", "limit")},
+    {"name": "inferctl_router_affinity_keys", "type": "gauge", "unit": "keys",
+     "help": "Affinity keys (prompt prefixes and X-Session-Id values) placed on each replica by the router's "
+             "sticky bounded-load table and not forgotten yet (LRU, 10 min idle): where the conversations live. "
+             "Read at scrape time.",
+     "labels": ("replica",)},
     {"name": "inferctl_router_controller_up", "type": "gauge", "unit": "",
      "help": "1 when the last read of the controller's /status succeeded, 0 when it failed "
              "(the router keeps the last known view); absent without --controller.",

@@ -118,6 +118,12 @@ class Forwarder:
             child = self._children[key] = self.metrics[name].labels(*labels)
         return child
 
+    def update_affinity_gauge(self) -> None:
+        """``inferctl_router_affinity_keys{replica}`` from the affinity table's live keys
+        (:meth:`~inferctl.router.ring.AffinityTable.keys_per_replica`; idle keys expire first)."""
+        for name, n in self.ring.keys_per_replica().items():
+            self._child("inferctl_router_affinity_keys", name).set(n)
+
     def _inc_outstanding(self, r: Replica, delta: int) -> None:
         r.outstanding += delta
         self._child("inferctl_router_outstanding_requests", r.name).set(r.outstanding)

@@ -162,6 +162,32 @@ def test_a_client_disconnect_closes_the_upstream_stream(fleet):
     assert _metric(fleet["base"], "inferctl_router_outstanding_requests", f'replica="{replica}"') == 0
 
 
+def test_a_router_with_its_own_key_from_the_environment_guards_v1_over_real_http(fleet, tmp_path):
+    """``INFERCTL_API_KEY=KEY inferctl router``: the engine's 401 without the key, the official client
+    with it, probes and scrapes open (the engines behind it have no key: the check is the router's)."""
+    key = "sk-router-e2e-0123"
+    port = free_port()
+    log = tmp_path / "keyed-router.log"
+    proc = start_inferctl(["router", "--port", str(port), "--probe-interval", "0.2",
+                           "--engine", f"r0={fleet['engines']['r0']['url']}"], log,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "INFERCTL_API_KEY": key})
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(base + "/ready", proc, log, timeout=60)
+        assert [httpx.get(base + p, timeout=5).status_code for p in ("/health", "/ready", "/metrics")] == [200] * 3
+        r = httpx.post(base + "/v1/completions", json={"model": STORIES, "prompt": PROMPT, "max_tokens": 2})
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        assert r.json()["error"] == {"message": "missing API key: send 'Authorization: Bearer <key>'",
+                                     "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=base + "/v1", api_key="wrong", max_retries=0).models.list()
+        good = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=30)
+        assert good.completions.create(model=STORIES, prompt=PROMPT, max_tokens=3).usage.completion_tokens == 3
+        assert key not in log.read_text()
+    finally:
+        stop_all([proc], grace=15)
+
+
 def test_a_killed_replica_is_routed_around(fleet, oai):
     victim = fleet["engines"]["r1"]["proc"]
     victim.kill()
