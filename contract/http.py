@@ -33,7 +33,7 @@ from inferctl.contract.errors import loc_to_param
 
 #: Why a body was refused (the renderers key their codes and wording on it).
 BodyReason = Literal["bad_length", "too_large", "unsupported_media_type", "disconnected", "empty", "not_utf8",
-                     "invalid_json", "too_deep", "invalid_unicode", "not_object"]
+                     "invalid_json", "too_deep", "invalid_unicode", "not_object", "duplicate_key"]
 
 
 class RequestRejected(Exception):
@@ -315,8 +315,19 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' ``object_pairs_hook`` refusing an object that names one key twice."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise BodyRejected(400, "duplicate_key", f"{key}: the key appears twice in one JSON object; give it once",
+                               param=key)
+        out[key] = value
+    return out
+
+
 def parse_json(raw: bytes, *, allow_nan: bool = False, max_depth: int | None = None,
-               check_unicode: bool = True, require_object: bool = True) -> Any:
+               check_unicode: bool = True, require_object: bool = True, reject_duplicate_keys: bool = False) -> Any:
     """Parse a request body as strict JSON (RFC 8259, UTF-8).
 
     Args:
@@ -328,14 +339,20 @@ def parse_json(raw: bytes, *, allow_nan: bool = False, max_depth: int | None = N
         check_unicode: refuse strings and keys holding an unpaired UTF-16 surrogate
             (:func:`check_valid_unicode`).
         require_object: refuse a top-level value that is not a JSON object.
+        reject_duplicate_keys: refuse an object naming one key twice (``duplicate_key``,
+            ``param`` = the key). RFC 8259 section 4 says names SHOULD be unique and leaves the
+            meaning of repeats to the parser; ``json.loads`` keeps the last, so a proxy or a log
+            reading the first would see another request than the one acted on. The strict
+            admin bodies (engine ``/admin/*``, controller ``/actions/*``) set it; the OpenAI
+            routes keep ``json.loads``' last value, as vLLM does.
 
-    Duplicate keys keep the last value (``json.loads``). Returns the parsed document.
+    Returns the parsed document.
 
     Raises:
         BodyRejected: 400 with ``reason`` ``empty``, ``too_deep`` (``limit`` = levels),
             ``not_utf8``, ``invalid_json`` (also an integer literal above Python's digit
-            limit, or a refused constant), ``invalid_unicode`` (``param`` = the path) or
-            ``not_object``.
+            limit, or a refused constant), ``invalid_unicode`` (``param`` = the path),
+            ``not_object`` or ``duplicate_key``.
     """
     if not raw:
         raise BodyRejected(400, "empty", "the request body is empty; a JSON object is required")
@@ -346,8 +363,13 @@ def parse_json(raw: bytes, *, allow_nan: bool = False, max_depth: int | None = N
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BodyRejected(400, "not_utf8", f"the request body is not UTF-8: {exc}", detail=str(exc)) from None
+    kw: dict[str, Any] = {} if allow_nan else {"parse_constant": _reject_constant}
+    if reject_duplicate_keys:
+        kw["object_pairs_hook"] = _no_duplicate_keys
     try:
-        obj = json.loads(text) if allow_nan else json.loads(text, parse_constant=_reject_constant)
+        obj = json.loads(text, **kw)
+    except BodyRejected:
+        raise
     except (ValueError, RecursionError) as exc:
         # ValueError: JSONDecodeError, a refused constant, and also an integer literal above
         # Python's digit limit ("Exceeds the limit (4300 digits) for integer string conversion")
@@ -362,12 +384,13 @@ def parse_json(raw: bytes, *, allow_nan: bool = False, max_depth: int | None = N
 
 async def read_json_body(request: BodySource, max_bytes: int, *, allow_nan: bool = False,
                          max_depth: int | None = None, check_unicode: bool = True,
-                         require_object: bool = True, require_json_type: bool = True) -> Any:
+                         require_object: bool = True, require_json_type: bool = True,
+                         reject_duplicate_keys: bool = False) -> Any:
     """:func:`read_body` then :func:`parse_json` (same arguments, same :class:`BodyRejected`);
     the ``Content-Type`` must name JSON unless ``require_json_type`` is False (415)."""
     raw = await read_body(request, max_bytes, require_json_type=require_json_type)
     return parse_json(raw, allow_nan=allow_nan, max_depth=max_depth, check_unicode=check_unicode,
-                      require_object=require_object)
+                      require_object=require_object, reject_duplicate_keys=reject_duplicate_keys)
 
 
 # ---------------------------------------------------------------------------------------------

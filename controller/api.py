@@ -20,9 +20,10 @@
   an operator is 409; docs/policies.md "Pause") — bearer token
   (``Authorization: Bearer <token>``): 401 without it or with a wrong one, checked before
   the body. Bodies are strict JSON objects sent as ``Content-Type: application/json`` (415
-  otherwise: a browser page cannot send one without asking first) (no NaN/Infinity, no unknown keys, no type
-  coercion, at most :data:`MAX_BODY_BYTES`, nested at most :data:`MAX_JSON_DEPTH` deep); a bad
-  one is 400 (413 when too large) naming the field. An unknown engine is 404. An optional
+  otherwise: a browser page cannot send one without asking first) (no NaN/Infinity, no key
+  given twice, no unknown keys, no type coercion, at most :data:`MAX_BODY_BYTES`, nested at
+  most :data:`MAX_JSON_DEPTH` deep); a bad one is 400 (413 when too large) naming the field;
+  a GPU index is 0..:data:`MAX_GPU_INDEX`. An unknown engine is 404. An optional
   ``X-Inferctl-Actor: NAME`` header (1–64 of ``A-Z a-z 0-9 _ . @ -``) names the operator:
   the event log then says ``operator:NAME`` — a request never picks a policy's name as the
   source of an event, nor a metric label value.
@@ -69,6 +70,8 @@ MAX_EVENT_ID = 2 ** 63 - 1
 MAX_JSON_DEPTH = 32
 #: Longest echo of a caller's value in an error message (the rest is counted, not repeated).
 MAX_ECHO_CHARS = 64
+#: Highest GPU index an action body may name (NVML indexes GPUs from 0; no node has 1,000).
+MAX_GPU_INDEX = 999
 _ACTOR = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 ENGINE_ACTIONS = ("degrade", "rollback", "drain", "undrain", "restart")
 
@@ -155,6 +158,8 @@ def _body_error(e: BodyRejected) -> ApiError:
         return ApiError(400, "invalid_json", f"body: nested more than {e.limit} levels deep", "body")
     if e.reason in ("not_utf8", "invalid_json"):
         return ApiError(400, "invalid_json", f"body: not valid JSON ({(e.detail or '')[:200]})", "body")
+    if e.reason == "duplicate_key":   # {"engine": "a", "engine": "b"}: refused, never the last one acted on
+        return ApiError(400, "invalid_field", e.message, e.param)
     if e.reason == "bad_length":
         return ApiError(400, "invalid_header", f"body: {e.message}", "body")
     return ApiError(400, "invalid_body", "body: must be a JSON object", "body")   # empty, not_object
@@ -162,12 +167,12 @@ def _body_error(e: BodyRejected) -> ApiError:
 
 async def _body(request: Request, model: type[BaseModel]) -> Any:
     """The body as ``model``: strict JSON (``contract.http.read_json_body``: at most
-    :data:`MAX_BODY_BYTES`, :data:`MAX_JSON_DEPTH` deep, no NaN/Infinity, an object), then
+    :data:`MAX_BODY_BYTES`, :data:`MAX_JSON_DEPTH` deep, no NaN/Infinity, no key twice, an object), then
     validated (unknown keys and type coercion refused). Raises :class:`ApiError` naming the
     field."""
     try:
         data = await read_json_body(request, MAX_BODY_BYTES, allow_nan=False, max_depth=MAX_JSON_DEPTH,
-                                    check_unicode=False, require_object=True)
+                                    check_unicode=False, require_object=True, reject_duplicate_keys=True)
     except BodyRejected as exc:
         raise _body_error(exc) from None
     try:
@@ -191,6 +196,12 @@ def _int_param(request: Request, name: str, default: int | None, lo: int, hi: in
         bound = f"between {lo} and {hi}" if hi is not None else f">= {lo}"
         raise ApiError(400, "invalid_parameter", f"{name}: must be {bound}, got {value}", name)
     return value
+
+
+def _check_gpu(gpu: int) -> None:
+    """400 naming ``gpu`` and the limit unless ``0 <= gpu <= MAX_GPU_INDEX``."""
+    if not 0 <= gpu <= MAX_GPU_INDEX:
+        raise ApiError(400, "invalid_field", f"gpu: must be 0..{MAX_GPU_INDEX}, got {gpu}", "gpu")
 
 
 def _result(res: ActionResult) -> Response:
@@ -323,8 +334,7 @@ def create_app(controller: Any, admin_token: str, *, bind_host: str | None = Non
     async def reset_gpu(request: Request) -> Response:
         actor = auth(request)
         body = await _body(request, ResetGpuBody)
-        if body.gpu < 0:
-            raise ApiError(400, "invalid_field", f"gpu: must be >= 0, got {body.gpu}", "gpu")
+        _check_gpu(body.gpu)
         res = await run_in_threadpool(controller.reset_gpu, body.gpu, body.dry_run, actor)
         return _result(res)
 
@@ -334,8 +344,7 @@ def create_app(controller: Any, admin_token: str, *, bind_host: str | None = Non
         if body.engine is not None:
             return f"engine:{_engine(EngineActionBody(engine=body.engine))}"
         if body.gpu is not None:
-            if not 0 <= body.gpu <= 999:
-                raise ApiError(400, "invalid_field", f"gpu: must be 0..999, got {body.gpu}", "gpu")
+            _check_gpu(body.gpu)
             known = controller.state.known_gpu_indices()
             if body.gpu not in known:
                 raise ApiError(404, "gpu_not_found", f"gpu: {body.gpu} is not a GPU this controller knows "
@@ -365,8 +374,7 @@ def create_app(controller: Any, admin_token: str, *, bind_host: str | None = Non
     async def release_gpu(request: Request) -> Response:
         actor = auth(request)
         body = await _body(request, ReleaseGpuBody)
-        if body.gpu < 0:
-            raise ApiError(400, "invalid_field", f"gpu: must be >= 0, got {body.gpu}", "gpu")
+        _check_gpu(body.gpu)
         try:   # polls the GPU source and takes the controller lock: off the event loop
             doc = await run_in_threadpool(controller.release_gpu, body.gpu, actor)
         except ReleaseRefused as exc:

@@ -53,8 +53,8 @@ ADMIN_ERRORS = (400, 403, 404, 413)
 
 async def _body(request: Request, state: ServerState, cls: type[B]) -> B:
     """The body validated as ``cls`` (413/400 as :func:`~inferctl.engine.entrypoints.serving.read_json`,
-    400 naming the field)."""
-    return validate_model(cls, await read_json(request, state))
+    400 naming the field; a key given twice is refused, never the last value acted on)."""
+    return validate_model(cls, await read_json(request, state, reject_duplicate_keys=True))
 
 
 @router.post("/precision", **route_doc(request=AdminPrecisionRequest, bearer=True, errors=ADMIN_ERRORS,

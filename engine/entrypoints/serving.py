@@ -54,14 +54,16 @@ def now_s() -> int:
     return int(time.time())
 
 
-async def read_json(request: Request, state: ServerState) -> Any:
+async def read_json(request: Request, state: ServerState, *, reject_duplicate_keys: bool = False) -> Any:
     """The request body as parsed JSON (:func:`inferctl.contract.http.read_json_body`): 413
     above ``state.max_body_bytes``; 400 for an empty body, malformed JSON or UTF-8, an integer
     literal above Python's digit limit, or a string with an unpaired surrogate. NaN/Infinity
     parse, and the typed models refuse them naming the field; a non-object is refused by
-    :func:`~inferctl.contract.openai.validate_model` (so it counts as an invalid request)."""
+    :func:`~inferctl.contract.openai.validate_model` (so it counts as an invalid request).
+    ``reject_duplicate_keys`` (the admin bodies): an object naming a key twice is a 400 naming it."""
     try:
-        return await read_json_body(request, state.max_body_bytes, allow_nan=True, require_object=False)
+        return await read_json_body(request, state.max_body_bytes, allow_nan=True, require_object=False,
+                                    reject_duplicate_keys=reject_duplicate_keys)
     except RequestRejected as exc:
         raise rejection_to_api_error(exc) from None
 

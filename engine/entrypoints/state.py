@@ -186,7 +186,8 @@ class ServerState:
         key = self.default_model if name is None else name
         served = self.models.get(key)
         if served is None:
-            raise APIError(404, f"{param}: model {name!r} does not exist; served models: "
+            shown = repr(name) if len(str(name)) <= 64 else f"{str(name)[:64]!r}... ({len(str(name))} characters)"
+            raise APIError(404, f"{param}: model {shown} does not exist; served models: "
                                 f"{', '.join(sorted(self.models))}", param=param, code="model_not_found")
         return served
 

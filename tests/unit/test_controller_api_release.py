@@ -26,7 +26,7 @@ def test_release_gpu_endpoint(tmp_path, monkeypatch):
         assert r.status_code == 400, body
         assert strict_json(r.text)["error"]["field"] in ("gpu", "force"), body
     assert strict_json(http.post("/actions/release-gpu", json={"gpu": -1}, headers=AUTH).text)[
-        "error"]["message"] == "gpu: must be >= 0, got -1"
+        "error"]["message"] == "gpu: must be 0..999, got -1"
     r = http.post("/actions/release-gpu", json={"gpu": 1}, headers=AUTH)      # not lost, not isolated
     assert r.status_code == 409 and "nothing to release" in strict_json(r.text)["error"]["message"]
     r = http.post("/actions/release-gpu", json={"gpu": 0}, headers=AUTH)      # still lost in the source

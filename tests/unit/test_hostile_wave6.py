@@ -1,0 +1,53 @@
+"""Wave-6 hostile input, pure parts: a JSON object naming one key twice (the strict admin
+readers refuse it instead of acting on the last value) and the controller API's GPU index
+bound on reset-gpu / release-gpu (0..999, as pause/resume)."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferctl.contract.http import BodyRejected, parse_json
+from tests.controller_helpers import api_setup
+
+TOKEN = "t0ken-for-wave6"
+AUTH = {"Authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
+
+
+def test_parse_json_keeps_the_last_duplicate_by_default_and_refuses_it_when_asked():
+    assert parse_json(b'{"a": 1, "a": 2}') == {"a": 2}       # the OpenAI routes: json.loads semantics
+    with pytest.raises(BodyRejected) as e:
+        parse_json(b'{"engine": "other", "engine": "main"}', reject_duplicate_keys=True)
+    assert e.value.status == 400 and e.value.reason == "duplicate_key" and e.value.param == "engine"
+    assert "engine" in e.value.message and "twice" in e.value.message
+    with pytest.raises(BodyRejected) as e:
+        parse_json(b'{"x": {"k": 1, "k": 2}}', reject_duplicate_keys=True)
+    assert e.value.param == "k"
+    assert parse_json(b'{"a": {"b": 1}, "b": 2}', reject_duplicate_keys=True) == {"a": {"b": 1}, "b": 2}
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/actions/degrade", b'{"engine": "decoy", "engine": "main"}'),
+    ("/actions/restart", b'{"engine": "main", "force": false, "force": true}'),
+    ("/actions/reset-gpu", b'{"gpu": 0, "dry_run": true, "dry_run": false}'),
+])
+def test_controller_actions_refuse_a_key_given_twice_and_do_nothing(tmp_path, path, body):
+    http, _, client, _ = api_setup(tmp_path, TOKEN)
+    r = http.post(path, content=body, headers=AUTH)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "invalid_field" and err["field"] in ("engine", "force", "dry_run")
+    assert "twice" in err["message"]
+    assert client.calls == []
+
+
+@pytest.mark.parametrize("path", ["/actions/reset-gpu", "/actions/release-gpu"])
+@pytest.mark.parametrize("gpu", [1000, 10 ** 23])
+def test_gpu_index_above_the_limit_is_a_400_naming_it(tmp_path, path, gpu):
+    http, _, client, _ = api_setup(tmp_path, TOKEN)
+    body = {"gpu": gpu, "dry_run": True} if path.endswith("reset-gpu") else {"gpu": gpu}
+    r = http.post(path, json=body, headers=AUTH)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["field"] == "gpu" and err["message"] == f"gpu: must be 0..999, got {gpu}"
+    r = http.post(path, json={"gpu": -1}, headers=AUTH)
+    assert r.status_code == 400 and r.json()["error"]["message"] == "gpu: must be 0..999, got -1"
