@@ -9,23 +9,20 @@ serve``) and four routers (``inferctl router``, subprocesses) on loopback, then 
    p50 (p99) minus the direct p50 (p99) of the same round; the verdict is the median of the
    rounds' added p50 (the best round is shown too). The router's own
    ``inferctl_router_overhead_seconds`` (arrival → first byte to the client minus the
-   upstream time to first byte) is read from its ``/metrics``.
+   upstream time to first byte) is read from its ``/metrics`` (its p50 / p99 from the round's
+   buckets). Pinned (the default with two CPUs or more): the load generator and main-0 share the
+   first CPU, the router has the second, so the router's CPU is not taken from the engine or the
+   client: without it, on 2 shared cores the added latency at 64 clients is about clients × the
+   router's CPU per request ÷ cores of queueing for a core, whatever the router does per request.
    Also one client, 40 sequential requests each way (no queueing), and the CPU seconds per
    request of the router and engine processes (/proc/PID/stat).
 2. **Throughput**: 32 clients, non-streamed, ``max_tokens`` 32, a 16-character prompt (least-load
    routing), for 6 s through routers in front
    of 1, 2 and 3 replicas; generated tokens per second (the answers' ``usage``).
-3. **Prefix affinity vs affinity off**, on the real chat model (SmolLM2-135M-Instruct Q4_1 GGUF,
-   8k context) served by three more engines with prefix caching on (``--enable-prefix-caching``,
-   the engine's default): ``--chats`` concurrent multi-turn chats (``--turns`` turns each, one
-   at a time per chat, streamed, ``max_tokens`` 8) in ``--groups`` groups, the chats of a group
-   sharing one long system prompt (``--system-chars`` characters of a Gutenberg book, about
-   1,500 tokens at the default 6,000), through a router over the 3 replicas with prefix
-   affinity (the default) and through one with ``--affinity-min-chars`` above any prompt (every
-   request takes the least-load rule, which rotates among equally loaded replicas: the
-   round-robin-like baseline). Each run uses passages no earlier run used, so both start with
-   cold caches. TTFT = request sent → first content chunk; the engines' prefix-cache counters
-   give the share of prompt tokens served from cache.
+3. **Prefix affinity vs affinity off**, TTFT and cached-token share per turn
+   (:mod:`bench.router_affinity`): ``--chats`` multi-turn chats in ``--groups`` groups sharing a
+   long system prompt, on the real chat model, through a router with affinity and one without,
+   ``--aff-runs`` alternated runs; ``--affinity-only`` runs just this part.
 
 The client is aiohttp on the same 2 cores as the servers: every figure includes that contention
 (and any outside load: the report gives the load average). Writes the ``router`` section of
@@ -39,66 +36,18 @@ import asyncio
 import json
 import os
 import re
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from bench.common import (GUTENBERG, SHARED, STORIES_BIN, fmt, machine_facts, md_table, percentile, section,
-                          write_section)
+from bench.common import STORIES_BIN, fmt, machine_facts, md_table, percentile, section, write_section
+from bench.router_affinity import (BOOK, TURNS, affinity, affinity_summary, by_turn_table,  # noqa: F401
+                                   free_port as _port, spawn as _spawn, stop as _stop, system_prompts, wait as _wait)
 
 ENGINE_ARGS = ["--max-model-len", "512", "--memory-budget", "512MiB", "--log-level", "warning"]
-#: the chat model of the affinity runs (8k context: a system prompt long enough that prefill matters)
-CHAT_MODEL = SHARED / "models" / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-CHAT_ENGINE_ARGS = ["--max-model-len", "4096", "--memory-budget", "1GiB", "--enable-prefix-caching",
-                    "--log-level", "warning"]
-#: the book the system prompts are cut from (passages from character 5,000 on, none used twice)
-BOOK = "pg1342.txt"
 PROMPT = "Once upon a time there was a little girl who"
 #: under the router's 32-character affinity minimum: the least-load rule spreads these evenly
 SHORT = "Once upon a time"
-TURNS = ["Who is speaking in this passage?", "What does she want?", "Who was her friend?", "How did the day end?"]
-
-
-def system_prompts(run: int, groups: int, chars: int) -> list[str]:
-    """``groups`` system prompts of ``chars`` characters for affinity run number ``run``: an
-    instruction, then a passage of :data:`BOOK`; no passage is used by two runs (cold caches)."""
-    text = (GUTENBERG / BOOK).read_text(encoding="utf-8", errors="replace")
-    out = []
-    for g in range(groups):
-        start = 5000 + (run * groups + g) * (chars + 500)
-        if start + chars > len(text):
-            raise ValueError(f"{BOOK} is too short for run {run}, group {g} of {chars} characters")
-        out.append("You answer questions about this passage of a novel.\n\n" + text[start:start + chars])
-    return out
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait(url: str, timeout: float = 120.0) -> None:
-    import httpx
-
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"{url} not ready within {timeout:g} s")
-
-
-def _spawn(argv: list[str], log: Path) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "inferctl", *argv], stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env)
 
 
 async def _closed_loop(url: str, clients: int, *, n_per_client: int | None = None, seconds: float | None = None,
@@ -135,76 +84,10 @@ async def _closed_loop(url: str, clients: int, *, n_per_client: int | None = Non
     return {"lat": lat, "tokens": tokens, "errors": errors, "wall": wall, "n": len(lat), "samples": samples[:3]}
 
 
-async def _chats(url: str, chats: int, systems: list[str], model: str, turns: int = 4,
-                 max_tokens: int = 8) -> dict:
-    """``chats`` concurrent conversations of the first ``turns`` of :data:`TURNS`, streamed, chat
-    ``k`` under system prompt ``systems[k % len(systems)]``; TTFT per turn (s)."""
-    import aiohttp
-
-    ttft: list[float] = []
-    errors = empty = 0
-    replicas: dict[str, int] = {}
-    samples: list[str] = []
-
-    async def chat(session: aiohttp.ClientSession, k: int) -> None:
-        nonlocal errors, empty
-        msgs = [{"role": "system", "content": systems[k % len(systems)]}]
-        for turn in TURNS[:turns]:
-            msgs.append({"role": "user", "content": f"{turn} (reader {k})"})
-            body = {"model": model, "messages": msgs, "max_tokens": max_tokens, "stream": True}
-            t = time.perf_counter()
-            first, text = None, []
-            async with session.post(url + "/v1/chat/completions", json=body) as r:
-                rep = r.headers.get("x-inferctl-replica", "?")
-                replicas[rep] = replicas.get(rep, 0) + 1
-                if r.status != 200:
-                    errors += 1
-                    samples.append(f"turn {len(msgs) // 2}: HTTP {r.status} {(await r.read())[:160]!r}")
-                    return
-                async for raw in r.content:
-                    line = raw.decode().strip()
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    delta = json.loads(line[6:])["choices"][0].get("delta", {}).get("content")
-                    if delta:
-                        if first is None:
-                            first = time.perf_counter() - t
-                        text.append(delta)
-            if first is None:      # a 200 stream without any content (the model ended at once)
-                empty += 1
-                msgs.append({"role": "assistant", "content": ""})
-                continue
-            ttft.append(first)
-            msgs.append({"role": "assistant", "content": "".join(text)})
-
-    conn = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=1800)) as session:
-        await asyncio.gather(*(chat(session, k) for k in range(chats)))
-    return {"ttft": ttft, "errors": errors, "empty": empty, "replicas": dict(sorted(replicas.items())),
-            "samples": samples[:3]}
-
-
 def _cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` so far (/proc/PID/stat fields 14, 15)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _cache_counters(engines: list[str]) -> tuple[float, float]:
-    """(prompt tokens looked up, tokens found) in the engines' prefix caches, summed over ``engines``
-    (``inferctl_engine_prefix_cache_queries_total`` / ``..._hits_total``)."""
-    import httpx
-
-    q = h = 0.0
-    for url in engines:
-        text = httpx.get(url + "/metrics", timeout=5).text
-        for name, acc in (("queries", "q"), ("hits", "h")):
-            found = re.search(rf"^inferctl_engine_prefix_cache_{name}_total(?:{{[^}}]*}})? (\S+)$", text, re.M)
-            if found and acc == "q":
-                q += float(found.group(1))
-            elif found:
-                h += float(found.group(1))
-    return q, h
 
 
 def _engine_steps(url: str) -> tuple[float, float]:
@@ -219,73 +102,48 @@ def _engine_steps(url: str) -> tuple[float, float]:
     return total("inferctl_engine_steps_total"), total("inferctl_engine_step_sequences_total")
 
 
-def _overhead_metric(router: str) -> tuple[float, float]:
-    """(sum seconds, count) of the router's ``inferctl_router_overhead_seconds``."""
+def _overhead_metric(router: str) -> dict:
+    """The router's ``inferctl_router_overhead_seconds`` now: ``sum`` (s), ``count``, ``buckets``
+    (upper bound → cumulative count, ``+Inf`` included)."""
     import httpx
 
     text = httpx.get(router + "/metrics", timeout=5).text
     get = lambda k: float(re.search(rf"^inferctl_router_overhead_seconds_{k} (\S+)$", text, re.M).group(1))  # noqa: E731
-    return get("sum"), get("count")
+    buckets = {float(le): float(v) for le, v in
+               re.findall(r'^inferctl_router_overhead_seconds_bucket\{le="([^"]+)"\} (\S+)$', text, re.M)}
+    return {"sum": get("sum"), "count": get("count"), "buckets": buckets}
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        try:
-            p.wait(20)
-        except subprocess.TimeoutExpired:
-            p.kill()
+def histogram_quantile(q: float, before: dict, after: dict) -> float | None:
+    """The ``q`` quantile (0..1) of the observations between two :func:`_overhead_metric` reads,
+    by Prometheus' ``histogram_quantile`` rule (linear inside the bucket that holds the rank;
+    the lowest bucket from 0; the ``+Inf`` bucket answers the highest finite bound). None when
+    nothing was observed."""
+    les = sorted(after["buckets"])
+    cum = [after["buckets"][le] - before["buckets"].get(le, 0.0) for le in les]
+    if not cum or cum[-1] <= 0:
+        return None
+    rank = q * cum[-1]
+    for i, (le, c) in enumerate(zip(les, cum)):
+        if c >= rank:
+            if le == float("inf"):
+                return les[i - 1] if i else None
+            lo, below = (les[i - 1], cum[i - 1]) if i else (0.0, 0.0)
+            return lo + (le - lo) * ((rank - below) / (c - below) if c > below else 1.0)
+    return None
 
 
-def affinity(workdir: Path, chats: int = 6, groups: int = 3, turns: int = 3, system_chars: int = 6000,
-             runs: int = 1, max_tokens: int = 8) -> dict:
-    """Section 3 (module docstring): three chat engines with prefix caching, a router with
-    affinity and one without, ``runs`` alternated runs of each; per run: TTFT p50/p99/mean (s),
-    turns timed, empty answers, errors, answers per replica, and the prompt tokens the engines
-    looked up / found in their prefix caches during the run."""
-    import httpx
-
-    procs: list[subprocess.Popen] = []
-    try:
-        engines = []
-        for i in range(3):
-            port = _port()
-            procs.append(_spawn(["engine", "serve", "--model", str(CHAT_MODEL), "--port", str(port),
-                                 *CHAT_ENGINE_ARGS], workdir / f"chat-engine-{i}.log"))
-            engines.append(f"http://127.0.0.1:{port}")
-        routers = {}
-        for name, extra in (("aff", []), ("off", ["--affinity-min-chars", "1000000"])):
-            port = _port()
-            argv = ["router", "--port", str(port), "--log-level", "warning", "--probe-interval", "0.5", *extra]
-            argv += [a for i, url in enumerate(engines) for a in ("--engine", f"chat-{i}={url}")]
-            procs.append(_spawn(argv, workdir / f"router-chat-{name}.log"))
-            routers[name] = f"http://127.0.0.1:{port}"
-        for url in [*engines, *routers.values()]:
-            _wait(url + "/ready", timeout=600)
-        model = httpx.get(engines[0] + "/v1/models", timeout=10).json()["data"][0]["id"]
-        out: dict[str, list] = {"aff": [], "off": []}
-        for i, name in enumerate(("aff", "off") * runs):
-            q0, h0 = _cache_counters(engines)
-            t = time.perf_counter()
-            res = asyncio.run(_chats(routers[name], chats, system_prompts(i, groups, system_chars), model, turns,
-                                     max_tokens))
-            q1, h1 = _cache_counters(engines)
-            ttft = res["ttft"]
-            out[name].append({"ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
-                              "ttft_mean": sum(ttft) / len(ttft) if ttft else None, "n": len(ttft),
-                              "errors": res["errors"], "empty": res["empty"], "replicas": res["replicas"],
-                              "samples": res["samples"], "cache_queried": q1 - q0, "cache_hit": h1 - h0,
-                              "wall": time.perf_counter() - t, "run": i + 1})
-        return {"runs": out, "chats": chats, "groups": groups, "turns": turns, "system_chars": system_chars,
-                "model": model, "max_tokens": max_tokens}
-    finally:
-        _stop(procs)
+def _pin(pid: int, cpus: set[int] | None) -> None:
+    """Pin process ``pid`` (0: this one) to ``cpus`` (None: leave it alone)."""
+    if cpus:
+        os.sched_setaffinity(pid, cpus)
 
 
 def run(rounds: int = 3, clients: int = 64, per_client: int = 4, tp_seconds: float = 6.0, chats: int = 6,
-        groups: int = 3, turns: int = 3, system_chars: int = 6000, aff_runs: int = 1) -> dict:
-    """Start the servers, measure (module docstring), stop them; the results as a dict."""
+        groups: int = 3, turns: int = 3, system_chars: int = 6000, aff_runs: int = 1, pin: bool = True) -> dict:
+    """Start the servers, measure (module docstring), stop them; the results as a dict. ``pin``: the
+    overhead part runs with the client and engine main-0 on the first CPU and the router on the
+    second (``os.sched_setaffinity``; skipped with one CPU)."""
     workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-router-{os.getpid()}"
     workdir.mkdir(parents=True, exist_ok=True)
     procs: list[subprocess.Popen] = []
@@ -312,6 +170,14 @@ def run(rounds: int = 3, clients: int = 64, per_client: int = 4, tp_seconds: flo
         asyncio.run(_closed_loop(routers["r1"], 8, n_per_client=4))
         over = []
         router_pid, engine_pid = procs[3].pid, procs[0].pid
+        cpus = sorted(os.sched_getaffinity(0))
+        # pinned: the load generator and engine main-0 share one core, the router has another, so the
+        # router's CPU never comes out of the engine's or the client's (a router on its own host)
+        pinned = (pin and len(cpus) >= 2) and ({cpus[0]}, {cpus[1]})
+        if pinned:
+            _pin(0, pinned[0])
+            _pin(engine_pid, pinned[0])
+            _pin(router_pid, pinned[1])
         seq = []
         for _ in range(rounds):        # one client, sequential: the overhead without queueing
             d = asyncio.run(_closed_loop(engines[0], 1, n_per_client=40))
@@ -319,22 +185,29 @@ def run(rounds: int = 3, clients: int = 64, per_client: int = 4, tp_seconds: flo
             seq.append({"direct_p50": percentile(d["lat"], 50), "router_p50": percentile(r["lat"], 50),
                         "added_p50": percentile(r["lat"], 50) - percentile(d["lat"], 50)})
         for _ in range(rounds):
-            e0, b0 = _cpu_seconds(engine_pid), _engine_steps(engines[0])
+            e0, b0, k0 = _cpu_seconds(engine_pid), _engine_steps(engines[0]), time.process_time()
             d = asyncio.run(_closed_loop(engines[0], clients, n_per_client=per_client))
-            e1, b1 = _cpu_seconds(engine_pid), _engine_steps(engines[0])
+            e1, b1, k1 = _cpu_seconds(engine_pid), _engine_steps(engines[0]), time.process_time()
             # the router's upstream connections open again if they idled past their keep-alive
             asyncio.run(_closed_loop(routers["r1"], clients, n_per_client=1))
-            s0, c0 = _overhead_metric(routers["r1"])
-            u0, e2, b2 = _cpu_seconds(router_pid), _cpu_seconds(engine_pid), _engine_steps(engines[0])
+            h0 = _overhead_metric(routers["r1"])
+            u0, e2, b2, k2 = (_cpu_seconds(router_pid), _cpu_seconds(engine_pid), _engine_steps(engines[0]),
+                              time.process_time())
             r = asyncio.run(_closed_loop(routers["r1"], clients, n_per_client=per_client))
-            u1, e3, b3 = _cpu_seconds(router_pid), _cpu_seconds(engine_pid), _engine_steps(engines[0])
-            s1, c1 = _overhead_metric(routers["r1"])
+            u1, e3, b3, k3 = (_cpu_seconds(router_pid), _cpu_seconds(engine_pid), _engine_steps(engines[0]),
+                              time.process_time())
+            h1 = _overhead_metric(routers["r1"])
             over.append({"direct_p50": percentile(d["lat"], 50), "direct_p99": percentile(d["lat"], 99),
                          "router_p50": percentile(r["lat"], 50), "router_p99": percentile(r["lat"], 99),
                          "direct_rps": d["n"] / d["wall"], "router_rps": r["n"] / r["wall"],
                          "errors": d["errors"] + r["errors"], "n": d["n"] + r["n"],
-                         "router_own_mean": (s1 - s0) / (c1 - c0) if c1 > c0 else None,
+                         "router_own_mean": (h1["sum"] - h0["sum"]) / (h1["count"] - h0["count"])
+                         if h1["count"] > h0["count"] else None,
+                         "router_own_p50": histogram_quantile(0.5, h0, h1),
+                         "router_own_p99": histogram_quantile(0.99, h0, h1),
                          "router_cpu_ms_per_req": 1000 * (u1 - u0) / max(1, r["n"]),
+                         "client_cpu_ms_per_req_direct": 1000 * (k1 - k0) / max(1, d["n"]),
+                         "client_cpu_ms_per_req_routed": 1000 * (k3 - k2) / max(1, r["n"]),
                          "engine_cpu_ms_per_req_direct": 1000 * (e1 - e0) / max(1, d["n"]),
                          "engine_cpu_ms_per_req_routed": 1000 * (e3 - e2) / max(1, r["n"]),
                          "seqs_per_step_direct": (b1[1] - b0[1]) / max(1, b1[0] - b0[0]),
@@ -342,6 +215,9 @@ def run(rounds: int = 3, clients: int = 64, per_client: int = 4, tp_seconds: flo
         for o in over:
             o["added_p50"] = o["router_p50"] - o["direct_p50"]
             o["added_p99"] = o["router_p99"] - o["direct_p99"]
+        if pinned:
+            for pid in (0, engine_pid, router_pid):
+                _pin(pid, set(cpus))
         tp = {}
         for name in ("r1", "r2", "r3"):
             res = asyncio.run(_closed_loop(routers[name], 32, seconds=tp_seconds, max_tokens=32, prompt=SHORT))
@@ -351,6 +227,7 @@ def run(rounds: int = 3, clients: int = 64, per_client: int = 4, tp_seconds: flo
         _stop(procs)
     aff = affinity(workdir, chats, groups, turns, system_chars, aff_runs)
     return {"overhead": over, "sequential": seq, "throughput": tp, "affinity": aff, "clients": clients,
+            "pinned": None if not pinned else [sorted(pinned[0]), sorted(pinned[1])],
             "per_client": per_client, "tp_seconds": tp_seconds}
 
 
@@ -381,9 +258,11 @@ def render(res: dict, uptime: str, facts: dict | None = None) -> str:
     added = [o["added_p50"] for o in res["overhead"]]
     mid = percentile(added, 50)
     rows = [[i + 1, ms(o["direct_p50"]), ms(o["router_p50"]), ms(o["added_p50"]), ms(o["direct_p99"]),
-             ms(o["router_p99"]), ms(o["added_p99"]), ms(o["router_own_mean"]), fmt(o["direct_rps"]),
-             fmt(o["router_rps"]), fmt(o["router_cpu_ms_per_req"], 2), fmt(o["engine_cpu_ms_per_req_direct"], 2),
-             fmt(o["engine_cpu_ms_per_req_routed"], 2),
+             ms(o["router_p99"]), ms(o["added_p99"]),
+             f'{ms(o.get("router_own_p50"))} / {ms(o.get("router_own_p99"))} / {ms(o["router_own_mean"])}',
+             fmt(o["direct_rps"]), fmt(o["router_rps"]), fmt(o["router_cpu_ms_per_req"], 2),
+             f'{fmt(o.get("client_cpu_ms_per_req_direct"), 2)} / {fmt(o.get("client_cpu_ms_per_req_routed"), 2)}',
+             fmt(o["engine_cpu_ms_per_req_direct"], 2), fmt(o["engine_cpu_ms_per_req_routed"], 2),
              f"{fmt(o['seqs_per_step_direct'], 1)} / {fmt(o['seqs_per_step_routed'], 1)}", o["errors"]]
             for i, o in enumerate(res["overhead"])]
     tp = res["throughput"]
@@ -399,6 +278,7 @@ def render(res: dict, uptime: str, facts: dict | None = None) -> str:
     a_mean, b_mean = med(aff["runs"]["aff"], "ttft_mean"), med(aff["runs"]["off"], "ttft_mean")
     gain = None if not (a_p50 and b_p50) else 1 - a_p50 / b_p50
     gain_mean = None if not (a_mean and b_mean) else 1 - a_mean / b_mean
+    later = by_turn_table(aff)[1]
     aff_rows = []
     for name, label in (("aff", "prefix affinity (default)"),
                         ("off", "affinity off (`--affinity-min-chars 1000000`: least load, rotating ties)")):
@@ -411,13 +291,20 @@ def render(res: dict, uptime: str, facts: dict | None = None) -> str:
         "",
         f"**Router overhead**, {res['clients']} concurrent clients × {res['per_client']} non-streamed completions"
         " (`max_tokens` 4) straight to one engine vs through a router in front of it, loopback, alternated, "
-        f"{len(res['overhead'])} rounds (ms; *added* = router − direct of the same round; *router's own* = the"
-        " mean of `inferctl_router_overhead_seconds`, arrival → first byte out minus upstream time to first byte;"
-        " CPU per request from /proc/PID/stat; *batch* = the engine's mean sequences per step, direct / routed):",
+        f"{len(res['overhead'])} rounds, "
+        + (f"pinned: the load generator and the engine on CPU {res['pinned'][0]}, the router on CPU"
+           f" {res['pinned'][1]} (`os.sched_setaffinity`: the router's CPU never comes out of the engine's or the"
+           " client's, as with a router on its own host; both sides run the same requests at the same concurrency"
+           " with the same client and engine placement)" if res.get("pinned") else "not pinned")
+        + " (ms; *added* = router − direct of the same round; *router's own* = p50 / p99 (Prometheus'"
+        " `histogram_quantile` rule over the round's buckets) / mean of `inferctl_router_overhead_seconds`,"
+        " arrival → first byte out minus upstream time to first byte; CPU per request from /proc/PID/stat and,"
+        " for the client, `time.process_time`; *batch* = the engine's mean sequences per step, direct / routed):",
         "",
         md_table(["round", "direct p50", "router p50", "added p50", "direct p99", "router p99", "added p99",
-                  "router's own (mean)", "direct req/s", "router req/s", "router CPU ms/req",
-                  "engine CPU ms/req direct", "engine CPU ms/req routed", "batch", "errors"], rows),
+                  "router's own p50 / p99 / mean", "direct req/s", "router req/s", "router CPU ms/req",
+                  "client CPU ms/req direct / routed", "engine CPU ms/req direct", "engine CPU ms/req routed",
+                  "batch", "errors"], rows),
         "",
         f"Median over the rounds: **added p50 {ms(mid)} ms** (rounds {', '.join(ms(v) for v in added)}; a"
         " single round swings by tens of ms with what else the cores run, so one round is no verdict) at"
@@ -471,25 +358,20 @@ def render(res: dict, uptime: str, facts: dict | None = None) -> str:
         "An empty answer is a 200 stream whose model ended before any text (no first token to time); it is"
         " kept in the conversation as an empty assistant turn. Errors are non-200 answers.",
         "",
+        "TTFT and cached share by turn (turns in lockstep: turn t of every chat starts when every chat ended"
+        " turn t − 1, and the engines' prefix-cache counters are read between turns; medians of the runs):",
+        "",
+        by_turn_table(aff)[0],
+        "",
         f"TTFT with affinity: **{fmt(None if gain is None else 100 * gain)} % lower p50**, "
-        f"{fmt(None if gain_mean is None else 100 * gain_mean)} % lower mean (median over the runs; negative:"
-        " higher). With affinity a group's system prompt is prefilled once, on its home replica, and every later"
-        " turn of the group finds it cached; without, the rotating least-load rule spreads a group over all three"
-        " replicas and each of them prefills the long prompt cold once (SGLang's cache-aware router reports"
-        " 70–75 % lower TTFT on such workloads).",
+        f"{fmt(None if gain_mean is None else 100 * gain_mean)} % lower mean over every turn; turns 2 and later: "
+        f"**{fmt(None if later['later_p50'] is None else 100 * later['later_p50'])} % lower p50**, "
+        f"{fmt(None if later['later_mean'] is None else 100 * later['later_mean'])} % lower mean (median over the"
+        " runs; negative: higher). With affinity a group's system prompt is prefilled once, on its home replica,"
+        " and every later turn of the group finds it cached; without, the rotating least-load rule spreads a"
+        " group over all three replicas and each of them prefills the long prompt cold once (SGLang's"
+        " cache-aware router reports 70–75 % lower TTFT on such workloads).",
     ])
-
-
-def affinity_summary(aff: dict) -> str:
-    """One line per affinity run (TTFT p50 / p99 / mean in ms, cached %, answers per replica, wall s)."""
-    lines = []
-    for name in ("aff", "off"):
-        for r in aff["runs"][name]:
-            ms = [fmt(None if r[k] is None else 1000 * r[k], 1) for k in ("ttft_p50", "ttft_p99", "ttft_mean")]
-            cached = fmt(100 * r["cache_hit"] / r["cache_queried"], 1) if r["cache_queried"] else "-"
-            lines.append(f"{name} run {r['run']}: TTFT p50 {ms[0]} p99 {ms[1]} mean {ms[2]} ms, cached {cached} %,"
-                         f" answers {r['replicas']}, errors {r['errors']}, wall {r['wall']:.1f} s")
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -503,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--turns", type=int, default=3, help="Turns per chat (at most 4).")
     ap.add_argument("--system-chars", type=int, default=6000, help="Characters of each system prompt.")
     ap.add_argument("--aff-runs", type=int, default=1, help="Alternated runs of affinity on / off.")
+    ap.add_argument("--no-pin", action="store_true",
+                    help="Overhead part: leave every process on every CPU (default: client + engine on one CPU, "
+                         "the router on another).")
     ap.add_argument("--write", action="store_true", help="Write the router section of docs/benchmarks.md.")
     ap.add_argument("--affinity-only", action="store_true",
                     help="Run only the affinity part (section 3) and print its runs; never writes.")
@@ -520,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         print(affinity_summary(aff) + f"\n\nWall time: {time.time() - t:.0f} s.")
         return 0
     res = run(args.rounds, args.clients, args.per_client, args.tp_seconds, args.chats, args.groups,
-              min(args.turns, len(TURNS)), args.system_chars, args.aff_runs)
+              min(args.turns, len(TURNS)), args.system_chars, args.aff_runs, pin=not args.no_pin)
     body = render(res, uptime, facts) + f"\n\nWall time of the whole run: {time.time() - t:.0f} s."
     print(json.dumps(res, indent=1, default=str))
     print(body)

@@ -1,6 +1,8 @@
-"""bench.router's pure parts: the load sentence, the affinity workload's prompts, the report."""
+"""bench.router's pure parts: the load sentence, the affinity workload's prompts, the report, the
+router-side overhead quantile, the per-turn affinity table."""
 
-from bench.router import load_sentence, render, system_prompts
+from bench.router import histogram_quantile, load_sentence, render, system_prompts
+from bench.router_affinity import by_turn_table, summarize
 
 
 def test_the_load_warning_appears_only_above_the_cpu_count():
@@ -20,7 +22,11 @@ def test_system_prompts_are_long_distinct_and_never_reused_by_a_later_run():
 
 
 def _run(p50, mean, hit, replicas):
-    return {"ttft_p50": p50, "ttft_p99": 2 * p50, "ttft_mean": mean, "n": 9, "errors": 0, "empty": 0,
+    turns = [{"turn": 1, "ttft_p50": 4 * p50, "ttft_mean": 4 * mean, "n": 3, "cached": 0.1},
+             {"turn": 2, "ttft_p50": p50, "ttft_mean": mean, "n": 3, "cached": hit / 1000},
+             {"turn": 3, "ttft_p50": p50 / 2, "ttft_mean": mean / 2, "n": 3, "cached": hit / 1000}]
+    return {"ttft_p50": p50, "ttft_p99": 2 * p50, "ttft_mean": mean, "later_p50": p50 / 2, "later_mean": mean / 2,
+            "turns": turns, "n": 9, "errors": 0, "empty": 0,
             "replicas": replicas, "samples": [], "cache_queried": 1000.0, "cache_hit": hit, "wall": 12.0, "run": 1}
 
 
@@ -39,3 +45,33 @@ def test_render_reports_the_affinity_gain_cache_share_and_batches():
     assert "| 80.0 |" in text and "| 40.0 |" in text                          # cached share of each run
     assert "30.0 / 28.0" in text and "| 1.50 |" in text
     assert "was above the CPU count" not in text and "0.5 on 2 CPUs" in text
+
+
+def test_the_router_side_quantile_follows_prometheus_histogram_quantile_over_the_rounds_buckets():
+    inf = float("inf")
+    before = {"buckets": {0.001: 10.0, 0.002: 10.0, 0.005: 10.0, inf: 10.0}}
+    after = {"buckets": {0.001: 10.0, 0.002: 70.0, 0.005: 100.0, inf: 110.0}}   # this round: 0 / 60 / 30 / 10
+    # rank 50 of 100 falls in (0.001, 0.002], 50 of its 60: 0.001 + 0.001 * 50/60
+    assert abs(histogram_quantile(0.5, before, after) - (0.001 + 0.001 * 50 / 60)) < 1e-12
+    assert histogram_quantile(0.95, before, after) == 0.005       # rank 95 in +Inf: the highest finite bound
+    assert histogram_quantile(0.5, after, after) is None          # nothing observed in the round
+
+
+def test_summarize_and_the_by_turn_table_separate_the_cold_turn_from_the_later_ones():
+    res = {"ttft": [4.0, 4.0, 1.0, 1.0, 0.5, 0.5], "errors": 0, "empty": 0, "replicas": {"a": 6}, "samples": [],
+           "by_turn": [{"ttft": [4.0, 4.0], "queried": 100.0, "hit": 0.0},
+                       {"ttft": [1.0, 1.0], "queried": 200.0, "hit": 150.0},
+                       {"ttft": [0.5, 0.5], "queried": 0.0, "hit": 0.0}]}
+    r = summarize(res, 1, 10.0, 300.0, 150.0)
+    assert [t["ttft_p50"] for t in r["turns"]] == [4.0, 1.0, 0.5]
+    assert [t["cached"] for t in r["turns"]] == [0.0, 0.75, None]           # nothing looked up: no data, not 0
+    assert r["later_p50"] == 0.75 and r["later_mean"] == 0.75 and r["ttft_mean"] == 11 / 6
+    off = summarize({**res, "by_turn": [{"ttft": [4.0, 4.0], "queried": 100.0, "hit": 0.0},
+                                        {"ttft": [3.0, 3.0], "queried": 200.0, "hit": 50.0},
+                                        {"ttft": [3.0, 3.0], "queried": 200.0, "hit": 50.0}],
+                     "ttft": [4.0, 4.0, 3.0, 3.0, 3.0, 3.0]}, 2, 10.0, 500.0, 100.0)
+    table, gain = by_turn_table({"runs": {"aff": [r], "off": [off]}, "turns": 3})
+    assert abs(gain["later_p50"] - 0.75) < 1e-12                             # 1 - 0.75 / 3.0
+    assert "| **gain** (1 − affinity ÷ off) | 1 | 0.0 % |" in table         # the cold turn: no gain
+    assert "| **gain** (1 − affinity ÷ off) | 2 | 66.7 % |" in table
+    assert "| affinity | 2 | 1,000.0 | 1,000.0 | 75.0 |" in table
