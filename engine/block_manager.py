@@ -58,10 +58,15 @@ class BlockManager:
 
     @property
     def waste_ratio(self) -> float | None:
-        used = self.num_used_blocks
-        if used == 0:
-            return None
-        return 1.0 - self.tokens_stored / (used * self.block_size)
+        return self.kv_ratios(self.num_used_blocks, self.tokens_stored)[1]
+
+    def kv_ratios(self, used: int, tokens_stored: int) -> tuple[float, float | None]:
+        """``(usage, waste)`` of a pool with ``used`` blocks holding ``tokens_stored`` tokens:
+        ``used / num_blocks`` and ``1 - tokens / (used * block_size)`` (None with no used
+        block) — the two ratios of the module docstring, from numbers read earlier (the
+        ``/metrics`` gauges compute them at scrape time from the step's snapshot)."""
+        waste = None if used == 0 else 1.0 - tokens_stored / (used * self.block_size)
+        return used / self.num_blocks, waste
 
     def blocks_needed(self, num_tokens: int) -> int:
         """Blocks that hold ``num_tokens`` tokens: ceil(num_tokens / block_size)."""

@@ -41,9 +41,8 @@ from dataclasses import dataclass
 
 import torch
 
-from inferctl.contract.stats import FINISH_ABORT, FINISH_ERROR, MEMORY_CUDA, MEMORY_SIMULATED
+from inferctl.contract.stats import FINISH_ABORT, FINISH_ERROR
 from inferctl.contract.units import format_size
-from inferctl.engine import __version__
 from inferctl.engine.block_manager import BlockManager
 from inferctl.engine.commands import (AbortRequest, Command, CommandMailbox, InjectFault,
                                       SetDraining, SwitchPrecision)
@@ -62,6 +61,7 @@ from inferctl.engine.sequence import Logprob, PromptLogprobEntry, Sequence, Sequ
 from inferctl.engine.stat_loggers import PrometheusStatLogger
 from inferctl.engine.stats import (SUCCESS_REASONS, EngineStats, FinishedRequestStats, IterationStats, OomFault,
                                    SchedulerStats, phase_times)
+from inferctl.engine.stats_document import build_stats_document, live_numbers, scheduler_stats
 from inferctl.engine.stop import (NONFINITE_LOGITS_ERROR, RepetitionStop, limit_stop_reason,
                                   token_stop_reason)
 
@@ -190,7 +190,8 @@ class LLMEngine:
                               cfg.oom_backoff_max_seconds, self.acts)
         # the two views of one accounting: /stats and /metrics
         self.stats_ = EngineStats(cfg.latency_window, cfg.recent_requests, cfg.recent_faults)
-        self.prometheus = PrometheusStatLogger(self.model_name, self.accountant.budget_bytes)
+        self.prometheus = PrometheusStatLogger(self.model_name, self.accountant.budget_bytes,
+                                               live=self._published_stats)
         self.registry, self.metrics = self.prometheus.registry, self.prometheus.metrics
         for pos in range(self.spec.k if self.spec else 0):   # exported at 0: rate() has data from the start
             self.metrics["inferctl_engine_spec_decode_num_accepted_tokens_per_pos_total"].labels(str(pos))
@@ -201,7 +202,7 @@ class LLMEngine:
         self._draining = False
         self.last_step_idle = True
         apply_start_precision(self, precision)
-        self.prometheus.set_gauges(self._scheduler_stats())
+        self._live = live_numbers(self)   # what /metrics shows until the first step publishes
 
     # ------------------------------------------------------------------ requests
     def make_sequence(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -536,22 +537,20 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ stats
     def _scheduler_stats(self) -> SchedulerStats:
-        bm, sch, acct = self.block_manager, self.scheduler, self.accountant
-        return SchedulerStats(
-            running=len(sch.running), waiting=len(sch.waiting),
-            preemptions_total=sch.preemptions_total, kv_blocks_used=bm.num_used_blocks,
-            kv_blocks_free=bm.num_free_blocks, kv_usage_ratio=bm.usage_ratio,
-            kv_waste_ratio=bm.waste_ratio, kv_tokens_stored=bm.tokens_stored,
-            allocated_bytes=acct.allocated_bytes, reserved_bytes=acct.reserved_bytes,
-            weights_bytes=acct.bytes_by_tag("weights"), precision=self.precision,
-            draining=self._draining, pending_injected=acct.pending_injected_ooms)
+        """The live :class:`SchedulerStats`, read now (:mod:`inferctl.engine.stats_document`)."""
+        return scheduler_stats(live_numbers(self), self.block_manager)
+
+    def _published_stats(self) -> SchedulerStats:
+        """The :class:`SchedulerStats` of the last published step (the ``/metrics`` gauges, at scrape)."""
+        return scheduler_stats(self._live, self.block_manager)
 
     def _record(self, it: IterationStats, live: bool = True) -> None:
         """Hand one :class:`IterationStats` to both stat loggers (``/stats`` and ``/metrics``);
-        ``live`` also refreshes the gauges from the engine's state."""
-        s = self._scheduler_stats() if live else None
-        self.stats_.record(s, it)
-        self.prometheus.record(s, it)
+        ``live`` also publishes the live numbers the next scrape's gauges show."""
+        if live:
+            self._live = live_numbers(self)
+        self.stats_.record(None, it)
+        self.prometheus.record(None, it)
 
     def record_step_error(self, message: str) -> None:
         """Count an error raised by a step itself (the async engine's guard), in
@@ -560,40 +559,7 @@ class LLMEngine:
 
     def stats(self) -> dict:
         """The ``/stats`` document (:class:`inferctl.contract.stats.StatsDocument`,
-        docs/architecture.md); JSON-ready. Taken between steps (holds the step lock)."""
+        docs/architecture.md; :func:`~inferctl.engine.stats_document.build_stats_document`);
+        JSON-ready. Taken between steps (holds the step lock)."""
         with self.step_lock:
-            return self._stats_document()
-
-    def _stats_document(self) -> dict:
-        cfg, acct, live = self.config, self.accountant, self._scheduler_stats()
-        snap = acct.snapshot()
-        reserved = snap["reserved_bytes"]
-        sections = self.stats_.sections(live)
-        return {
-            "engine": {"model": self.model_name, "models": [self.model_name], "device": str(self.device),
-                       "precision": self.precision, "requested_precision": self.requested_precision,
-                       "precision_error": self._precision_error,
-                       "kv_cache_dtype": self.kv_cache.dtype_name, "draining": self._draining,
-                       "uptime_seconds": time.time() - self.started_wall, "version": __version__,
-                       "max_model_len": cfg.max_model_len, "max_num_seqs": cfg.max_num_seqs,
-                       "max_num_batched_tokens": cfg.max_num_batched_tokens,
-                       "unfinished_requests": len(self._seqs)},
-            "memory": {"budget_bytes": snap["budget_bytes"], "allocated_bytes": snap["allocated_bytes"],
-                       "reserved_bytes": reserved, "free_bytes": snap["free_bytes"],
-                       "reserved_unallocated_bytes": snap["reserved_unallocated_bytes"],
-                       "fragmentation_ratio": (snap["reserved_unallocated_bytes"] / reserved
-                                               if reserved > 0 else None),
-                       "weights_bytes": snap["weights_bytes"], "kv_pool_bytes": snap["kv_pool_bytes"],
-                       "activation_bytes": snap["activation_bytes"],
-                       "draft_weights_bytes": snap["draft_weights_bytes"],
-                       "draft_kv_pool_bytes": snap["draft_kv_pool_bytes"],
-                       "full_weights_bytes": self._weight_bytes_by_mode.get("full"),
-                       "int8_weights_bytes": self._weight_bytes_by_mode.get("int8"),
-                       "source": MEMORY_CUDA if acct.is_cuda else MEMORY_SIMULATED},
-            "kv_cache": {"block_size": cfg.block_size, "num_blocks": self.block_manager.num_blocks,
-                         "blocks_used": live.kv_blocks_used, "blocks_free": live.kv_blocks_free,
-                         "tokens_stored": live.kv_tokens_stored, "waste_ratio": live.kv_waste_ratio,
-                         "usage_ratio": live.kv_usage_ratio, "bytes_per_block": self.kv_bytes_per_block},
-            **sections,
-            **({"spec_decode": self.spec.stats(self.precision)} if self.spec else {}),
-        }
+            return build_stats_document(self)

@@ -148,6 +148,9 @@ class SchedulerStats:
 
 
 # ---------------------------------------------------------------------------- /stats
+#: The keys of the document's ``scheduler.last_step``.
+LAST_STEP_KEYS = ("batch_size", "real_tokens", "padded_tokens", "prefill_tokens", "decode_tokens", "duration_seconds")
+
 class LatencyHistogram:
     """A cumulative latency histogram over :data:`~inferctl.engine.metrics.LATENCY_BUCKETS`
     (seconds), the same buckets and the same rule as prometheus-client's ``Histogram.observe``
@@ -200,8 +203,9 @@ class EngineStats:
         self.step_sequences_total = 0
         self.real_tokens_total = 0
         self.padded_tokens_total = 0
-        self.last_step = {"batch_size": 0, "real_tokens": 0, "padded_tokens": 0,
-                          "prefill_tokens": 0, "decode_tokens": 0, "duration_seconds": 0.0}
+        #: (batch_size, real, padded, prefill, decode tokens, duration s) of the last forward;
+        #: the document's ``scheduler.last_step`` (:data:`LAST_STEP_KEYS`)
+        self.last_step_values: tuple = (0, 0, 0, 0, 0, 0.0)
         self.finished_total = 0
         self.by_finish_reason = {r: 0 for r in FINISH_REASONS}
         self.errors_total = 0
@@ -230,16 +234,34 @@ class EngineStats:
         self.prefix_cache_hits_total = 0      # of them, tokens found in cached blocks
 
     def record(self, scheduler_stats: SchedulerStats | None, it: IterationStats) -> None:
-        """Account one step's :class:`IterationStats` (the live state is read at document time)."""
+        """Account one step's :class:`IterationStats` (the live state is read at document time).
+        A field that is zero or empty is not touched (cheap per step, and a record from another
+        thread, e.g. a refused request's, never writes a counter the step is adding to)."""
         if it.ran_forward:
-            self._record_step(it)
+            self.steps_total += 1
+            self.step_sequences_total += it.batch_size
+            self.real_tokens_total += it.real_tokens
+            if it.padded_tokens:
+                self.padded_tokens_total += it.padded_tokens
+            self.last_step_values = (it.batch_size, it.real_tokens, it.padded_tokens, it.prefill_tokens,
+                                     it.decode_tokens, it.duration)
+        if it.num_prompt_tokens:
+            self.prompt_tokens_total += it.num_prompt_tokens
+        if it.prefix_cache_queries:
+            self.prefix_cache_queries_total += it.prefix_cache_queries
+            self.prefix_cache_hits_total += it.prefix_cache_hits
+        if it.ttfts or it.itls or it.finished or it.ooms or it.step_errors or it.hardware_errors \
+                or it.admission_errors:
+            self._record_events(it)
+
+    def _record_events(self, it: IterationStats) -> None:
+        """The per-request events of a step: latency samples, finished requests, faults, errors."""
         self.ttft.extend(it.ttfts)
         self.itl.extend(it.itls)
         for name, values in (("ttft_seconds", it.ttfts), ("itl_seconds", it.itls)):
             hist = self.histograms[name]
             for v in values:
                 hist.observe(v)
-        self.prompt_tokens_total += it.num_prompt_tokens
         for fin in it.finished:
             self._record_finished(fin)
         for fault in it.ooms:
@@ -250,18 +272,13 @@ class EngineStats:
         for msg in it.hardware_errors:
             self.hardware_errors_total += 1
             self.last_hardware_error = msg
-        self.admission_errors_total += len(it.admission_errors)
-        self.prefix_cache_queries_total += it.prefix_cache_queries
-        self.prefix_cache_hits_total += it.prefix_cache_hits
+        if it.admission_errors:
+            self.admission_errors_total += len(it.admission_errors)
 
-    def _record_step(self, it: IterationStats) -> None:
-        self.steps_total += 1
-        self.step_sequences_total += it.batch_size
-        self.real_tokens_total += it.real_tokens
-        self.padded_tokens_total += it.padded_tokens
-        self.last_step = {"batch_size": it.batch_size, "real_tokens": it.real_tokens,
-                          "padded_tokens": it.padded_tokens, "prefill_tokens": it.prefill_tokens,
-                          "decode_tokens": it.decode_tokens, "duration_seconds": it.duration}
+    @property
+    def last_step(self) -> dict:
+        """``scheduler.last_step``: the last forward's batch size, tokens and duration (seconds)."""
+        return dict(zip(LAST_STEP_KEYS, self.last_step_values))
 
     def _record_finished(self, fin: FinishedRequestStats) -> None:
         self.finished_total += 1
@@ -330,7 +347,7 @@ class EngineStats:
                           "step_sequences_total": self.step_sequences_total,
                           "real_tokens_total": self.real_tokens_total,
                           "padded_tokens_total": self.padded_tokens_total,
-                          "last_step": dict(self.last_step),
+                          "last_step": self.last_step,
                           "step_errors_total": self.step_errors_total,
                           "last_step_error": self.last_step_error},
             "requests": {"finished_total": self.finished_total,
