@@ -17,16 +17,35 @@ https://docs.python.org/3/library/gc.html#gc.freeze). Frozen objects are still f
 reference counting when dropped; only a reference cycle among them would stay (none is
 expected of objects built once at start: the process-wide collection that precedes the
 freeze frees those already unreachable).
+
+It also raises the youngest generation's threshold (``gc.set_threshold``,
+https://docs.python.org/3/library/gc.html#gc.set_threshold) from CPython's 700 to
+:data:`GEN0_THRESHOLD`. A tick at 1,024 engines allocates ~80,000 container objects (parsed
+``/stats`` documents, snapshots, histograms, asyncio's per-call objects), nearly all freed by
+reference counting within the tick or held until the next one; at 700 that was ~117 young
+collections, ~11 middle ones and one full collection per tick, which freed nothing (0 objects
+collected per tick: the steady tick makes no reference cycles) and cost ~220 ms of CPU per tick
+(collector callbacks, same fake fleet, load ~8). At 50,000: ~65 ms. Objects that die within a
+young collection's period are never walked, and the full collections, which follow the middle
+ones, come about 70 times less often. Cyclic garbage still goes: at most 50,000 young objects
+wait for a collection (a few MB).
 """
 
 from __future__ import annotations
 
 import gc
 
+#: The collector's youngest-generation threshold for the controller process (CPython's default:
+#: 700); the two older generations keep their defaults (10, 10). See the module doc.
+GEN0_THRESHOLD = 50_000
+
 
 def freeze_startup_heap() -> int:
-    """Collect once, then freeze what is alive (call when the controller is built, before it
-    starts polling). Returns the number of objects frozen (``gc.get_freeze_count()``)."""
+    """Collect once, freeze what is alive and set the youngest generation's threshold to
+    :data:`GEN0_THRESHOLD` (call when the controller is built, before it starts polling).
+    Returns the number of objects frozen (``gc.get_freeze_count()``)."""
     gc.collect()
     gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GEN0_THRESHOLD, older, oldest)
     return gc.get_freeze_count()

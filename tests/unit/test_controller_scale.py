@@ -116,3 +116,35 @@ def test_engine_polls_run_as_one_round_at_most_concurrency_at_once(tmp_path):
     finally:
         ctl.stop()
         log.close()
+
+
+class HangingFake(AsyncFake):
+    """An engine whose poll never answers (a hung HTTP server)."""
+
+    async def poll_async(self, poller, now):
+        await asyncio.sleep(60)
+        return self.poll(now)
+
+
+def test_a_hung_engine_holds_one_worker_only_and_times_out_alone(tmp_path):
+    """Seven engines polled by two workers beside one that hangs: the hung one holds one worker
+    until its own deadline while the other worker serves the rest of the queue, so every other
+    engine is stored before the settle (shorter than the deadline) and the hung one fails alone."""
+    clients = {"hung": HangingFake("hung"), **{f"e{i}": AsyncFake(f"e{i}") for i in range(7)}}
+    ctl, registry, log = make_controller(tmp_path, clients, clock=FakeClock(),
+                                         intervals={"engine_poll_seconds": 5.0, "gpu_poll_seconds": 5.0,
+                                                    "call_timeout_seconds": 2.0})
+    try:
+        ctl.sources.concurrency = 2
+        at_settle = []
+        stored = ctl.sources.poll_engines(force=True, settle_s=1.0,
+                                          on_settle=lambda: at_settle.append(sorted(ctl.state.latest)))
+        assert at_settle == [[f"e{i}" for i in range(7)]]       # the hung engine still out, the rest in
+        assert stored == 8
+        hung = ctl.state.latest["hung"]
+        assert not hung.ok and "timed out after 2 s" in hung.error
+        assert all(ctl.state.latest[f"e{i}"].ok for i in range(7))
+        assert registry.get_sample_value("inferctl_poll_errors_total", {"poller": "engine:hung"}) == 1
+    finally:
+        ctl.stop()
+        log.close()
