@@ -28,9 +28,11 @@ the draw uses one uniform from the row's own ``torch.Generator`` (seeded request
 kept probabilities in vocabulary order. So a seeded request yields the same tokens alone or
 in any batch. Rows without a generator share the sampler's own generator (one per device).
 
-Cost: the all-greedy batch without penalties takes a fast path (argmax + the chosen token's
-logprob: logsumexp + one gather on CUDA, torch's fused log_softmax kernel on CPU where it is
-measured cheaper, see ``raw_logprobs_of``); the top-k alternatives only when a row asks.
+Cost: the all-greedy batch without penalties or top logprobs takes a fast path before any
+other work (:func:`greedy_sample`: argmax + the chosen token's logprob: logsumexp + one gather on
+CUDA, torch's fused log_softmax kernel on CPU where it is measured cheaper, see
+``raw_logprobs_of``; no finiteness pass over the logits: a non-finite logprob sends the batch to
+the general path); the top-k alternatives only when a row asks.
 top-k/top-p look at the ``TRUNCATION_CANDIDATES`` most likely tokens (``topk``) and sort the
 full row only when the nucleus may lie beyond them. Penalties cost O(sum of history
 lengths) per step for the rows that use them.
@@ -39,12 +41,13 @@ lengths) per step for the rows that use them.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from inferctl.engine.sampling_params import SamplingParams
+from inferctl.engine.sampling_params import GREEDY_TEMPERATURE_EPS, SamplingParams
 
 _FLOAT32_MAX = torch.finfo(torch.float32).max
 
@@ -312,7 +315,14 @@ class Sampler:
         if batch == 0:
             return SampleResult([], [], None)
 
-        logits = logits.float()
+        if logits.dtype != torch.float32:
+            logits = logits.float()
+        if all(p.temperature < GREEDY_TEMPERATURE_EPS and not p.logprobs and not p.has_penalties for p in params):
+            fast = greedy_sample(logits)
+            if fast is not None:
+                if any(p.logprobs is not None for p in params):   # logprobs=0: an empty dict per row
+                    fast.top_logprobs = [{} for _ in params]
+                return fast
         # One cheap reduction: the sum is NaN/inf iff some logit is (or, harmlessly, when
         # huge finite logits overflow it: the sanitising branch then changes nothing).
         all_finite = bool(torch.isfinite(logits.sum()))
@@ -412,6 +422,26 @@ class Sampler:
         elif any(p.logprobs is not None for p in params):
             top = [{} for _ in params]
         return SampleResult(token_list, [float(v) for v in lp_list], top, nonfinite_rows)
+
+
+def greedy_sample(logits: torch.Tensor) -> SampleResult | None:
+    """The batch's greedy tokens and their raw logprobs from float32 ``logits`` [B, V], or None
+    when some row holds a non-finite logit that makes its logprob non-finite (NaN, +inf, or every
+    logit -inf): the caller then takes the general path, which sanitises such rows.
+
+    Three tensor ops and two list conversions: ``argmax`` (the first maximal index, as
+    ``torch.argmax`` documents), the chosen token's logprob (:func:`raw_logprobs_of`), and the
+    finiteness test on the Python floats: the argmax token's logprob is ``-log(sum(exp(x - max)))``,
+    which lies in ``[-log V, 0]`` when the row is finite (its own term is 1), so the sum over rows is
+    finite exactly when every row's is. A row with some ``-inf`` logits and the rest finite (a masked
+    vocabulary) stays on this path: the general one would choose the same token and logprob.
+    """
+    tokens = logits.argmax(dim=-1)
+    chosen, _, _ = raw_logprobs_of(logits, tokens)
+    lps = chosen.tolist()
+    if not math.isfinite(sum(lps)):
+        return None
+    return SampleResult(tokens.tolist(), lps, None)
 
 
 def raw_logprobs_of(logits: torch.Tensor, tokens: torch.Tensor, top_k: int = 0,

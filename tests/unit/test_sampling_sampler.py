@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from inferctl.engine.sampler import Sampler, apply_penalties, make_generator, raw_logprobs_of
+from inferctl.engine.sampler import Sampler, apply_penalties, greedy_sample, make_generator, raw_logprobs_of
 from inferctl.engine.sampling_params import SamplingParams
 
 
@@ -82,6 +82,43 @@ def test_greedy_fast_path_is_argmax_with_raw_logprobs():
     ref = torch.log_softmax(logits, -1).gather(1, logits.argmax(-1, keepdim=True)).squeeze(1)
     assert res.logprobs == pytest.approx(ref.tolist(), abs=1e-5)
     assert res.top_logprobs is None and res.nonfinite_rows == []
+
+
+@pytest.mark.parametrize("batch,vocab", [(1, 512), (1, 32000), (7, 32000), (32, 49152)])
+def test_greedy_sample_equals_argmax_and_the_log_softmax_reference(batch, vocab):
+    # the all-greedy fast path (issue 12): tokens equal torch.argmax (first maximal index, ties
+    # included), logprobs equal log_softmax[argmax] within 1e-5 (float32 rounding of the sum)
+    logits = _logits(batch, vocab, seed=vocab + batch).round()    # rounding makes ties
+    res = greedy_sample(logits)
+    assert res.token_ids == logits.argmax(-1).tolist()
+    ref = torch.log_softmax(logits, -1).gather(1, logits.argmax(-1, keepdim=True)).squeeze(1)
+    assert res.logprobs == pytest.approx(ref.tolist(), abs=1e-5, rel=0)
+    assert res.top_logprobs is None and res.nonfinite_rows == []
+    # the Sampler takes it for greedy rows without penalties or top logprobs; logprobs=0 gives {}s
+    full = Sampler()(logits, [SamplingParams(temperature=0, logprobs=0)] * batch, [None] * batch, [[]] * batch)
+    assert full.token_ids == res.token_ids and full.logprobs == res.logprobs
+    assert full.top_logprobs == [{}] * batch
+
+
+def test_greedy_sample_leaves_nonfinite_rows_to_the_general_path():
+    logits = _logits(3, 64, seed=21)
+    masked = logits.clone()
+    masked[1, :40] = float("-inf")              # a masked vocabulary: finite logprob, stays fast
+    res = greedy_sample(masked)
+    ref = torch.log_softmax(masked, -1)
+    assert res.token_ids == masked.argmax(-1).tolist()
+    assert res.logprobs == pytest.approx(ref.gather(1, masked.argmax(-1, keepdim=True)).squeeze(1).tolist(),
+                                         abs=1e-5)
+    for row, value in ((0, float("nan")), (2, float("inf"))):
+        bad = logits.clone()
+        bad[row, 7] = value
+        assert greedy_sample(bad) is None
+    dead = logits.clone()
+    dead[2, :] = float("-inf")
+    assert greedy_sample(dead) is None
+    out = Sampler()(dead, [SamplingParams(temperature=0)] * 3, [None] * 3, [[]] * 3)
+    assert out.nonfinite_rows == [2]        # the general path still finds the dead row
+    assert out.token_ids[:2] == logits[:2].argmax(-1).tolist()
 
 
 def test_top_k_1_and_tiny_top_p_equal_greedy():
