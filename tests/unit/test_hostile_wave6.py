@@ -51,3 +51,16 @@ def test_gpu_index_above_the_limit_is_a_400_naming_it(tmp_path, path, gpu):
     assert err["field"] == "gpu" and err["message"] == f"gpu: must be 0..999, got {gpu}"
     r = http.post(path, json={"gpu": -1}, headers=AUTH)
     assert r.status_code == 400 and r.json()["error"]["message"] == "gpu: must be 0..999, got -1"
+
+
+@pytest.mark.xfail(strict=True, reason="router finding (wave 6, not fixed here: router/config.py is another "
+                                       "helper's): parse_engine accepts a port outside 1-65535, a non-numeric "
+                                       "port, credentials, a path, a query and a fragment; the router then starts "
+                                       "and every probe fails, instead of exit 2 naming --engine")
+@pytest.mark.parametrize("text", ["e0=http://127.0.0.1:99999", "e0=http://127.0.0.1:0", "e0=http://127.0.0.1:abc",
+                                  "e0=http://user:pass@127.0.0.1:8000", "e0=http://127.0.0.1:8000/v1?x=1#f"])
+def test_router_engine_urls_outside_host_and_port_are_refused(text):
+    from inferctl.router.config import ConfigError, parse_engine
+
+    with pytest.raises(ConfigError, match="--engine"):
+        parse_engine(text)

@@ -1,0 +1,107 @@
+"""Hostile bodies through the router and straight to the engine (stories260K, ASGI, no ports):
+the same 4xx, the same error object naming the field, never a 5xx, and the router sends none of
+them to a replica (it validates with the engine's request models, contract/openai.py)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from inferctl.router.app import create_app
+from inferctl.router.config import EngineSpec, RouterConfig
+from tests.server_helpers import STORIES, engines_running, make_app, run, stories_engine
+
+J = {"content-type": "application/json"}
+BASE = {"model": STORIES, "prompt": "Once upon a time", "max_tokens": 3}
+CHAT = {"model": STORIES, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+
+def _j(doc: dict) -> bytes:
+    return json.dumps(doc).encode()
+
+
+#: (name, path, body, status, param): the engine's answer, which the router must repeat
+CASES = [
+    ("deep JSON", "/v1/completions", b'{"prompt": "a", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, None),
+    ("bad UTF-8", "/v1/completions", b'{"prompt": "\xff\xfe", "max_tokens": 2}', 400, None),
+    ("Infinity", "/v1/completions", b'{"prompt": "a", "top_p": Infinity}', 400, "top_p"),
+    ("1e400", "/v1/completions", b'{"prompt": "a", "temperature": 1e400}', 400, "temperature"),
+    ("max_tokens 10^30", "/v1/completions", _j({**BASE, "max_tokens": 10 ** 30}), 400, "max_tokens"),
+    ("max_tokens bool", "/v1/completions", _j({**BASE, "max_tokens": True}), 400, "max_tokens"),
+    ("seed 2^70", "/v1/completions", _j({**BASE, "seed": 2 ** 70}), 400, "seed"),
+    ("stop 10^4", "/v1/completions", _j({**BASE, "stop": ["x"] * 10_000}), 400, "stop"),
+    ("stop 10^5 chars", "/v1/completions", _j({**BASE, "stop": "x" * 100_000}), 400, "stop"),
+    ("stop_token_ids 10^5", "/v1/completions", _j({**BASE, "stop_token_ids": list(range(100_000))}), 400,
+     "stop_token_ids"),
+    ("stop_token_ids 10^30", "/v1/completions", _j({**BASE, "stop_token_ids": [10 ** 30]}), 400, "stop_token_ids"),
+    ("logprobs 100", "/v1/completions", _j({**BASE, "logprobs": 100}), 400, "logprobs"),
+    ("prompt_logprobs -1", "/v1/completions", _j({**BASE, "prompt_logprobs": -1}), 400, "prompt_logprobs"),
+    ("n 1000", "/v1/completions", _j({**BASE, "n": 1000}), 400, "n"),
+    ("token id 2^70", "/v1/completions", _j({**BASE, "prompt": [2 ** 70]}), 400, "prompt"),
+    ("10^4 prompts", "/v1/completions", _j({**BASE, "prompt": ["a"] * 10_000}), 400, "prompt"),
+    ("prompt 500k chars", "/v1/completions", _j({**BASE, "prompt": "Once " * 100_000}), 400, "prompt"),
+    ("unknown model 100k", "/v1/completions", _j({**BASE, "model": "m" * 100_000}), 404, "model"),
+    ("chat top_logprobs 50", "/v1/chat/completions", _j({**CHAT, "logprobs": True, "top_logprobs": 50}), 400,
+     "top_logprobs"),
+    ("chat top_logprobs without logprobs", "/v1/chat/completions", _j({**CHAT, "top_logprobs": 3}), 400,
+     "top_logprobs"),
+    ("chat role", "/v1/chat/completions", _j({**CHAT, "messages": [{"role": "r" * 10_000, "content": "x"}]}), 400,
+     "messages[0].role"),
+    ("chat 10^4 messages", "/v1/chat/completions",
+     _j({**CHAT, "messages": [{"role": "user", "content": "hi"}] * 10_000}), 400, "messages"),
+    ("chat n 0", "/v1/chat/completions", _j({**CHAT, "n": 0}), 400, "n"),
+]
+
+
+@pytest.fixture(scope="module")
+def engine_app(stories_dir):
+    eng = stories_engine(stories_dir)
+    with engines_running(eng):
+        yield make_app({STORIES: eng})
+
+
+async def _both(engine_app, path: str, body: bytes, headers: dict) -> tuple[httpx.Response, httpx.Response, int]:
+    posts = []
+
+    class Recording(httpx.AsyncBaseTransport):
+        inner = httpx.ASGITransport(app=engine_app)
+
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            posts.extend([request] if request.method == "POST" else [])
+            return await self.inner.handle_async_request(request)
+
+    client = httpx.AsyncClient(mounts={"http://a.test": Recording()}, timeout=60.0)
+    router = create_app(RouterConfig(engines=(EngineSpec("a", "http://a.test"),)), client=client)
+    await router.state.router.prober.round()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=router), base_url="http://r.test",
+                                 timeout=60.0) as c:
+        via = await c.post(path, content=body, headers=headers)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=engine_app), base_url="http://e.test",
+                                 timeout=60.0) as c:
+        direct = await c.post(path, content=body, headers=headers)
+    await client.aclose()
+    return via, direct, len(posts)
+
+
+@pytest.mark.parametrize("name, path, body, status, param", CASES, ids=[c[0] for c in CASES])
+def test_router_and_engine_give_the_same_4xx_naming_the_field(engine_app, name, path, body, status, param):
+    via, direct, posts = run(_both(engine_app, path, body, J))
+    assert direct.status_code == status, direct.text[:300]
+    err = direct.json()["error"]
+    assert err["param"] == param and len(err["message"]) < 400
+    assert via.status_code == direct.status_code and via.json() == direct.json()
+    # the router refuses what its own models can tell; what needs the tokenizer or the served
+    # models (prompt length, unknown model) is the engine's answer passed through unchanged
+    assert posts <= 1
+
+
+@pytest.mark.xfail(strict=True, reason="router finding (wave 6, not fixed here: router/* is another helper's): "
+                                       "the router serves no /tokenize or /detokenize, so a client gets 404 where "
+                                       "the engine validates and answers")
+def test_the_tokenizer_routes_are_answered_alike():
+    # not through the module fixture: a plain check that the router has the route at all
+    router = create_app(RouterConfig(engines=(EngineSpec("a", "http://a.test"),)))
+    paths = {getattr(r, "path", None) for r in router.routes}
+    assert {"/tokenize", "/detokenize"} <= paths
