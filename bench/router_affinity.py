@@ -36,8 +36,9 @@ from bench.common import GUTENBERG, SHARED, fmt, md_table, percentile
 
 #: the chat model of the affinity runs (8k context: a system prompt long enough that prefill matters)
 CHAT_MODEL = SHARED / "models" / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-CHAT_ENGINE_ARGS = ["--max-model-len", "4096", "--memory-budget", "1GiB", "--enable-prefix-caching",
-                    "--log-level", "warning"]
+CHAT_ENGINE_ARGS = ["--max-model-len", "4096", "--enable-prefix-caching", "--log-level", "warning"]
+#: each chat engine's ``--memory-budget`` by default: every group's prompt fits in every replica's cache
+CHAT_MEMORY_BUDGET = "1GiB"
 #: the book the system prompts are cut from (passages from character 5,000 on, none used twice)
 BOOK = "pg1342.txt"
 TURNS = ["Who is speaking in this passage?", "What does she want?", "Who was her friend?", "How did the day end?"]
@@ -191,9 +192,11 @@ def summarize(res: dict, run: int, wall: float, queried: float, hit: float) -> d
 
 
 def affinity(workdir: Path, n_chats: int = 6, groups: int = 3, turns: int = 3, system_chars: int = 6000,
-             runs: int = 1, max_tokens: int = 8) -> dict:
+             runs: int = 1, max_tokens: int = 8, memory_budget: str = CHAT_MEMORY_BUDGET) -> dict:
     """Three chat engines with prefix caching, a router with affinity and one without, ``runs``
-    alternated runs of each (module docstring); per run :func:`summarize`'s figures."""
+    alternated runs of each (module docstring); per run :func:`summarize`'s figures.
+    ``memory_budget``: each engine's ``--memory-budget`` (a smaller one puts the prefix caches
+    under pressure: round-robin then evicts prompts that affinity keeps on their home replica)."""
     import httpx
 
     procs: list[subprocess.Popen] = []
@@ -202,7 +205,7 @@ def affinity(workdir: Path, n_chats: int = 6, groups: int = 3, turns: int = 3, s
         for i in range(3):
             port = free_port()
             procs.append(spawn(["engine", "serve", "--model", str(CHAT_MODEL), "--port", str(port),
-                                *CHAT_ENGINE_ARGS], workdir / f"chat-engine-{i}.log"))
+                                "--memory-budget", memory_budget, *CHAT_ENGINE_ARGS], workdir / f"chat-engine-{i}.log"))
             engines.append(f"http://127.0.0.1:{port}")
         routers = {}
         for name, extra in (("aff", []), ("off", ["--affinity-min-chars", "1000000"])):
@@ -223,7 +226,7 @@ def affinity(workdir: Path, n_chats: int = 6, groups: int = 3, turns: int = 3, s
             q1, h1 = cache_counters(engines)
             out[name].append(summarize(res, i + 1, time.perf_counter() - t, q1 - q0, h1 - h0))
         return {"runs": out, "chats": n_chats, "groups": groups, "turns": turns, "system_chars": system_chars,
-                "model": model, "max_tokens": max_tokens}
+                "model": model, "max_tokens": max_tokens, "memory_budget": memory_budget}
     finally:
         stop(procs)
 
