@@ -134,9 +134,16 @@ def histogram_quantile(q: float, before: dict, after: dict) -> float | None:
 
 
 def _pin(pid: int, cpus: set[int] | None) -> None:
-    """Pin process ``pid`` (0: this one) to ``cpus`` (None: leave it alone)."""
-    if cpus:
-        os.sched_setaffinity(pid, cpus)
+    """Pin every thread of process ``pid`` (0: this one) to ``cpus`` (None: leave it alone):
+    ``sched_setaffinity`` acts on one thread id, and the servers started theirs already
+    (``taskset -a``'s rule: each id under /proc/PID/task)."""
+    if not cpus:
+        return
+    for tid in os.listdir(f"/proc/{pid or os.getpid()}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except (ProcessLookupError, PermissionError):   # a thread that just ended
+            pass
 
 
 def run(rounds: int = 3, clients: int = 64, per_client: int = 4, tp_seconds: float = 6.0, chats: int = 6,

@@ -1,7 +1,10 @@
 """bench.router's pure parts: the load sentence, the affinity workload's prompts, the report, the
 router-side overhead quantile, the per-turn affinity table."""
 
-from bench.router import histogram_quantile, load_sentence, render, system_prompts
+import os
+import threading
+
+from bench.router import _pin, histogram_quantile, load_sentence, render, system_prompts
 from bench.router_affinity import by_turn_table, summarize
 
 
@@ -75,3 +78,20 @@ def test_summarize_and_the_by_turn_table_separate_the_cold_turn_from_the_later_o
     assert "| **gain** (1 − affinity ÷ off) | 1 | 0.0 % |" in table         # the cold turn: no gain
     assert "| **gain** (1 − affinity ÷ off) | 2 | 66.7 % |" in table
     assert "| affinity | 2 | 1,000.0 | 1,000.0 | 75.0 |" in table
+
+
+def test_pinning_reaches_every_thread_of_the_process_not_only_the_main_one():
+    allowed = os.sched_getaffinity(0)
+    one = {min(allowed)}
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait)
+    worker.start()
+    try:
+        _pin(0, one)
+        tids = os.listdir(f"/proc/{os.getpid()}/task")
+        assert len(tids) >= 2 and all(os.sched_getaffinity(int(t)) == one for t in tids)
+    finally:
+        _pin(0, allowed)
+        stop.set()
+        worker.join()
+    assert os.sched_getaffinity(0) == allowed
