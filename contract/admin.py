@@ -26,11 +26,16 @@ class AdminPrecisionRequest(ClosedModel):
     model: str | None = None
 
 
+#: Longest fault ``kind`` accepted (the kinds are short words: "oom").
+MAX_FAULT_KIND_CHARS = 32
+
+
 class AdminFaultRequest(ClosedModel):
     """``POST /admin/fault``: make the next ``count`` (1..1000) steps run out of memory for
-    real; the engine checks ``kind`` (400 naming ``kind`` for an unknown one)."""
+    real; the engine checks ``kind`` (400 naming ``kind`` for an unknown one; at most
+    :data:`MAX_FAULT_KIND_CHARS` characters, so the refusal never echoes a document back)."""
 
-    kind: str = "oom"
+    kind: str = Field(default="oom", max_length=MAX_FAULT_KIND_CHARS)
     count: JsonInt = Field(default=1, ge=1, le=MAX_FAULT_COUNT)
     model: str | None = None
 

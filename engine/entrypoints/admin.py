@@ -22,6 +22,7 @@ from inferctl.contract.errors import APIError
 from inferctl.contract.http import Unauthorized, check_bearer
 from inferctl.contract.openai import validate_model
 from inferctl.contract.openapi import route_doc
+from inferctl.contract.precision import START_ONLY_MODES
 from inferctl.engine.entrypoints.serving import read_json
 from inferctl.engine.entrypoints.sse import json_response
 from inferctl.engine.entrypoints.state import ServerState, server_state
@@ -57,13 +58,25 @@ async def _body(request: Request, state: ServerState, cls: type[B]) -> B:
     return validate_model(cls, await read_json(request, state, reject_duplicate_keys=True))
 
 
-@router.post("/precision", **route_doc(request=AdminPrecisionRequest, bearer=True, errors=ADMIN_ERRORS,
+@router.post("/precision", **route_doc(request=AdminPrecisionRequest, bearer=True, errors=(*ADMIN_ERRORS, 409),
                                             response_schema={"type": "object",
                                                              "required": ["requested", "current", "models"]}))
 async def admin_precision(request: Request, state: AdminState) -> Response:
-    """Ask the named (or every) model for a precision switch, applied before its next step."""
+    """Ask the named (or every) model for a precision switch, applied before its next step.
+    A start-only mode (int4, contract/precision.py) is neither switched to (400) nor away from
+    (409) at run time: an int4 engine holds no full-precision weights to go back to."""
     body = await _body(request, state, AdminPrecisionRequest)
     targets = state.admin_targets(body.model)
+    for served in targets:     # every target checked before any switch is asked for
+        current = served.precision()
+        if body.mode in START_ONLY_MODES and current != body.mode:
+            raise APIError(400, f"mode: {body.mode} is chosen at the engine's start (--precision {body.mode}), never "
+                                "switched to at run time (it drops the full-precision weights for good); a running "
+                                "engine switches between full and int8", param="mode", code="start_only_mode")
+        if current in START_ONLY_MODES and body.mode != current:
+            raise APIError(409, f"mode: {served.name} runs {current}, chosen at its start: it holds no full-precision "
+                                f"weights to switch to {body.mode}; restart it without --precision {current}",
+                           param="mode", code="start_only_mode")
     for served in targets:
         try:
             served.request_precision(body.mode)

@@ -39,3 +39,27 @@ def test_admin_bodies_refuse_a_key_given_twice(app):
     assert r.status_code == 400 and r.json()["error"]["param"] == "draining"
     r = http_post(app, "/v1/completions", {"prompt": "Once", "max_tokens": 2})
     assert r.status_code == 200      # nothing was drained
+
+
+def test_int4_is_start_only_so_the_admin_route_refuses_it_at_run_time(app):
+    """contract/precision.py: int4 is chosen at start, never switched to or from at run time.
+    Before: {"mode": "int4"} answered 200, the engine dropped its full weights, and every later
+    switch answered 200 "requested" while the engine refused it in the background, for good."""
+    headers = auth()
+    r = http_post(app, "/admin/precision", {"mode": "int4"}, headers=headers)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "mode" and err["code"] == "start_only_mode" and "--precision int4" in err["message"]
+    r = http_post(app, "/admin/precision", {"mode": "int8"}, headers=headers)
+    assert r.status_code == 200 and r.json()["requested"] == "int8"
+    r = http_post(app, "/admin/precision", {"mode": "full"}, headers=headers)
+    assert r.status_code == 200
+
+
+def test_a_huge_fault_kind_is_refused_without_echoing_it_whole(app):
+    r = http_post(app, "/admin/fault", {"kind": "x" * 100_000, "count": 1}, headers=auth())
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == "kind" and "32" in err["message"] and len(r.content) < 400
+    r = http_post(app, "/admin/fault", {"kind": "nope", "count": 1}, headers=auth())
+    assert r.status_code == 400 and "oom" in r.json()["error"]["message"]
