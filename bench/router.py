@@ -400,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--system-chars", type=int, default=6000, help="Characters of each system prompt.")
     ap.add_argument("--aff-runs", type=int, default=1, help="Alternated runs of affinity on / off.")
     ap.add_argument("--chat-memory-budget", default=CHAT_MEMORY_BUDGET,
-                    help="Each chat engine's --memory-budget (smaller: prefix caches under pressure).")
+                    help="Each chat engine's --memory-budget (1GiB: 3,696 KV tokens for SmolLM2; smaller: more "
+                         "cache pressure).")
     ap.add_argument("--no-pin", action="store_true",
                     help="Overhead part: leave every process on every CPU (default: client + engine on one CPU, "
                          "the router on another).")

@@ -37,7 +37,9 @@ from bench.common import GUTENBERG, SHARED, fmt, md_table, percentile
 #: the chat model of the affinity runs (8k context: a system prompt long enough that prefill matters)
 CHAT_MODEL = SHARED / "models" / "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHAT_ENGINE_ARGS = ["--max-model-len", "4096", "--enable-prefix-caching", "--log-level", "warning"]
-#: each chat engine's ``--memory-budget`` by default: every group's prompt fits in every replica's cache
+#: each chat engine's ``--memory-budget`` by default: after the weights (513 MiB as loaded) and a
+#: 2,048-token step's activations (348 MiB) it leaves 231 KV blocks, 3,696 tokens per replica
+#: (measured, /stats): about two of three 1,500-token group prompts, so round-robin already evicts
 CHAT_MEMORY_BUDGET = "1GiB"
 #: the book the system prompts are cut from (passages from character 5,000 on, none used twice)
 BOOK = "pg1342.txt"
