@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from inferctl.tools.gpu_specs import GPUS
-from inferctl.tools.plan_draft import as_dict, draft_figures, parse_flag
+from inferctl.tools.plan_draft import FLAG as SPEC_FLAG, DraftError, as_dict, draft_figures, parse_flag
 
 __all__ = ["PRECISION_BITS", "KV_DTYPE_BYTES", "ModelDims", "Plan", "PlanError", "activation_figures",
            "compute_plan", "dims_from_flags", "llama_params", "parse_count", "read_model", "register"]
@@ -371,7 +371,10 @@ def compute_plan(d: ModelDims, precision: str = "auto", context: int | None = No
         PlanError: unknown precision / KV dtype, a context or concurrency below 1, a utilization
             outside (0, 1], no context known, or a bad speculative config / draft (naming the flag).
     """
-    spec = parse_flag(speculative_config)
+    try:
+        spec = parse_flag(speculative_config)
+    except DraftError as exc:
+        raise PlanError(SPEC_FLAG, str(exc)) from None
     if precision not in ("auto", *PRECISION_BITS):
         raise PlanError("--precision", f"{precision!r} is not one of auto, {', '.join(PRECISION_BITS)}")
     if kv_cache_dtype not in ("auto", *KV_DTYPE_BYTES):
@@ -419,8 +422,12 @@ def compute_plan(d: ModelDims, precision: str = "auto", context: int | None = No
         notes.append(f"--context {ctx} is past the model's trained context ({d.context_length})")
     acts = activation_figures(d, ctx, concurrency, act_bytes, max_num_batched_tokens)
     worst = acts["engine_worst_step"]
-    dr = draft_figures(spec, d, prec, KV_DTYPE_BYTES[kvd], kv_tok, ctx, concurrency, act_bytes,
-                       max_num_batched_tokens, notes)
+    try:
+        dr = draft_figures(spec, d, PRECISION_BITS.get(prec), KV_DTYPE_BYTES[kvd], kv_tok, ctx, concurrency,
+                           act_bytes, notes, read_model=read_model, worst_step=lambda m: activation_figures(
+                               m, ctx, concurrency, act_bytes, max_num_batched_tokens)["engine_worst_step"])
+    except DraftError as exc:
+        raise PlanError(SPEC_FLAG, str(exc)) from None
     d_known = [0] if dr is None else [dr.weights_bytes, dr.kv_bytes]
     if dr is not None and worst is not None and dr.worst_step_bytes is not None:
         worst = max(worst, dr.worst_step_bytes)   # one headroom serves both models (plan_draft)

@@ -25,14 +25,19 @@ headroom for both: the plan's activation term becomes the worse of the two model
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from inferctl.contract.speculative import (METHOD_DRAFT_MODEL, METHOD_INT8_SELF, SpeculativeConfigError,
                                            parse_speculative_config)
 
-__all__ = ["DraftFigures", "draft_figures", "parse_flag"]
+__all__ = ["DraftError", "DraftFigures", "draft_figures", "parse_flag"]
 
 FLAG = "--speculative-config"
+
+
+class DraftError(ValueError):
+    """A bad ``--speculative-config`` or draft model (``tools/plan.py`` reports it as its
+    ``PlanError`` naming :data:`FLAG`; this module imports nothing of the planner's)."""
 
 
 @dataclass
@@ -51,14 +56,12 @@ def parse_flag(text: str | None):
     """The flag's JSON → a ``SpeculativeConfig`` or None (empty / absent).
 
     Raises:
-        PlanError: (``--speculative-config``) the contract's message, naming the key and limit.
+        DraftError: the contract's message, naming the key and limit.
     """
-    from inferctl.tools.plan import PlanError
-
     try:
         return parse_speculative_config(text)
     except SpeculativeConfigError as exc:
-        raise PlanError(FLAG, str(exc)) from None
+        raise DraftError(str(exc)) from None
 
 
 def _int8_weights(d, act_bytes: int) -> int | None:
@@ -74,19 +77,17 @@ def _int8_weights(d, act_bytes: int) -> int | None:
     return (2 * d.layers + 1) * d.hidden * act_bytes + sum(int8_weight_nbytes(o, i) for o, i in mats)
 
 
-def draft_figures(spec, target, precision: str, kv_elem_bytes: int, target_kv_per_token: int | None,
-                  context: int, concurrency: int, act_bytes: int, max_num_batched_tokens: int,
-                  notes: list[str]) -> DraftFigures | None:
+def draft_figures(spec, target, bits: int | None, kv_elem_bytes: int, target_kv_per_token: int | None,
+                  context: int, concurrency: int, act_bytes: int, notes: list[str], *,
+                  read_model: Callable[[str], Any], worst_step: Callable[[Any], int | None]) -> DraftFigures | None:
     """The draft's figures for ``spec`` (a ``SpeculativeConfig``) beside ``target`` (``ModelDims``)
-    at the plan's resolved ``precision`` ("fp32" … "int4" or "stored"); appends to ``notes``.
-    None for no speculation or ``ngram``.
+    at the plan's weight ``bits`` (None: "as stored"); appends to ``notes``. ``read_model`` reads
+    a draft checkpoint's ``ModelDims``, ``worst_step(dims)`` is the engine's worst activation
+    step for a model (the planner's). None for no speculation or ``ngram``.
 
     Raises:
-        PlanError: (``--speculative-config``) the draft model cannot be read or its vocabulary
-            differs from the target's.
+        DraftError: the draft model cannot be read or its vocabulary differs from the target's.
     """
-    from inferctl.tools.plan import PRECISION_BITS, PlanError, activation_figures, read_model
-
     if spec is None:
         return None
     if spec.method not in (METHOD_INT8_SELF, METHOD_DRAFT_MODEL):
@@ -99,21 +100,21 @@ def draft_figures(spec, target, precision: str, kv_elem_bytes: int, target_kv_pe
     else:
         try:
             draft = read_model(spec.model)
-        except PlanError as exc:
-            raise PlanError(FLAG, f"speculative_config.model: {exc.message}") from None
+        except ValueError as exc:
+            raise DraftError(f"speculative_config.model: {getattr(exc, 'message', exc)}") from None
         if None not in (draft.vocab, target.vocab) and draft.vocab != target.vocab:
-            raise PlanError(FLAG, f"speculative_config.model: the draft's vocabulary ({draft.vocab} tokens) differs "
-                                  f"from the target's ({target.vocab}): the two must share a tokenizer")
+            raise DraftError(f"speculative_config.model: the draft's vocabulary ({draft.vocab} tokens) differs "
+                             f"from the target's ({target.vocab}): the two must share a tokenizer")
         name = draft.name
-        if precision == "stored":
+        if bits is None:
             weights = draft.stored_bytes if draft.stored_bytes is not None else draft.params * 2
         else:
-            weights = draft.params * PRECISION_BITS[precision] // 8
+            weights = draft.params * bits // 8
         kv_tok = (2 * draft.layers * draft.kv_heads * draft.head_dim * kv_elem_bytes
                   if None not in (draft.layers, draft.kv_heads, draft.head_dim) else None)
     if weights is None:
         notes.append("speculative draft weights: no data (int8_self needs every dimension, or a --model)")
-    worst = activation_figures(draft, context, concurrency, act_bytes, max_num_batched_tokens)["engine_worst_step"]
+    worst = worst_step(draft)
     notes.append(f"speculative decoding ({spec.method}, {spec.num_speculative_tokens} tokens): the draft "
                  f"({name}) keeps its own weights and a KV pool of as many blocks as the target's")
     return DraftFigures(spec.method, name, weights, kv_tok, None if kv_tok is None else kv_tok * context * concurrency,
