@@ -3,8 +3,9 @@ an exponential backoff, and storing what they return in the controller's state.
 
 Engines whose client speaks HTTP itself (``supports_async``: the bundled, vLLM, TGI and
 llama.cpp clients) are polled all at once on ONE event loop and ONE aiohttp connection pool
-(:class:`~inferctl.controller.scrape.aio.AsyncPoller`, :class:`AsyncSourceJob`): each call is a
-task bounded by ``asyncio.timeout(call_timeout_seconds)`` and each result is stored as soon as
+(:class:`~inferctl.controller.scrape.aio.AsyncPoller`, :class:`AsyncSourceJob`): at most
+:data:`POLL_CONCURRENCY` workers take the calls in turn, each call bounded by
+``asyncio.timeout(call_timeout_seconds)`` from when a worker takes it, and each result is stored as soon as
 it arrives (:meth:`Sources.poll_engines`). Other sources (the GPU source, test doubles) run in
 their own worker thread and are waited for at most ``call_timeout_seconds``
 (:class:`SourceJob`). Either way the timeout is shorter than the interval, so a slow or hung
