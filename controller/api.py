@@ -184,6 +184,13 @@ async def _body(request: Request, model: type[BaseModel]) -> Any:
         raise ApiError(400, "invalid_field", f"{field}: {msg}", field) from None
 
 
+def _once(request: Request, name: str) -> None:
+    """400 naming ``name`` when the query gives it more than once (``?kind=a&kind=b``: which one
+    was meant is not ours to guess; Starlette's ``get`` would keep the last)."""
+    if len(request.query_params.getlist(name)) > 1:
+        raise ApiError(400, "invalid_parameter", f"{name}: given twice in the query; give it once", name)
+
+
 def _int_param(request: Request, name: str, default: int | None, lo: int, hi: int | None) -> int | None:
     text = request.query_params.get(name)
     if text is None or text == "":
@@ -279,6 +286,8 @@ def create_app(controller: Any, admin_token: str, *, bind_host: str | None = Non
 
     @app.get("/events", **_doc(response_schema=_EVENTS, errors=(400, 503), params=_EVENT_PARAMS))
     def events(request: Request) -> Response:
+        for name in ("since_id", "limit", "kind", "target"):
+            _once(request, name)
         since_id = _int_param(request, "since_id", None, 0, MAX_EVENT_ID)
         limit = _int_param(request, "limit", 100, 1, MAX_EVENTS)
         kind = request.query_params.get("kind") or None

@@ -64,3 +64,14 @@ def test_router_engine_urls_outside_host_and_port_are_refused(text):
 
     with pytest.raises(ConfigError, match="--engine"):
         parse_engine(text)
+
+
+@pytest.mark.parametrize("query, field", [("kind=action&kind=step", "kind"), ("since_id=5&since_id=-1", "since_id"),
+                                          ("limit=5&limit=6", "limit"), ("target=main&target=gpu:0", "target")])
+def test_events_refuse_a_query_parameter_given_twice(tmp_path, query, field):
+    http, _, _, _ = api_setup(tmp_path, TOKEN)
+    r = http.get(f"/events?{query}")
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["field"] == field and "twice" in err["message"]
+    assert http.get(f"/events?{query.split('&')[0]}").status_code == 200
