@@ -219,8 +219,8 @@ def measure(fleet: Fleet, n_gpus: int, ticks: int, model: str, workdir: Path, pr
     """Tick and render numbers (seconds, bytes) for one polling model. ``profile``: cProfile the
     measured ticks (the tick's thread and the poller's loop thread, one profile each) into
     ``profile`` + ``.tick`` / ``.loop`` (pstats files). ``no_freeze``: leave the start-up heap in
-    the garbage collector's generations (controller/heap.py; the default freezes it as the
-    controller's ``serve`` does)."""
+    the garbage collector's generations and its thresholds as they are (controller/heap.py; the
+    default freezes it and raises the young threshold as the controller's ``serve`` does)."""
     from prometheus_client import generate_latest
 
     from inferctl.controller.exposition import FleetExposition
@@ -417,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", metavar="FILE",
                     help="cProfile the measured ticks of the largest fleet's first model into FILE (pstats)")
     ap.add_argument("--no-freeze", action="store_true",
-                    help="do not freeze the start-up heap (controller/heap.py) before the ticks")
+                    help="do not freeze the start-up heap nor raise the collector's young threshold "
+                         "(controller/heap.py) before the ticks")
     ap.add_argument("--quick", action="store_true", help="smoke test: no doc write")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
