@@ -5,22 +5,30 @@ every sequence's keys/values live in fixed-size blocks of one pool; a block tabl
 physical blocks of a sequence in order, and the flat slot of context position ``p`` is
 ``block_table[p // block_size] * block_size + p % block_size``.
 
-Two implementations of the same contract:
+Three implementations of the same contract:
 
-* ``impl="matmul"`` (the CPU default): decode sequences (one new token each) are attended in
-  one batched matmul/softmax/matmul over their gathered context (GQA without repeating K/V);
+* the C++ op ``torch.ops.inferctl_cpu.paged_attention`` (``csrc/paged_attention.cpp``; CPU,
+  float32 pool, the engine's CPU kernels on: :func:`kernel_eligible`): every token of the step
+  (decodes, prefill chunks after a cached prefix, speculative verification rows) in one call per
+  layer, each query attending causally to keys ``0 … pos`` of its sequence read in place through
+  the block table with FlashAttention's online softmax (Dao et al. 2022), parallel over
+  (token, kv head) with ``at::parallel_for``; it reads only the contract fields, so a step it
+  serves builds none of the gather-path fields below;
+* ``impl="matmul"`` (the CPU default without the op): decode sequences (one new token each)
+  are attended in one batched matmul/softmax/matmul over their gathered context (GQA without
+  repeating K/V);
   prefill chunks use ``scaled_dot_product_attention`` one chunk at a time (a loop over
   sequences, never over tokens).
 * ``impl="sdpa"`` (the CUDA default): everything through
   ``torch.nn.functional.scaled_dot_product_attention`` with a boolean mask. Runs on CPU too,
   so it is tested here.
 
-Both write the step's new K/V into the pool at ``slot_mapping`` first and then read every
-sequence's context (cached + new) back through its block table, so the result is causal
+All read the step's new K/V from the pool (the model writes them at ``slot_mapping`` first)
+with every sequence's context (cached + new), through its block table, so the result is causal
 within the chunk and full over the cached context.
 
-Reading blocks in place. The pool is laid out head-major, ``[layers, kv_heads, blocks,
-block_size, head_dim]``, so a run of consecutive blocks of one head is one contiguous
+Reading blocks in place on the plain path. The pool is laid out head-major, ``[layers,
+kv_heads, blocks, block_size, head_dim]``, so a run of consecutive blocks of one head is one contiguous
 ``[L, head_dim]`` matrix: a sequence whose block table is a consecutive range (a lone request,
 the common batch-1 case) is attended straight from the pool through a view, with no copy. Other
 tables are gathered a whole block at a time (``index_select`` over the block dimension: one
@@ -32,8 +40,9 @@ head, into a contiguous buffer: half of attention's time at batch 32, docs/perfo
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -74,9 +83,15 @@ class AttentionMetadata:
       block_tables    LongTensor[B, max_blocks] physical block ids, padded with 0
       logits_indices  LongTensor[N]   rows of the packed batch whose logits are returned
 
-    Derived fields (filled by :meth:`build`, or lazily by :meth:`prepare` from the contract
-    fields when the metadata was constructed by hand) drive the fast paths:
+    Step scalars (set by :meth:`build`, or by :meth:`prepare` from the contract fields when the
+    metadata was constructed by hand; no tensors):
       num_decodes      int Bd: single-token (decode) sequences
+      all_decode       bool: every sequence is a decode, in packed order
+      max_context      int: the longest context (cached + new) in the step; every position
+                       is below it (the model sizes its RoPE table by it)
+
+    Gather-path fields, made only when the plain PyTorch path runs (:meth:`prepare_plain`; the
+    C++ op reads the contract fields alone, so a step it serves builds none of them):
       decode_token_idx LongTensor[Bd]  packed index of each decode sequence (None when
                        ``all_decode``: the packed batch is the decode batch)
       decode_num_blocks int nb: Ld = nb · block_size context positions per decode sequence
@@ -91,9 +106,6 @@ class AttentionMetadata:
                        (Bd > 1 only)
       decode_valid     BoolTensor[Bd, Ld] (Bd > 1 only)
       prefills         list[PrefillChunk] the multi-token chunks
-      all_decode       bool: every sequence is a decode, in packed order
-      max_context      int: the longest context (cached + new) in the step; every position
-                       is below it (the model sizes its RoPE table by it)
     """
 
     slot_mapping: torch.Tensor
@@ -114,6 +126,10 @@ class AttentionMetadata:
     all_decode: bool = False
     max_context: int = 0
     _prepared: bool = False
+    _plain_ready: bool = False
+    #: host copies the scalars and the gather-path fields come from: (query_start_loc, seq_lens,
+    #: a flat list holding block_tables row-major from ``offset``, offset, max_blocks)
+    _host: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_tokens(self) -> int:
@@ -132,7 +148,10 @@ class AttentionMetadata:
 
         ``chunks``: ``(block_table, num_cached_tokens, num_new_tokens, all_logits)`` per
         sequence, in packed order. ``logits_indices`` is the last new token of each chunk, or
-        every new token of chunks with ``all_logits``.
+        every new token of chunks with ``all_logits``. The five contract fields are views of one
+        int64 tensor made in one conversion (on CPU through ``array``/``torch.frombuffer``, ~3x
+        cheaper than ``torch.tensor`` of a list); the gather-path fields wait for
+        :meth:`prepare_plain`.
 
         Raises ValueError when ``block_size`` < 1, a chunk has no new tokens or a negative
         cached count, or a block table is too short for ``cached + new`` tokens.
@@ -141,59 +160,82 @@ class AttentionMetadata:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if len(chunks) == 0:
             raise ValueError("chunks must hold at least one sequence")
+        bs = block_size
         slot_mapping: list[int] = []
         qsl = [0]
         seq_lens: list[int] = []
         logits_idx: list[int] = []
-        max_blocks = 1
+        needs: list[int] = []
+        start = num_dec = 0
         for i, (table, cached, new, all_logits) in enumerate(chunks):
             if new < 1 or cached < 0:
                 raise ValueError(f"chunk {i}: num_new_tokens must be >= 1 and num_cached_tokens >= 0, "
                                  f"got new={new} cached={cached}")
             total = cached + new
-            need = (total + block_size - 1) // block_size
+            need = (total + bs - 1) // bs
             if len(table) < need:
                 raise ValueError(f"chunk {i}: block_table has {len(table)} blocks, "
-                                 f"{total} tokens need {need} (block_size {block_size})")
-            slot_mapping.extend(table[p // block_size] * block_size + p % block_size
-                                for p in range(cached, total))
-            start = qsl[-1]
-            qsl.append(start + new)
-            seq_lens.append(total)
-            if all_logits:
-                logits_idx.extend(range(start, start + new))
+                                 f"{total} tokens need {need} (block_size {bs})")
+            if new == 1:
+                slot_mapping.append(table[cached // bs] * bs + cached % bs)
+                logits_idx.append(start)
+                num_dec += 1
             else:
-                logits_idx.append(start + new - 1)
-            max_blocks = max(max_blocks, need)
-        tables = [list(t[: (sl + block_size - 1) // block_size]) for (t, _, _, _), sl in zip(chunks, seq_lens)]
-        dev = torch.device(device)
-        # one host→device tensor for the five fields (views into it): a tensor per field cost
-        # a conversion call each, per step
+                slot_mapping.extend(table[p // bs] * bs + p % bs for p in range(cached, total))
+                if all_logits:
+                    logits_idx.extend(range(start, start + new))
+                else:
+                    logits_idx.append(start + new - 1)
+            start += new
+            qsl.append(start)
+            seq_lens.append(total)
+            needs.append(need)
+        B = len(seq_lens)
+        max_blocks = max(needs)
         flat = slot_mapping + qsl + seq_lens + logits_idx
-        for t in tables:
-            flat += t
-            flat += [0] * (max_blocks - len(t))
-        a = len(slot_mapping)
-        b = a + len(qsl)
-        c = b + len(seq_lens)
-        d = c + len(logits_idx)
-        buf = torch.tensor(flat, dtype=torch.long, device=dev)
-        meta = cls(slot_mapping=buf[:a], query_start_loc=buf[a:b], seq_lens=buf[b:c], logits_indices=buf[c:d],
-                   block_tables=buf[d:].view(len(tables), max_blocks), block_size=block_size)
-        meta._derive(qsl, seq_lens, tables, block_size, dev)
+        d = len(flat)
+        for (table, _, _, _), need in zip(chunks, needs):
+            flat.extend(table[:need])
+            if need < max_blocks:
+                flat.extend([0] * (max_blocks - need))
+        dev = torch.device(device)
+        if dev.type == "cpu":
+            buf = torch.frombuffer(array("q", flat), dtype=torch.long)   # keeps the array alive
+        else:
+            buf = torch.tensor(flat, dtype=torch.long, device=dev)
+        # one split (one op) for the five views: a slice each cost as much again
+        sm, qs, sl, li, bt = torch.split_with_sizes(buf, (start, B + 1, B, len(logits_idx), B * max_blocks))
+        meta = cls(slot_mapping=sm, query_start_loc=qs, seq_lens=sl, logits_indices=li,
+                   block_tables=bt.view(B, max_blocks), block_size=bs, num_decodes=num_dec,
+                   all_decode=num_dec == B, max_context=max(seq_lens), _prepared=True,
+                   _host=(qsl, seq_lens, flat, d, max_blocks))
         return meta
 
     def prepare(self, block_size: int) -> None:
-        """Compute the derived fields from the contract fields (one host sync). Idempotent."""
-        if self._prepared:
-            return
+        """Set the step scalars from the contract fields (one host sync) when :meth:`build` did
+        not; idempotent. Raises ValueError when the metadata was built for another block size."""
         if self.block_size and self.block_size != block_size:
             raise ValueError(f"metadata built for block_size {self.block_size}, cache has {block_size}")
+        if self._prepared:
+            return
         qsl = self.query_start_loc.tolist()
         seq_lens = self.seq_lens.tolist()
-        bt = self.block_tables.tolist()
-        tables = [row[: (sl + block_size - 1) // block_size] for row, sl in zip(bt, seq_lens)]
         self.block_size = block_size
+        self.num_decodes = sum(1 for b in range(len(seq_lens)) if qsl[b + 1] - qsl[b] == 1)
+        self.all_decode = self.num_decodes == len(seq_lens)
+        self.max_context = max(seq_lens)
+        self._host = (qsl, seq_lens, self.block_tables.reshape(-1).tolist(), 0, int(self.block_tables.shape[1]))
+        self._prepared = True
+
+    def prepare_plain(self, block_size: int) -> None:
+        """:meth:`prepare`, then the gather-path fields the plain PyTorch attention reads
+        (decode batch, masks, prefill chunks); idempotent. Raises ValueError as :meth:`prepare`."""
+        self.prepare(block_size)
+        if self._plain_ready:
+            return
+        qsl, seq_lens, flat, off, mb = self._host
+        tables = [flat[off + i * mb: off + i * mb + (sl + block_size - 1) // block_size]
+                  for i, sl in enumerate(seq_lens)]
         self._derive(qsl, seq_lens, tables, block_size, self.slot_mapping.device)
 
     def _derive(self, qsl: list[int], seq_lens: list[int], tables: list[list[int]],
@@ -219,9 +261,6 @@ class AttentionMetadata:
                 prefills.append(PrefillChunk(qsl[b], qsl[b + 1], sl, torch.tensor(table, dtype=torch.long, device=dev),
                                              _first_if_consecutive(table), mask))
         self.prefills = prefills
-        self.all_decode = not prefills
-        self.max_context = max(seq_lens)
-        self.num_decodes = len(dec_tok)
         if dec_tok:
             nb = max(len(t) for t in dec_tables)
             self.decode_num_blocks = nb
@@ -239,7 +278,7 @@ class AttentionMetadata:
                 self.decode_valid = torch.arange(nb * block_size, device=dev)[None, :] < lens[:, None]
                 self.decode_bias = torch.zeros(self.decode_valid.shape, dtype=torch.float32, device=dev)
                 self.decode_bias.masked_fill_(~self.decode_valid, float("-inf"))
-        self._prepared = True
+        self._plain_ready = True
 
 
 def _first_if_consecutive(table: list[int]) -> int | None:
@@ -393,18 +432,37 @@ class KVCache:
         return k.reshape(Hkv, n * bs, D), v.reshape(Hkv, n * bs, D)
 
 
+def kernel_eligible(ops: Any | None, q: torch.Tensor, kv_cache: KVCache) -> bool:
+    """The one predicate for the C++ op (``csrc/paged_attention.cpp``): the engine's CPU kernels
+    loaded (``ops`` not None: ``cpu_kernels.ops_for`` said CPU, float32, ``INFERCTL_CPU_KERNELS`` on,
+    built) and exporting ``paged_attention``; q float32 on CPU with contiguous ``[H, D]`` rows; a
+    contiguous float32 pool (int8 KV, CUDA and bf16 keep the plain path)."""
+    return (ops is not None and q.dtype == torch.float32 and q.device.type == "cpu" and not kv_cache.kv_int8
+            and kv_cache.k.dtype == torch.float32 and q.stride(2) == 1 and q.stride(1) == q.shape[2]
+            and kv_cache.k.is_contiguous() and kv_cache.v.is_contiguous() and hasattr(ops, "paged_attention"))
+
+
 def paged_attention(q: torch.Tensor, kv_cache: KVCache, layer: int, meta: AttentionMetadata,
-                    scale: float, impl: str = "matmul") -> torch.Tensor:
+                    scale: float, impl: str = "matmul", ops: Any | None = None) -> torch.Tensor:
     """Attention of the step's queries over each sequence's paged context.
 
     q: [T, n_heads, head_dim] (RoPE applied). The step's new K/V must already be written to
     ``kv_cache`` (see :meth:`KVCache.write`). Returns [T, n_heads, head_dim] in q's dtype.
-    ``impl``: "matmul" (batched decode via matmul; CPU default) or "sdpa". Raises ValueError
-    on an unknown impl.
+    ``ops``: the engine's CPU kernels (``cpu_kernels.ops_for``; the model passes its
+    ``kernel_ops``): when :func:`kernel_eligible`, every token of the step (decodes, prefill
+    chunks, verification rows) goes through one C++ call that reads K/V in place through the
+    block tables (online softmax, fp32; equal to this path up to summation order,
+    tests/unit/test_paged_attention_op.py), and ``impl`` is not used. Otherwise ``impl``:
+    "matmul" (batched decode via matmul; CPU default) or "sdpa". Raises ValueError on an unknown
+    impl; RuntimeError from the op on inconsistent metadata.
     """
     if impl not in ("matmul", "sdpa"):
         raise ValueError(f"attention impl must be 'matmul' or 'sdpa', got {impl!r}")
-    meta.prepare(kv_cache.block_size)
+    if kernel_eligible(ops, q, kv_cache):
+        meta.prepare(kv_cache.block_size)
+        return ops.paged_attention(q, kv_cache.k, kv_cache.v, layer, meta.block_tables.contiguous(),
+                                   meta.query_start_loc.contiguous(), meta.seq_lens.contiguous(), scale)
+    meta.prepare_plain(kv_cache.block_size)
     T, H, D = q.shape
     Hkv = kv_cache.n_kv_heads
     g = H // Hkv

@@ -6,7 +6,7 @@ int8 product through ``torch._weight_int8pack_mm`` (bf16 activations, emulated o
 without bf16 hardware) read far below the copy bandwidth; ``csrc/cpu_kernels.cpp`` holds four
 small ops that do not:
 
-- ``gemv_f32``  ``y[B, N] = x[B, K] @ W[N, K]ᵀ`` for ``B ≤ MAX_BATCH``: each output row is a dot
+- ``gemv_f32``  ``y[B, N] = x[B, K] @ W[N, K]ᵀ`` where :func:`f32_kernel_wins`: each output row is a dot
   product over one contiguous weight row (the ``[out, in]`` layout, chosen at load by
   :class:`inferctl.engine.model.Linear` when the kernels are there and the weight is under
   :data:`GEMV_F32_MAX_BYTES`), the layout llama.cpp's ``ggml_vec_dot_f32`` streams;
@@ -54,9 +54,20 @@ log = logging.getLogger("inferctl.engine.cpu_kernels")
 
 #: Environment switch: "0", "false", "no" or "off" keeps every op on plain PyTorch.
 ENV = "INFERCTL_CPU_KERNELS"
-#: Largest activation batch sent to ``gemv_f32``; larger fp32 batches are GEMMs and stay on MKL
-#: (at 1 thread MKL ran the layer shapes 1.4-1.7x faster from 16-32 rows, wave 5).
+#: Largest activation batch sent to ``gemv_f32`` at 1 thread (:func:`f32_kernel_wins`); larger fp32
+#: batches are GEMMs and stay on MKL. Measured 2026-12-02 (wave 6, CPU time under load, ``python -m
+#: bench.kernels_ab --ops``): on the synthetic and SmolLM2 layer shapes ``gemv_f32`` ran 1-2.2x faster than
+#: MKL up to 8 rows, about even at 16, and MKL 1.6-2x faster at 32-64 rows (a register-tiled variant
+#: of the kernel, 4 rows x 3 weight rows, reached only 20-28 GFLOP/s vs MKL's 50-68 and was dropped).
 MAX_BATCH = 8
+#: The same limit at 2 or more threads: MKL's multi-threaded GEMM spent 1.3-100x the CPU time of
+#: ``gemv_f32`` on those shapes at 8-16 rows (its OpenMP workers spin while the other core is busy),
+#: 0.5-10x at 32 rows (measured the same day, under load).
+MAX_BATCH_MT = 16
+#: Largest decode-only batch :mod:`engine.fused_decode` runs in one C++ call (``decode_step.cpp``'s
+#: ``MAX_B``, the GEMV kernels' own limit): above :data:`MAX_BATCH` its fp32 linears call torch's GEMM
+#: from inside the op (:func:`f32_kernel_wins` decides), int8 and Q4_1 linears their own kernels.
+MAX_DECODE_BATCH = 64
 #: Largest activation batch sent to ``gemv_int8`` (the C++ ``MAX_B``): torch's int8 kernel
 #: (``_weight_int8pack_mm``) takes bf16 activations, emulated on a CPU without bf16 hardware, and
 #: read 16-64 rows 2.5-8x slower in CPU time than ``gemv_int8`` on the engine's shapes (wave 5,
@@ -72,10 +83,10 @@ MAX_BATCH_INT8 = 64
 GEMV_F32_MAX_BYTES = 16 * 1024 * 1024
 SOURCE = Path(__file__).resolve().parent / "csrc" / "cpu_kernels.cpp"
 #: every C++ file of the one extension (the ops of engine.fused_decode and engine.q4_kernels too)
-SOURCES = (SOURCE, SOURCE.with_name("decode_step.cpp"), SOURCE.with_name("q4_kernels.cpp"))
+SOURCES = (SOURCE, *(SOURCE.with_name(f) for f in ("decode_step.cpp", "q4_kernels.cpp", "paged_attention.cpp")))
 #: headers the sources include: hashed into the build name with them (torch's own rebuild check
 #: sees the listed sources only)
-HEADERS = (SOURCE.with_name("simd.h"),)
+HEADERS = (SOURCE.with_name("simd.h"), SOURCE.with_name("paged_attention.h"))
 CFLAGS = ("-O3", "-march=native")
 
 
@@ -142,8 +153,16 @@ def eligible(x: torch.Tensor, max_rows: int | None = None) -> bool:
             and not x.requires_grad and (max_rows is None or x.shape[0] <= max_rows))
 
 
+def f32_kernel_wins(rows: int) -> bool:
+    """The one predicate for fp32 linears on the ``[out, in]`` layout: True when ``gemv_f32`` runs a
+    ``rows``-row product (``rows ≤`` :data:`MAX_BATCH` at 1 thread, :data:`MAX_BATCH_MT` at more, per
+    ``torch.get_num_threads()``), False when torch's GEMM (MKL) does. The same for every layer shape:
+    the measured crossovers did not depend on (N, K) within the noise (see the constants)."""
+    return rows <= (MAX_BATCH if torch.get_num_threads() <= 1 else MAX_BATCH_MT)
+
+
 def gemv_f32(ops: Any, x: torch.Tensor, w_out_in: torch.Tensor) -> torch.Tensor:
-    """``x [B, K] @ w_out_in[N, K]ᵀ`` → float32 [B, N] (B ≤ MAX_BATCH, both contiguous float32 CPU).
+    """``x [B, K] @ w_out_in[N, K]ᵀ`` → float32 [B, N] (B ≤ MAX_DECODE_BATCH, both contiguous float32 CPU).
 
     Raises RuntimeError (from the op) on a wrong shape or dtype."""
     return ops.gemv_f32(x, w_out_in)

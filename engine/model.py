@@ -122,7 +122,7 @@ class Linear(torch.nn.Module):
 
     full, CPU float32, under ``cpu_kernels.GEMV_F32_MAX_BYTES``, with the engine's CPU kernels built
     (``layout == "out_in"``, engine.cpu_kernels):
-    ``weight`` [out, in] contiguous; batches of up to ``cpu_kernels.MAX_BATCH`` rows run the
+    ``weight`` [out, in] contiguous; batches where ``cpu_kernels.f32_kernel_wins`` run the
     kernels' GEMV (one contiguous weight row per output), larger ones ``x @ weight.T`` (torch).
     full otherwise (``layout == "in_out"``): ``weight`` [in, out] contiguous, ``y = x @ weight``
     (torch at every batch size: never numpy's BLAS, whose OpenBLAS thread pool left spinning beside
@@ -169,7 +169,7 @@ class Linear(torch.nn.Module):
                 return cpu_kernels.gemv_int8(self.ops, x, self.q.qweight, self.q.scales, self.q.in_features)
             return int8_matmul(x, self.q)
         if self.layout == "out_in":
-            if cpu_kernels.eligible(x, cpu_kernels.MAX_BATCH):
+            if cpu_kernels.eligible(x) and cpu_kernels.f32_kernel_wins(x.shape[0]):
                 return cpu_kernels.gemv_f32(self.ops, x, self.weight)
             return x @ self.weight.t()
         return x @ self.weight
@@ -523,7 +523,7 @@ class LlamaModel(torch.nn.Module):
             k = qk[:, H:]
             v = qkv[:, (H + Hkv) * D:].view(T, Hkv, D)
             kv_cache.write(li, meta.slot_mapping, k, v)
-            o = paged_attention(q, kv_cache, li, meta, self.scale, self.attn_impl)
+            o = paged_attention(q, kv_cache, li, meta, self.scale, self.attn_impl, self.kernel_ops)
             x = x + blk.wo(o.reshape(T, H * D))
             h = cpu_kernels.rms_norm(self.kernel_ops, x, blk.ffn_norm, eps)
             gu = blk.w13(h)

@@ -31,10 +31,19 @@ def _g(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request):
+    """Runs the test at 1 and at 2 threads (at::parallel_for splits the output rows differently)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
 @needs_ops
 @pytest.mark.parametrize("n,k", SHAPES)
-@pytest.mark.parametrize("b", [1, 2, 3, 4, 5, 8])
-def test_gemv_f32_matches_torch(n, k, b):
+@pytest.mark.parametrize("b", [1, 2, 3, 4, 5, 7, 8, 9, 16, 33, 64])
+def test_gemv_f32_matches_torch(n, k, b, threads):
     g = _g(n * 1000 + k + b)
     w = torch.randn(n, k, generator=g)
     x = torch.randn(b, k, generator=g)
@@ -45,8 +54,8 @@ def test_gemv_f32_matches_torch(n, k, b):
 
 @needs_ops
 @pytest.mark.parametrize("n,k", SHAPES)
-@pytest.mark.parametrize("b", [1, 4, 7, 9, 33, 64])
-def test_gemv_int8_matches_dequantize_then_matmul(n, k, b):
+@pytest.mark.parametrize("b", [1, 4, 7, 9, 16, 33, 64])
+def test_gemv_int8_matches_dequantize_then_matmul(n, k, b, threads):
     g = _g(n + k * 7 + b)
     q = quantize_per_channel(torch.randn(n, k, generator=g))
     assert q.qweight.shape[1] >= k          # K padded to 16: the kernel must ignore the pad columns
@@ -74,10 +83,13 @@ def _assert_within_q8_bound(y, x, qw, scales):
 
 
 @needs_ops
-@pytest.mark.parametrize("n,k,b", [(2048, 384, 1), (384, 1024, 5), (33, 41, 2)])
-def test_gemv_int8_is_the_q8_0_product(n, k, b):
-    """The kernel's sums are llama.cpp's Q8_0 x int8 product: x rounded per block of 32 to
-    absmax/127 steps (round half to even), summed exactly, then scaled; tail columns in fp32."""
+@pytest.mark.parametrize("n,k,b", [(2048, 384, 1), (384, 1024, 5), (33, 41, 2), (640, 384, 64), (33, 41, 17),
+                                   (32000, 384, 33)])
+def test_gemv_int8_is_the_q8_0_product(n, k, b, threads):
+    """(32000, 384) spans several of the kernel's 192 KiB weight panels per thread; 17 and 33 rows
+    end in a partial group of 4."""
+    # The kernel's sums are llama.cpp's Q8_0 x int8 product: x rounded per block of 32 to
+    # absmax/127 steps (round half to even), summed exactly, then scaled; tail columns in fp32.
     g = _g(n + k + b + 11)
     q = quantize_per_channel(torch.randn(n, k, generator=g))
     x = torch.randn(b, k, generator=g)
@@ -129,7 +141,10 @@ def test_bad_inputs_raise_not_crash():
 
 
 @needs_ops
-def test_linear_chooses_the_out_in_layout_and_uses_the_kernel_for_small_batches(monkeypatch):
+@pytest.mark.parametrize("nthreads,kernel_rows", [(1, [1, 8]), (2, [1, 8, 9, 16])])
+def test_linear_chooses_the_out_in_layout_and_uses_the_kernel_for_small_batches(monkeypatch, nthreads, kernel_rows):
+    """Up to MAX_BATCH rows at 1 thread and MAX_BATCH_MT at 2 (cpu_kernels.f32_kernel_wins) run gemv_f32."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: nthreads)
     g = _g(1)
     w = torch.randn(96, 40, generator=g)
     lin = Linear(w)
@@ -138,10 +153,10 @@ def test_linear_chooses_the_out_in_layout_and_uses_the_kernel_for_small_batches(
     calls = []
     real = ck.gemv_f32
     monkeypatch.setattr(ck, "gemv_f32", lambda *a: calls.append(a[1].shape[0]) or real(*a))
-    for b in (1, 8, 9, 16):
+    for b in (1, 8, 9, 16, 17, 64):
         x = torch.randn(b, 40, generator=g)
         torch.testing.assert_close(lin(x), x @ w.t(), rtol=1e-5, atol=1e-4)
-    assert calls == [1, 8]                   # 9 and 16 rows: torch's GEMM on the same weight
+    assert calls == kernel_rows              # the other rows: torch's GEMM on the same weight
     assert torch.equal(lin.out_rows(torch.tensor([3, 0])), w[[3, 0]])
 
 

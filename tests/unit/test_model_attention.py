@@ -50,6 +50,7 @@ def test_decode_over_shuffled_and_consecutive_tables_equals_the_reference(impl, 
     for tables in ([list(range(7, 12))], [rng.sample(range(NB), 5), rng.sample(range(NB), 3), [9]]):
         lens = [len(t) * BS - rng.randrange(BS) for t in tables]
         meta = AttentionMetadata.build([(t, n - 1, 1, False) for t, n in zip(tables, lens)], BS)
+        meta.prepare_plain(BS)
         assert (meta.decode_first_block == 7) == (len(tables) == 1)
         q = torch.randn(len(tables), H, D, generator=torch.Generator().manual_seed(2))
         out = paged_attention(q, cache, 0, meta, D ** -0.5, impl)

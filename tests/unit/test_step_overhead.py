@@ -69,6 +69,9 @@ def test_batch_1_decode_equals_the_same_row_of_a_masked_batch_bit_for_bit(table)
     q = torch.randn(2, H, D, generator=torch.Generator().manual_seed(2))
     one = AttentionMetadata.build([(table, 9, 1, False)], BS)
     two = AttentionMetadata.build([(table, 9, 1, False), ([20, 1, 30], 11, 1, False)], BS)
+    assert one.decode_bias is None and two.decode_bias is None      # gather-path fields wait for the plain path
+    one.prepare_plain(BS)
+    two.prepare_plain(BS)
     assert one.decode_bias is None and one.decode_len == 10 and two.decode_bias is not None
     assert (one.decode_blocks is None) == (table == [7, 8, 9])      # consecutive: read in place
     o1 = paged_attention(q[:1], cache, 0, one, D ** -0.5, "matmul")
