@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from inferctl.contract.http import generate_admin_token
+from inferctl.contract.http import check_api_key, generate_admin_token
 from inferctl.controller.actions import Actions, EngineSupervisor, engine_serve_argv
 from inferctl.controller.api import create_app
 from inferctl.controller.config_launch import API_KEY_ENV, launch_env
@@ -395,6 +395,40 @@ def upstream_key(config: ControllerConfig, environ: Mapping[str, str] | None = N
     return next(iter(keys), None)
 
 
+def router_env(config: ControllerConfig, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The API keys ``inferctl up`` hands its router, explicitly (docs/router.md "API keys": one key
+    at the front door). ``environ``: the shell's environment (default ``os.environ``).
+
+    * ``INFERCTL_API_KEY`` (the router's own ``--api-key``, what clients send): the shell's
+      ``$INFERCTL_API_KEY`` when set, else the launched engines' key (:func:`upstream_key`), so
+      a fleet whose engines need a key is never open at the router; absent when neither exists.
+    * :data:`UPSTREAM_KEY_ENV` (``--upstream-api-key-env``): the launched engines' key, which the
+      router sends on its probes and, as it admitted the client with its own key, in place of
+      the client's ``Authorization`` on forwarded requests.
+
+    So ``INFERCTL_API_KEY=K`` in the shell with engines on ``launch.api_key: E`` gives clients one
+    key, K; the router talks to the engines with E. The router's environment otherwise inherits
+    the shell's, and the shell's ``$INFERCTL_API_KEY`` is the only value its key could inherit,
+    which this sets explicitly. Raises ``RuntimeError`` naming ``$INFERCTL_API_KEY`` (never the
+    value) for a shell key no client could send, or for engines with different keys
+    (:func:`upstream_key`)."""
+    environ = os.environ if environ is None else environ
+    shell = environ.get(API_KEY_ENV) or None
+    if shell is not None:
+        try:
+            check_api_key(shell, f"${API_KEY_ENV}")
+        except ValueError as exc:
+            raise RuntimeError(f"router: {exc}") from None
+    upstream = upstream_key(config, environ)
+    front = shell or upstream
+    env = {}
+    if front is not None:
+        env[API_KEY_ENV] = front
+    if upstream is not None:
+        env[UPSTREAM_KEY_ENV] = upstream
+    return env
+
+
 def _start_router(spec: RouterSpec, config: ControllerConfig, controller_url: str,
                   log_dir: str | Path | None) -> EngineSupervisor:
     """Start the router (port checked free first) and wait for its ``/health``; RuntimeError
@@ -404,9 +438,10 @@ def _start_router(spec: RouterSpec, config: ControllerConfig, controller_url: st
     if not engines:
         raise RuntimeError("router: no launched engine to route to")
     log_path = None if log_dir is None else Path(log_dir) / "router.log"
-    key = upstream_key(config)
-    sup = EngineSupervisor("router", router_argv(spec, engines, controller_url, UPSTREAM_KEY_ENV if key else None),
-                           _url(spec.host, spec.port), env={UPSTREAM_KEY_ENV: key} if key else None,
+    env = router_env(config)
+    sup = EngineSupervisor("router", router_argv(spec, engines, controller_url,
+                                                 UPSTREAM_KEY_ENV if UPSTREAM_KEY_ENV in env else None),
+                           _url(spec.host, spec.port), env=env or None,
                            health_timeout_seconds=60.0, stop_timeout_seconds=10.0, log_path=log_path)
     sup.start()
     return sup

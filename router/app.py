@@ -8,6 +8,10 @@ Routes:
   models (:mod:`inferctl.contract.openai`), so bad input gets the engine's 4xx (same status,
   message, ``param`` and ``code``) without reaching a replica; then :class:`~inferctl.router.
   proxy.Forwarder` routes the client's bytes unchanged.
+* ``POST /tokenize``, ``POST /detokenize`` — vLLM's tokenizer API, validated with the engine's
+  models (:mod:`inferctl.contract.tokenize`, with ``TokenizeRequest.check_one_input``) and
+  forwarded like a completion to a routable replica serving ``model`` (least loaded; what
+  needs the vocabulary — token ids, an unknown model — is the replica's 4xx, passed through).
 * ``GET /v1/models`` — the union of the routable replicas' model cards (by ``id``, first seen).
 * ``GET /health`` — liveness: 200 ``{"status": "ok"}`` while the process serves.
 * ``GET /ready`` — 200 ``{"ready": true, "replicas_ready": n}``; 503 ``{"ready": false,
@@ -45,6 +49,7 @@ from inferctl.contract.http import HostGuard, RequestRejected, host_allowed, rea
 from inferctl.contract.openai import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                      CompletionResponse, ModelList, ProtocolLimits, validate_model)
 from inferctl.contract.openapi import allow_header, install_openapi, route_doc
+from inferctl.contract.tokenize import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 from inferctl.router.auth import ClientKey, protected
 from inferctl.router.config import RouterConfig
 from inferctl.router.keys import affinity_prefix, request_id
@@ -197,6 +202,8 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
             captured = _Captured(request)
             obj = await read_json_body(captured, config.max_body_bytes, allow_nan=True, require_object=False)
             req = validate_model(cls, obj, state.limits)
+            if isinstance(req, TokenizeRequest):
+                req.check_one_input()      # the engine's next check: exactly one of prompt / messages
             raw = b"".join(captured.chunks)
         except RequestRejected as exc:
             err = APIError(exc.status, exc.message, param=exc.param, code=REJECTION_CODES.get(exc.reason, exc.reason),
@@ -222,7 +229,9 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
         return handler
 
     app.fast_routes = {"/v1/completions": fast(CompletionRequest, "/v1/completions"),
-                       "/v1/chat/completions": fast(ChatCompletionRequest, "/v1/chat/completions")}
+                       "/v1/chat/completions": fast(ChatCompletionRequest, "/v1/chat/completions"),
+                       "/tokenize": fast(TokenizeRequest, "/tokenize"),
+                       "/detokenize": fast(DetokenizeRequest, "/detokenize")}
 
     # The same two routes for FastAPI (the OpenAPI document; RouterApp serves them first).
     @app.post("/v1/completions", **route_doc(request=CompletionRequest, response=CompletionResponse,
@@ -235,9 +244,21 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
     async def chat_completions(request: Request) -> Response:
         return await serve(request, ChatCompletionRequest, "/v1/chat/completions")
 
+    # vLLM's tokenizer API, as the engine serves it (open like the engine's: not under /v1)
+    @app.post("/tokenize", **route_doc(request=TokenizeRequest, response=TokenizeResponse,
+                                       errors=(404, 413, 429, 503)))
+    async def tokenize(request: Request) -> Response:
+        return await serve(request, TokenizeRequest, "/tokenize")
+
+    @app.post("/detokenize", **route_doc(request=DetokenizeRequest, response=DetokenizeResponse,
+                                         errors=(404, 413, 429, 503)))
+    async def detokenize(request: Request) -> Response:
+        return await serve(request, DetokenizeRequest, "/detokenize")
+
     @app.get("/v1/models", **route_doc(response=ModelList))
-    async def models() -> Response:
-        docs = await asyncio.gather(*[_models_of(client, r.url, config.probe_timeout_seconds)
+    async def models(request: Request) -> Response:
+        auth = state.forwarder.upstream_authorization or request.headers.get("authorization")
+        docs = await asyncio.gather(*[_models_of(client, r.url, config.probe_timeout_seconds, auth)
                                       for r in replicas.routable()])
         cards: dict[str, Any] = {}
         for doc in docs:
@@ -329,9 +350,12 @@ def _rejected(state: RouterState, err: APIError, rid: str, path: str, t0: float)
     return error_response(err, rid)
 
 
-async def _models_of(client: httpx.AsyncClient, url: str, timeout: float) -> list[dict]:
+async def _models_of(client: httpx.AsyncClient, url: str, timeout: float, authorization: str | None) -> list[dict]:
+    """The model cards of one replica's ``GET /v1/models`` (``authorization``: the header to send,
+    the replicas' key or the client's own, as on a forwarded request); [] when it fails."""
+    headers = {"authorization": authorization} if authorization else None
     try:
-        doc = (await client.get(url + "/v1/models", timeout=timeout)).json()
+        doc = (await client.get(url + "/v1/models", timeout=timeout, headers=headers)).json()
     except (httpx.HTTPError, ValueError):
         return []
     data = doc.get("data") if isinstance(doc, dict) else None

@@ -11,9 +11,10 @@ scrapers).
 
 The router checks the key in :class:`inferctl.router.app.RouterApp` itself, ahead of both its
 hot path and FastAPI's stack (a middleware would not see the hot path). A client the router
-admitted still has its own ``Authorization`` forwarded unchanged, and the replicas judge it
-again with theirs; the replicas' key (``--upstream-api-key-env``) only rides on the router's
-probes and is never sent on a client's request (docs/router.md "API keys").
+admitted is forwarded with the replicas' key (``--upstream-api-key-env``) in place of its own
+``Authorization`` when the router has one (one key at the front door), else with its own,
+which the replicas judge again. A router without its own key never sends the replicas' key on
+a client's request (docs/router.md "API keys").
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from typing import List, Optional
 
 import typer
 
+from inferctl.contract.http import check_bind_host
 from inferctl.contract.units import parse_size
 from inferctl.router.config import ConfigError, RouterConfig, load_config_file, parse_engine, upstream_key_from_env
 
@@ -45,7 +46,8 @@ def router(
     upstream_api_key_env: Optional[str] = typer.Option(
         None, "--upstream-api-key-env", metavar="NAME",
         help="The environment variable holding the replicas' API key (their --api-key), sent on the router's "
-             "probes; never the key itself on the command line (docs/router.md \"API keys\")."),
+             "probes (and, with --api-key, on forwarded requests in place of the client's key); never the key "
+             "itself on the command line (docs/router.md \"API keys\")."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="INFERCTL_API_KEY",
                                           help="Require 'Authorization: Bearer <key>' on /v1/* (401 otherwise, as "
                                                "the engine); /health, /ready, /metrics stay open. Prefer "
@@ -61,6 +63,7 @@ def router(
     from inferctl.contract.logs import configure_logging
 
     try:
+        check_bind_host(host)   # exit 2 naming --host (uvicorn's getaddrinfo failure exited 3)
         from_file = load_config_file(config_file) if config_file else {"engines": [], "controller": None,
                                                                           "rate_keys": {}, "rate_default": None,
                                                                           "upstream_api_key": None}

@@ -37,7 +37,9 @@ def parse_engine(text: str) -> EngineSpec:
 
     Raises:
         ConfigError: no ``=``, a name outside ``[A-Za-z0-9_.-]`` (1..64, starting alphanumeric),
-            or a URL that is not ``http://`` / ``https://`` with a host.
+            or a URL that is not ``http://`` / ``https://`` with a host, or that has more than
+            host and port: a port outside 1..65535 or not a number, credentials, a path, a query
+            or a fragment (the message names ``--engine``, the replica and the problem).
     """
     name, sep, url = text.partition("=")
     name, url = name.strip(), url.strip().rstrip("/")
@@ -48,7 +50,40 @@ def parse_engine(text: str) -> EngineSpec:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"--engine: {name}: URL {url!r} must be http(s)://host[:port]")
+    problem = _url_problem(url, parts)
+    if problem is not None:
+        shown = url if "@" not in parts.netloc else f"{parts.scheme}://<credentials>@{parts.netloc.rpartition('@')[2]}"
+        raise ConfigError(f"--engine: {name}: URL {shown!r} {problem}; give http(s)://host[:port] only")
     return EngineSpec(name, url)
+
+
+def _url_problem(url: str, parts: Any) -> str | None:
+    """Why an engine ``url`` (``parts``: its ``urlsplit``) is more than ``http(s)://host[:port]``,
+    or None.
+
+    The router appends its own paths (``/ready``, ``/v1/...``) to the URL, so a path, query or
+    fragment would be silently mangled; credentials would travel in every probe and show in
+    ``/replicas`` and logs (the replicas' key goes in ``--upstream-api-key-env``; the message
+    never echoes them); a port outside 1..65535 (RFC 6335 section 6: port 0 is reserved) or not
+    a number would fail every probe."""
+    if "@" in parts.netloc:
+        return "carries credentials (user:password@), which would show in logs and /replicas"
+    hostport = parts.netloc.rpartition("]")[2]      # past an IPv6 literal's brackets
+    if ":" in hostport:
+        text = hostport.rpartition(":")[2]
+        if not text:
+            return "has an empty port"
+        if not (text.isascii() and text.isdigit()):
+            return f"has port {text!r}, not a number"
+        if not 1 <= int(text) <= 65535:
+            return f"has port {int(text)}, outside 1-65535"
+    if parts.path not in ("", "/"):
+        return f"has a path ({parts.path!r}); the router adds /ready, /v1/... itself"
+    if "?" in url:
+        return "has a query (?...)"
+    if "#" in url:
+        return "has a fragment (#...)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -72,8 +107,10 @@ class RouterConfig:
     ``rate_keys``: per-key rate limits by raw API key (never logged); ``rate_default``: the
     limits of keys not listed (:mod:`inferctl.router.ratelimit`; ``--config`` ``rate_limits``).
     ``upstream_api_key``: the replicas' API key (their ``--api-key``), sent on the router's own
-    probes; read from the variable ``--upstream-api-key-env`` / ``upstream_api_key_env`` names,
-    never from a flag value (it would show in ``ps``); never logged (docs/router.md "API keys").
+    probes, and on forwarded requests in place of the client's ``Authorization`` when
+    ``api_key`` is set too (the client was admitted with the router's key); read from the
+    variable ``--upstream-api-key-env`` / ``upstream_api_key_env`` names, never from a flag value
+    (it would show in ``ps``); never logged (docs/router.md "API keys").
     ``api_key``: the key the router's own clients must send on ``/v1/*`` (``--api-key`` /
     ``$INFERCTL_API_KEY``, as the engine's; :mod:`inferctl.router.auth`); None: open. Never logged.
     """

@@ -14,6 +14,11 @@
 
 No routable replica (or none left) → 503 ``no_ready_replica`` with ``Retry-After``.
 Response headers carry ``X-Request-Id`` and ``X-Inferctl-Replica`` (the replica that answered).
+
+The client's ``Authorization`` is forwarded unchanged, except behind a router with both its own
+key (``--api-key``, checked before this point) and the replicas' key (``--upstream-api-key-env``):
+the request then carries the replicas' key instead, so clients hold only the router's key. A
+router without its own key never sends the replicas' key on a client's request.
 """
 
 from __future__ import annotations
@@ -108,6 +113,10 @@ class Forwarder:
         self.ring = AffinityTable(HashRing([e.name for e in config.engines], config.vnodes))
         self._tie = itertools.count()
         self._children: dict[tuple, object] = {}
+        #: the replicas' key, sent instead of the client's ``Authorization`` only when the router
+        #: admitted the client with its own key (docs/router.md "API keys": one key at the front door)
+        self.upstream_authorization = (f"Bearer {config.upstream_api_key}"
+                                       if config.api_key is not None and config.upstream_api_key else None)
 
     def _child(self, name: str, *labels: str):
         """``metrics[name].labels(*labels)``, looked up once (prometheus_client's ``labels``
@@ -148,6 +157,8 @@ class Forwarder:
         """Send ``body`` (the client's bytes, unchanged) to ``path`` of a replica; the answer.
         ``charge``: called once with the answer's tokens at its end (a per-key tokens limit)."""
         headers = forward_headers(request.headers, rid)
+        if self.upstream_authorization is not None:
+            headers["authorization"] = self.upstream_authorization
         tried: set[str] = set()
         last_503: tuple[str, UpstreamResponse, bytes] | None = None
         reason = None

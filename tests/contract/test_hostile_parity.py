@@ -1,6 +1,7 @@
 """Hostile bodies through the router and straight to the engine (stories260K, ASGI, no ports):
 the same 4xx, the same error object naming the field, never a 5xx, and the router sends none of
-them to a replica (it validates with the engine's request models, contract/openai.py)."""
+them to a replica (it validates with the engine's request models, contract/openai.py); the
+tokenizer routes (``/tokenize``, ``/detokenize``) likewise, with contract/tokenize.py."""
 
 from __future__ import annotations
 
@@ -97,11 +98,49 @@ def test_router_and_engine_give_the_same_4xx_naming_the_field(engine_app, name, 
     assert posts <= 1
 
 
-@pytest.mark.xfail(strict=True, reason="router finding (wave 6, not fixed here: router/* is another helper's): "
-                                       "the router serves no /tokenize or /detokenize, so a client gets 404 where "
-                                       "the engine validates and answers")
-def test_the_tokenizer_routes_are_answered_alike():
-    # not through the module fixture: a plain check that the router has the route at all
+#: (name, path, body, status, param, router_refuses): the tokenizer routes' hostile bodies. The
+#: router refuses what the contract models tell (no replica asked); token ids against the
+#: vocabulary and an unknown model are the replica's answer passed through.
+TOKENIZER_CASES = [
+    ("no input", "/tokenize", _j({"model": STORIES}), 400, "prompt", True),
+    ("prompt and messages", "/tokenize",
+     _j({"prompt": "a", "messages": [{"role": "user", "content": "hi"}]}), 400, "messages", True),
+    ("prompt a number", "/tokenize", _j({"prompt": 5}), 400, "prompt", True),
+    ("bad UTF-8", "/tokenize", b'{"prompt": "\xff\xfe"}', 400, None, True),
+    ("deep JSON", "/tokenize", b'{"prompt": "a", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, None, True),
+    ("chat role", "/tokenize", _j({"messages": [{"role": "r" * 10_000, "content": "x"}]}), 400,
+     "messages[0].role", True),
+    ("unknown model", "/tokenize", _j({"model": "m" * 1000, "prompt": "a"}), 404, "model", False),
+    ("tokens a string", "/detokenize", _j({"tokens": "abc"}), 400, "tokens", True),
+    ("token id 2^70", "/detokenize", _j({"tokens": [2 ** 70]}), 400, "tokens[0]", False),
+    ("token id -1", "/detokenize", _j({"tokens": [1, -1]}), 400, "tokens[1]", False),
+    ("token id past the vocabulary", "/detokenize", _j({"tokens": [10 ** 6]}), 400, "tokens[0]", False),
+]
+
+
+@pytest.mark.parametrize("name, path, body, status, param, router_refuses", TOKENIZER_CASES,
+                         ids=[c[0] for c in TOKENIZER_CASES])
+def test_the_tokenizer_routes_give_the_engines_4xx(engine_app, name, path, body, status, param, router_refuses):
+    via, direct, posts = run(_both(engine_app, path, body, J))
+    assert direct.status_code == status, direct.text[:300]
+    assert direct.json()["error"]["param"] == param
+    assert via.status_code == direct.status_code and via.json() == direct.json()
+    assert posts == (0 if router_refuses else 1)
+
+
+def test_the_tokenizer_routes_are_answered_alike(engine_app):
+    tok = _j({"model": STORIES, "prompt": "Once upon a time", "return_token_strs": True})
+    via, direct, posts = run(_both(engine_app, "/tokenize", tok, J))
+    assert via.status_code == direct.status_code == 200 and posts == 1
+    assert via.json() == direct.json() and via.json()["count"] == len(via.json()["tokens"]) > 1
+    assert via.headers["x-inferctl-replica"] == "a"
+    ids = via.json()["tokens"]
+    back, direct_back, _ = run(_both(engine_app, "/detokenize", _j({"tokens": ids}), J))
+    assert back.status_code == 200 and back.json() == direct_back.json()
+    assert "Once upon a time" in back.json()["prompt"]
+    chat = _j({"messages": [{"role": "user", "content": "hi"}]})
+    via, direct, _ = run(_both(engine_app, "/tokenize", chat, J))
+    assert via.status_code == 200 and via.json() == direct.json()
     router = create_app(RouterConfig(engines=(EngineSpec("a", "http://a.test"),)))
-    paths = {getattr(r, "path", None) for r in router.routes}
-    assert {"/tokenize", "/detokenize"} <= paths
+    assert {"/tokenize", "/detokenize"} <= {getattr(r, "path", None) for r in router.routes}
+    assert {"/tokenize", "/detokenize"} <= set(router.openapi()["paths"])

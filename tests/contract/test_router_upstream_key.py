@@ -79,3 +79,28 @@ def test_client_authorization_passes_through_and_the_engine_judges_it(engine_app
     assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
     assert anonymous.status_code == 401 and "missing API key" in anonymous.json()["error"]["message"]
     assert posts == [f"Bearer {KEY}", "Bearer not-the-key", None]     # never the router's key for a client
+
+
+def test_with_its_own_key_the_router_reaches_the_engines_with_theirs(engine_app):
+    """One key at the front door: a client admitted with the router's key is forwarded with the
+    replicas' key (``inferctl up`` with a shell key and engines on ``launch.api_key``)."""
+    front = "sk-front-door-77"
+
+    async def go():
+        rec = Recording(engine_app)
+        client = httpx.AsyncClient(mounts={"http://a.test": rec}, timeout=60.0)
+        app = create_app(RouterConfig(engines=(EngineSpec("a", "http://a.test"),), upstream_api_key=KEY,
+                                      api_key=front), client=client)
+        await app.state.router.prober.round()
+        probes = len(rec.auth)
+        good = await ask(app, {"Authorization": f"Bearer {front}"})
+        engines_key = await ask(app, {"Authorization": f"Bearer {KEY}"})      # the router's door wants its own
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router.test") as c:
+            models = await c.get("/v1/models", headers={"Authorization": f"Bearer {front}"})
+        return good, engines_key, models, rec.auth[probes:]
+
+    good, engines_key, models, asked = run(go())
+    assert good.status_code == 200, good.text
+    assert engines_key.status_code == 401 and engines_key.json()["error"]["message"] == "incorrect API key"
+    assert models.status_code == 200 and [m["id"] for m in models.json()["data"]] == ["light"]
+    assert asked == [("/v1/completions", f"Bearer {KEY}"), ("/v1/models", f"Bearer {KEY}")]

@@ -1,6 +1,7 @@
 """Wave-6 hostile input, pure parts: a JSON object naming one key twice (the strict admin
 readers refuse it instead of acting on the last value) and the controller API's GPU index
-bound on reset-gpu / release-gpu (0..999, as pause/resume)."""
+bound on reset-gpu / release-gpu (0..999, as pause/resume); the router's ``--engine`` URLs
+limited to ``http(s)://host[:port]`` (exit 2 naming the flag and the problem)."""
 
 from __future__ import annotations
 
@@ -53,17 +54,41 @@ def test_gpu_index_above_the_limit_is_a_400_naming_it(tmp_path, path, gpu):
     assert r.status_code == 400 and r.json()["error"]["message"] == "gpu: must be 0..999, got -1"
 
 
-@pytest.mark.xfail(strict=True, reason="router finding (wave 6, not fixed here: router/config.py is another "
-                                       "helper's): parse_engine accepts a port outside 1-65535, a non-numeric "
-                                       "port, credentials, a path, a query and a fragment; the router then starts "
-                                       "and every probe fails, instead of exit 2 naming --engine")
-@pytest.mark.parametrize("text", ["e0=http://127.0.0.1:99999", "e0=http://127.0.0.1:0", "e0=http://127.0.0.1:abc",
-                                  "e0=http://user:pass@127.0.0.1:8000", "e0=http://127.0.0.1:8000/v1?x=1#f"])
-def test_router_engine_urls_outside_host_and_port_are_refused(text):
+@pytest.mark.parametrize("text, says", [
+    ("e0=http://127.0.0.1:99999", "port 99999, outside 1-65535"), ("e0=http://127.0.0.1:0", "port 0, outside 1-65535"),
+    ("e0=http://127.0.0.1:abc", "port 'abc', not a number"), ("e0=http://127.0.0.1:", "an empty port"),
+    ("e0=http://user:s3cr3t@127.0.0.1:8000", "carries credentials"),
+    ("e0=http://127.0.0.1:8000/v1?x=1#f", "has a path ('/v1')"), ("e0=http://127.0.0.1:8000?x=1", "has a query"),
+    ("e0=http://127.0.0.1:8000#f", "has a fragment")])
+def test_router_engine_urls_outside_host_and_port_are_refused(text, says):
     from inferctl.router.config import ConfigError, parse_engine
 
-    with pytest.raises(ConfigError, match="--engine"):
+    with pytest.raises(ConfigError, match="--engine") as e:
         parse_engine(text)
+    assert says in str(e.value) and str(e.value).startswith("--engine: e0: URL ")
+    assert "s3cr3t" not in str(e.value)                     # credentials are never echoed
+
+
+def test_router_engine_urls_of_host_and_port_still_load():
+    from inferctl.router.config import parse_engine
+
+    for text, url in [("a=http://127.0.0.1:8000/", "http://127.0.0.1:8000"), ("b=https://h", "https://h"),
+                      ("c=http://[::1]:65535", "http://[::1]:65535"), ("d=http://h:1", "http://h:1")]:
+        assert parse_engine(text).url == url
+
+
+def test_router_cli_and_config_file_exit_2_naming_the_flag_and_the_problem(tmp_path):
+    from typer.testing import CliRunner
+
+    from inferctl.cli import app
+
+    res = CliRunner().invoke(app, ["router", "--engine", "e0=http://127.0.0.1:99999"])
+    assert res.exit_code == 2 and "--engine: e0: URL 'http://127.0.0.1:99999' has port 99999" in res.output
+    f = tmp_path / "router.yaml"
+    f.write_text("engines: [{name: a, url: 'http://u:secret@127.0.0.1:8000'}]\n")
+    res = CliRunner().invoke(app, ["router", "--config", str(f)])
+    assert res.exit_code == 2 and "engines[0]: a: URL" in res.output and "carries credentials" in res.output
+    assert "secret" not in res.output
 
 
 @pytest.mark.parametrize("query, field", [("kind=action&kind=step", "kind"), ("since_id=5&since_id=-1", "since_id"),

@@ -68,3 +68,50 @@ def test_up_hands_the_engines_key_to_the_router_by_variable_name_only():
 def test_up_refuses_engines_with_different_keys_behind_one_router():
     with pytest.raises(RuntimeError, match="different API keys"):
         upstream_key(launched(KEY, "sk-other-key"), environ={})
+
+
+def test_up_sets_the_routers_keys_explicitly_one_key_at_the_front_door():
+    from inferctl.controller.up import router_env
+
+    shell = "sk-shell-key-9"
+    # the shell's key is the front door; engines with their own launch key are reached with it
+    assert router_env(launched(KEY, KEY), environ={"INFERCTL_API_KEY": shell}) == {
+        "INFERCTL_API_KEY": shell, UPSTREAM_KEY_ENV: KEY}
+    # INFERCTL_API_KEY=K inferctl up --replicas N: every engine inherits K, and so does the router, now explicitly
+    assert router_env(launched(None, None), environ={"INFERCTL_API_KEY": shell}) == {
+        "INFERCTL_API_KEY": shell, UPSTREAM_KEY_ENV: shell}
+    # engines with a key and no shell key: the router guards /v1 with the engines' key (never open)
+    assert router_env(launched(KEY, None), environ={}) == {"INFERCTL_API_KEY": KEY, UPSTREAM_KEY_ENV: KEY}
+    assert router_env(launched(None, None), environ={}) == {}
+    assert router_env(launched(None, None), environ={"INFERCTL_API_KEY": ""}) == {}
+
+
+@pytest.mark.parametrize("bad", ["   ", "two words", "ключ"])
+def test_up_refuses_a_shell_key_no_client_could_send_naming_the_variable_never_the_value(bad):
+    from inferctl.controller.up import router_env
+
+    with pytest.raises(RuntimeError, match=r"router: \$INFERCTL_API_KEY: the API key") as err:
+        router_env(launched(KEY), environ={"INFERCTL_API_KEY": bad})
+    assert bad.strip() == "" or bad not in str(err.value)
+
+
+def test_up_starts_its_router_with_the_keys_in_its_environment_never_argv(monkeypatch, tmp_path):
+    from inferctl.controller import up
+
+    started = []
+
+    class FakeSupervisor:
+        def __init__(self, name, argv, url, env=None, **kw):
+            started.append((argv, env))
+
+        def start(self):
+            pass
+
+    monkeypatch.setattr(up, "EngineSupervisor", FakeSupervisor)
+    monkeypatch.setenv("INFERCTL_API_KEY", "sk-shell-key-9")
+    cfg = parse_config({"engines": [{"name": "e0", "launch": {"port": 9100, "api_key": KEY}}]})
+    up._start_router(RouterSpec(port=0), cfg, "http://127.0.0.1:8900", tmp_path)
+    argv, env = started[0]
+    assert env == {"INFERCTL_API_KEY": "sk-shell-key-9", UPSTREAM_KEY_ENV: KEY}
+    assert argv[argv.index("--upstream-api-key-env") + 1] == UPSTREAM_KEY_ENV
+    assert KEY not in " ".join(argv) and "sk-shell-key-9" not in " ".join(argv) and "--api-key" not in argv
