@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 import time
 from typing import Any
 
@@ -248,14 +249,21 @@ class _Reader:
     def raw(self, *path: str) -> Any:
         node: Any = self.doc
         for p in path:
-            if not isinstance(node, dict):
+            if type(node) is not dict and not isinstance(node, dict):
                 return None
             node = node.get(p)
         return node
 
     def num(self, *path: str, ratio: bool = False) -> float | None:
         v = self.raw(*path)
-        if v is None:
+        # the common case first: a JSON float or int in range (same result as the checks below)
+        if type(v) is float:
+            if 0.0 <= v <= _FLOAT_MAX and (not ratio or v <= 1.0):
+                return v
+        elif type(v) is int:
+            if 0 <= v < _INT_FAST and (not ratio or v <= 1):
+                return float(v)
+        elif v is None:
             return None
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             self.invalid.append(f"{'.'.join(path)}={repr(v)[:80]} (not a number)")
@@ -273,6 +281,12 @@ class _Reader:
     def list_of_dicts(self, *path: str) -> list[dict]:
         v = self.raw(*path)
         return [x for x in v if isinstance(x, dict)] if isinstance(v, list) else []
+
+
+#: The largest finite float (``0 <= x <= _FLOAT_MAX`` is False for NaN and ±inf) and the bound
+#: below which an int converts to a finite float without an OverflowError: :meth:`_Reader.num`'s fast path.
+_FLOAT_MAX = sys.float_info.max
+_INT_FAST = 2 ** 63
 
 
 def _finite(v: Any) -> float | None:

@@ -38,8 +38,9 @@ comes from the caller (docs/policies.md).
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from inferctl.controller.policies.base import GpuPolicy
 from inferctl.controller.policies.common import PerEnginePolicy, check_number, config_from_mapping

@@ -14,6 +14,7 @@ engines' ``/metrics`` (vLLM, TGI, llama.cpp, the bundled engine) and dcgm-export
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -131,19 +132,37 @@ def _fast_sample(line: str, counters: set[str]) -> PromSample | None:
     name, block, value = m.groups()
     if _VALUE.fullmatch(value) is None:
         return None
-    labels: dict[str, str] = {}
     if block:
-        pos = 0
-        for lm in _LABEL.finditer(block):
-            if lm.start() != pos or lm.group(1) in labels:
-                return None
-            labels[lm.group(1)] = lm.group(2)
-            pos = lm.end()
-        if pos != len(block):
+        pairs = _label_pairs(block)
+        if pairs is None:
             return None
+        labels = dict(pairs)      # each sample its own dict (a caller may edit it)
+    else:
+        labels = {}
     if name in counters:
         name += "_total"
     return PromSample(name, labels, float(value))
+
+
+@functools.lru_cache(maxsize=4096)
+def _label_pairs(block: str) -> tuple[tuple[str, str], ...] | None:
+    """A plain label block (the text between ``{`` and ``}``) -> its ``(name, value)`` pairs in
+    order, or None when it is not plain (a gap the label pattern does not cover, a label given
+    twice): the slow path decides then.
+
+    Cached by the raw block string (a pure function; bounded, least recently used out): the
+    same few blocks (``engine="0",model_name="..."``) recur on every line of every scrape of
+    every engine of a model, so the regex pass runs once per distinct block, not per line."""
+    labels: dict[str, str] = {}
+    pos = 0
+    for lm in _LABEL.finditer(block):
+        if lm.start() != pos or lm.group(1) in labels:
+            return None
+        labels[lm.group(1)] = lm.group(2)
+        pos = lm.end()
+    if pos != len(block):
+        return None
+    return tuple(labels.items())
 
 
 def _samples(families: Iterable[Any]) -> list[PromSample]:

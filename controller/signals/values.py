@@ -12,7 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-@dataclass(frozen=True)
+#: ``Signal``'s "no inputs given" default (a fresh empty dict per signal, as ``default_factory=dict``)
+_NO_INPUTS: Any = object()
+
+
+@dataclass(frozen=True, init=False)
 class Signal:
     """One signal value.
 
@@ -20,6 +24,10 @@ class Signal:
     present but rejected (negative, NaN, ratio > 1, inconsistent); ``reason`` says why the
     value is None, or notes something about a valid value (e.g. a counter reset).
     ``inputs`` are the numbers it was computed from, for events.
+
+    Immutable like any frozen dataclass (assignment raises ``FrozenInstanceError``); its
+    ``__init__`` fills the instance dict in one call instead of the generated five
+    ``object.__setattr__`` calls: the tick builds ~25 signals per engine (0.96 vs 1.77 us each).
     """
 
     name: str
@@ -27,6 +35,11 @@ class Signal:
     reason: str | None = None
     invalid: bool = False
     inputs: dict[str, Any] = field(default_factory=dict)
+
+    def __init__(self, name: str, value: float | None, reason: str | None = None, invalid: bool = False,
+                 inputs: dict[str, Any] = _NO_INPUTS) -> None:
+        object.__setattr__(self, "__dict__", {"name": name, "value": value, "reason": reason, "invalid": invalid,
+                                              "inputs": {} if inputs is _NO_INPUTS else inputs})
 
     @property
     def ok(self) -> bool:

@@ -183,3 +183,25 @@ def test_latency_histograms_come_from_metrics_for_the_stats_model() -> None:
     off = BundledEngineClient("main", "http://e:1", scrape_metrics=False,
                               transport=httpx.MockTransport(handler)).poll(1.0)
     assert off.ttft_histogram is None and "ttft_histogram" in off.missing
+
+
+def test_number_fast_path_edges_read_as_the_full_checks() -> None:
+    """The reader's fast path (a JSON int or float in range) and its fall-through agree with
+    the full checks at the edges: int ratios 0/1 accepted as floats, 2 out of range, an int past
+    float range and an infinite float rejected, a bool never a number."""
+    doc = {"kv_cache": {"usage_ratio": 1, "waste_ratio": 0},
+           "scheduler": {"steps_total": 2 ** 70, "preemptions_total": 3, "running": float("inf"),
+                         "step_sequences_total": 10 ** 400, "real_tokens_total": -0.0},
+           "memory": {"budget_bytes": 2.0, "allocated_bytes": False},
+           "requests": {"finished_total": 5.5}}
+    doc2 = {"kv_cache": {"usage_ratio": 2}}
+    s = snapshot_from_stats(doc, name="x")
+    assert (s.kv_usage_ratio, s.kv_waste_ratio) == (1.0, 0.0) and type(s.kv_usage_ratio) is float
+    assert s.steps_total == float(2 ** 70) and s.preemptions_total == 3.0 and type(s.preemptions_total) is float
+    assert s.running is None and s.step_sequences_total is None and s.real_tokens_total == 0.0
+    assert s.memory_budget_bytes == 2 and type(s.memory_budget_bytes) is int and s.memory_allocated_bytes is None
+    assert s.finished_total == 5.5
+    assert sorted(s.invalid) == ["memory.allocated_bytes=False (not a number)",
+                                 "scheduler.running=inf (out of range)",
+                                 f"scheduler.step_sequences_total={repr(10 ** 400)[:80]} (out of range)"]
+    assert snapshot_from_stats(doc2, name="y").invalid == ["kv_cache.usage_ratio=2 (out of range)"]

@@ -406,3 +406,21 @@ def test_hardware_fault_evidence():
     assert S.hardware_fault_evidence("GPU has fallen off the bus") == "fallen off the bus"
     assert S.hardware_fault_evidence("uncorrectable ECC error encountered") is not None
     assert S.hardware_fault_evidence(F12) is None
+
+
+def test_signal_is_a_frozen_dataclass_with_a_fresh_inputs_dict_each():
+    """Signal's own __init__ keeps the dataclass contract: defaults, equality, replace, asdict,
+    immutability, and a new ``inputs`` dict per signal (never one shared default)."""
+    import dataclasses
+
+    a, b = S.Signal("x", 1.0), S.Signal("x", 1.0)
+    assert (a.reason, a.invalid, a.inputs) == (None, False, {})
+    assert a == b and a.inputs is not b.inputs
+    assert S.Signal("x", None, "why", True, {"raw": -1}).inputs == {"raw": -1}
+    assert S.Signal("x", 1.0, inputs=None).inputs is None      # an explicit value is kept as given
+    assert dataclasses.replace(a, value=2.0) == S.Signal("x", 2.0)
+    assert dataclasses.asdict(S.Signal("y", 0.5, "r", False, {"k": 1})) == {
+        "name": "y", "value": 0.5, "reason": "r", "invalid": False, "inputs": {"k": 1}}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.value = 3.0
+    assert repr(a) == "Signal(name='x', value=1.0, reason=None, invalid=False, inputs={})"

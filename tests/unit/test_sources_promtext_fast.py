@@ -88,3 +88,20 @@ def test_a_counter_family_bare_sample_gets_total_and_damaged_lines_are_returned(
     samples, bad = parse_prometheus_text("# TYPE foo counter\nfoo 3\n...\nbar{a=\"1\"} 2\ngarbage {{{\n")
     assert [(s.name, s.value) for s in samples] == [("foo_total", 3.0), ("bar", 2.0)]
     assert bad == ["...", "garbage {{{"]
+
+
+def test_label_blocks_cached_by_text_give_each_sample_its_own_dict() -> None:
+    """The label block -> labels cache: a repeated block gives equal but separate dicts (a caller
+    editing one does not change the next parse), a block with a label given twice still goes to
+    the slow path (and is reported), and a block differing by one character is parsed anew."""
+    text = 'a{engine="0",model_name="m"} 1\nb{engine="0",model_name="m"} 2\nc{engine="1",model_name="m"} 3\n'
+    first, bad = parse_prometheus_text(text)
+    assert bad == [] and [s.labels for s in first] == [{"engine": "0", "model_name": "m"}] * 2 + [
+        {"engine": "1", "model_name": "m"}]
+    assert first[0].labels is not first[1].labels
+    first[0].labels["engine"] = "edited"
+    again, _ = parse_prometheus_text(text)
+    assert again[0].labels == {"engine": "0", "model_name": "m"}
+    assert _fast_sample('d{x="1",x="2"} 4', set()) is None
+    samples, bad = parse_prometheus_text('d{x="1",x="2"} 4\n')
+    assert samples == [] and bad == ['d{x="1",x="2"} 4']
