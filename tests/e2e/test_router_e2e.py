@@ -200,3 +200,49 @@ def test_a_killed_replica_is_routed_around(fleet, oai):
     state = httpx.get(fleet["base"] + "/replicas").json()
     assert state["r1"]["routable"] is False and state["r1"]["reason"] == "down"
     assert state["r0"]["routable"] is True
+
+
+def test_up_router_env_gives_clients_one_key_in_front_of_an_engine_with_its_own(fleet, stories_dir, tmp_path):
+    """The environment ``inferctl up`` builds for its router (``router_env``: the shell's
+    ``$INFERCTL_API_KEY`` at the front door, the engines' ``launch.api_key`` upstream), over real
+    processes: the client holds only the front key, the engine only accepts its own, and the
+    tokenizer routes pass through."""
+    from inferctl.controller.config import parse_config
+    from inferctl.controller.up import UPSTREAM_KEY_ENV, RouterSpec, router_argv, router_env
+
+    front, engine_key = "sk-front-e2e-0123", "sk-engine-e2e-4567"
+    eport, rport = free_port(), free_port()
+    base_env = {k: v for k, v in os.environ.items() if k != "INFERCTL_API_KEY"}
+    cfg = parse_config({"engines": [{"name": "k0", "launch": {"port": eport, "api_key": engine_key}}]})
+    env = router_env(cfg, environ={**base_env, "INFERCTL_API_KEY": front})
+    assert env == {"INFERCTL_API_KEY": front, UPSTREAM_KEY_ENV: engine_key}
+    engine_url = f"http://127.0.0.1:{eport}"
+    elog, rlog = tmp_path / "k0.log", tmp_path / "front-router.log"
+    engine = start_inferctl(["engine", "serve", "--model", str(stories_dir / "stories260K.bin"), "--port", str(eport),
+                             "--max-model-len", "512", "--memory-budget", "512MiB"], elog,
+                            env={**base_env, "OMP_NUM_THREADS": "1", "INFERCTL_API_KEY": engine_key})
+    procs = [engine]
+    try:
+        wait_ready(engine_url + "/health", engine, elog, timeout=60)
+        argv = router_argv(RouterSpec(port=rport), [("k0", engine_url)], "http://127.0.0.1:9", UPSTREAM_KEY_ENV)
+        argv = argv[argv.index("router"):]
+        router = start_inferctl(argv + ["--probe-interval", "0.2"], rlog,
+                                env={**base_env, "OMP_NUM_THREADS": "1", **env})
+        procs.append(router)
+        base = f"http://127.0.0.1:{rport}"
+        wait_ready(base + "/ready", router, rlog, timeout=60)
+        client = openai.OpenAI(base_url=base + "/v1", api_key=front, max_retries=0, timeout=30)
+        assert [m.id for m in client.models.list().data] == [STORIES]
+        assert client.completions.create(model=STORIES, prompt=PROMPT, max_tokens=3).usage.completion_tokens == 3
+        with pytest.raises(openai.AuthenticationError):      # the engine's key does not open the front door
+            openai.OpenAI(base_url=base + "/v1", api_key=engine_key, max_retries=0).models.list()
+        direct = httpx.post(engine_url + "/v1/completions", headers={"Authorization": f"Bearer {front}"},
+                            json={"model": STORIES, "prompt": PROMPT, "max_tokens": 2}, timeout=30)
+        assert direct.status_code == 401                      # nor the front key the engine's
+        tok = httpx.post(base + "/tokenize", json={"prompt": PROMPT}, timeout=30)
+        assert tok.status_code == 200 and tok.json()["count"] == len(tok.json()["tokens"]) > 1
+        bad = httpx.post(base + "/detokenize", json={"tokens": [10 ** 6]}, timeout=30)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens[0]"
+        assert front not in rlog.read_text() and engine_key not in rlog.read_text()
+    finally:
+        stop_all(procs, grace=15)
