@@ -25,6 +25,8 @@ from inferctl.controller.types import Decision, EngineSnapshot, GpuReading
 #: ``unknown`` when it gives none).
 OOM_KINDS = ("fragmentation", "exhaustion", "impossible", "hardware", "unknown")
 _LABELS = {spec["name"]: tuple(spec["labels"]) for spec in CONTROLLER_METRICS}
+#: the metrics labelled by ``engine`` alone (:meth:`Exporter.engine_gauge`)
+_ENGINE_ONLY = frozenset(name for name, labels in _LABELS.items() if labels == ("engine",))
 #: how many fault keys per engine are remembered before the ones no longer reported are dropped
 _MAX_SEEN_FAULTS = 10_000
 
@@ -86,7 +88,18 @@ class Exporter:
         order = _LABELS.get(name)
         if order is None:
             return
-        key = (name, tuple([labels[k] for k in order]))
+        self._put(name, (name, tuple([labels[k] for k in order])), value)
+
+    def engine_gauge(self, name: str, engine: str, value: float | None) -> None:
+        """:meth:`gauge` for a metric labelled by ``engine`` alone (most per-engine gauges): the
+        series key without the keyword dict and label-order pass (~20 such sets per engine a tick)."""
+        if name in _ENGINE_ONLY:
+            self._put(name, (name, (engine,)), value)
+        else:
+            self.gauge(name, value, engine=engine)
+
+    def _put(self, name: str, key: tuple[str, tuple[str, ...]], value: float | None) -> None:
+        """Set (or, for None, remove) the series ``key`` of metric ``name``; unchanged: a look-up."""
         if value is None:
             if self._children.pop(key, None) is not None:
                 self._set.pop(key, None)
@@ -139,28 +152,27 @@ class Exporter:
         fragmentation, padding, effective batch, repetition, degenerate rate by prompt-length
         bucket, perplexity) and its new OOM faults by kind. ``prev`` is the poll before (the
         batch window)."""
-        self.gauge("inferctl_engine_up", 1.0 if snap.ok else 0.0, engine=name)
+        self.engine_gauge("inferctl_engine_up", name, 1.0 if snap.ok else 0.0)
         if snap.ok and snap.precision in PRECISION_MODES:
             self._export_precision(name, snap)
         if not snap.ok:
             return
         c = self.counter
-        self.gauge("inferctl_kv_cache_usage_ratio",
-                   sig.validate_ratio(snap.kv_usage_ratio, "kv_cache_usage_ratio", c).value, engine=name)
-        self.gauge("inferctl_kv_cache_waste_ratio",
-                   sig.validate_ratio(snap.kv_waste_ratio, "kv_cache_waste_ratio", c).value, engine=name)
-        self.gauge("inferctl_fragmentation_ratio",
-                   sig.fragmentation_ratio(snap.memory_reserved_bytes, snap.memory_allocated_bytes, c).value,
-                   engine=name)
+        self.engine_gauge("inferctl_kv_cache_usage_ratio", name,
+                          sig.validate_ratio(snap.kv_usage_ratio, "kv_cache_usage_ratio", c).value)
+        self.engine_gauge("inferctl_kv_cache_waste_ratio", name,
+                          sig.validate_ratio(snap.kv_waste_ratio, "kv_cache_waste_ratio", c).value)
+        self.engine_gauge("inferctl_fragmentation_ratio", name,
+                          sig.fragmentation_ratio(snap.memory_reserved_bytes, snap.memory_allocated_bytes, c).value)
         window = sig.batch_window(prev, snap, c)
-        self.gauge("inferctl_padding_ratio", window["padding_ratio"].value, engine=name)
-        self.gauge("inferctl_effective_batch_size", window["effective_batch_size"].value, engine=name)
+        self.engine_gauge("inferctl_padding_ratio", name, window["padding_ratio"].value)
+        self.engine_gauge("inferctl_effective_batch_size", name, window["effective_batch_size"].value)
         quality = self._quality.summaries(name, snap.recent_requests, c)   # recomputed when the window changes
         rep = quality.repetition
-        self.gauge("inferctl_repetition_ratio", rep.mean_seq_rep.value, engine=name)
+        self.engine_gauge("inferctl_repetition_ratio", name, rep.mean_seq_rep.value)
         for bucket, rate in rep.by_bucket.items():
             self.gauge("inferctl_degenerate_ratio", rate.rate, engine=name, prompt_len_bucket=bucket)
-        self.gauge("inferctl_perplexity", quality.perplexity.value, engine=name)
+        self.engine_gauge("inferctl_perplexity", name, quality.perplexity.value)
         self._count_faults(name, snap)
 
     def _export_precision(self, name: str, snap: EngineSnapshot) -> None:
@@ -173,8 +185,7 @@ class Exporter:
         else:
             self._int8_since.pop(name, None)
         since = self._int8_since.get(name)
-        self.gauge("inferctl_degraded_seconds", 0.0 if since is None else max(0.0, now - since),
-                   engine=name)
+        self.engine_gauge("inferctl_degraded_seconds", name, 0.0 if since is None else max(0.0, now - since))
 
     def _count_faults(self, name: str, snap: EngineSnapshot) -> None:
         """Count each fault the engine reports once, keyed by (time, id)."""

@@ -119,3 +119,24 @@ def test_an_engine_client_builds_its_sync_http_client_on_first_use_only():
     assert c2._client is first and first.get("/stats").json() == {"ok": True} and seen == ["v"]
     c2.close()
     assert first.is_closed
+
+
+def test_engine_gauge_sets_and_removes_the_series_gauge_does():
+    """``engine_gauge`` (the engine-only key without the label pass) shares ``gauge``'s series:
+    a value set one way is unchanged the other way, None removes it whichever set it, and a
+    metric with more labels than ``engine`` (or one absent from the catalog) falls back to
+    ``gauge`` and so raises for the missing label / does nothing."""
+    registry, metrics = build_registry()
+    ex = Exporter(metrics, InvalidSampleCounter())
+    ex.engine_gauge("inferctl_kv_cache_usage_ratio", "a", 0.25)
+    assert registry.get_sample_value("inferctl_kv_cache_usage_ratio", {"engine": "a"}) == 0.25
+    ex.gauge("inferctl_kv_cache_usage_ratio", 0.5, engine="a")
+    assert registry.get_sample_value("inferctl_kv_cache_usage_ratio", {"engine": "a"}) == 0.5
+    ex.engine_gauge("inferctl_kv_cache_usage_ratio", "a", None)
+    assert registry.get_sample_value("inferctl_kv_cache_usage_ratio", {"engine": "a"}) is None
+    ex.gauge("inferctl_perplexity", 3.0, engine="b")
+    ex.engine_gauge("inferctl_perplexity", "b", None)
+    assert registry.get_sample_value("inferctl_perplexity", {"engine": "b"}) is None
+    ex.engine_gauge("inferctl_no_such_metric", "a", 1.0)      # absent: no-op, as gauge()
+    with pytest.raises(KeyError):
+        ex.engine_gauge("inferctl_precision_mode", "a", 1.0)  # needs a mode label too
