@@ -10,12 +10,14 @@ request's decode (16 prompt tokens, ``--output`` greedy tokens, EOS ignored; ``b
 GB/s that implies, that as a fraction of the copy bandwidth measured in the same run
 (``bench.decode.bandwidth``), and whether both sides produced the same tokens. Prints a Markdown
 table; writes nothing (the numbers go to docs/performance.md by hand, with the load average).
-``--ops`` instead times the linear kernels alone on the engine's shapes (synthetic 99.5 MB model:
-384→640 QKV, 384→2048 gate/up, 1024→384 down, 384→32000 output), per row count in ``--rows``, at
+``--ops`` instead times the linear kernels alone on the shapes of ``--models`` (synthetic 99.5 MB model:
+384→640 QKV, 384→2048 gate/up, 1024→384 down, 384→32000 output; stories260K; smollm2 = SmolLM2-135M),
+per row count in ``--rows`` (default 1-64), at
 ``--threads``: ``gemv_f32`` on ``[out, in]`` against torch (MKL) on ``[in, out]`` and on ``W.T``, and
 ``gemv_int8`` against torch's int8 kernel (``engine.quant.int8_matmul``); alternating, best of
 ``--rounds`` × enough calls for ~0.2 GB of weight reads, wall µs, CPU µs and weight GB/s — the
-reading that sets ``cpu_kernels.GEMV_F32_MAX_BYTES``, ``MAX_BATCH`` and ``MAX_BATCH_INT8``.
+reading that sets ``cpu_kernels.GEMV_F32_MAX_BYTES``, ``MAX_BATCH``/``MAX_BATCH_MT`` (the predicate
+``f32_kernel_wins``) and ``MAX_BATCH_INT8``.
 """
 
 from __future__ import annotations
@@ -54,7 +56,11 @@ def decode_once(model: str, precision: str, output: int, threads: int, kernels: 
             "weight_bytes": eng.model.weight_bytes(), "tokens": tokens}
 
 
-OPS_SHAPES = ((640, 384), (2048, 384), (384, 1024), (32000, 384))
+#: (N, K) of each model's linears: QKV, gate/up, down, output layer (bench/models.py; SmolLM2-135M: dim 576,
+#: 9/3 heads × 64, FFN 1536, vocab 49152)
+OPS_SHAPES = {"synthetic": ((640, 384), (2048, 384), (384, 1024), (32000, 384)),
+              "stories260K": ((128, 64), (344, 64), (64, 172), (512, 64)),
+              "smollm2": ((960, 576), (3072, 576), (576, 1536), (49152, 576))}
 
 
 def time_call(fn, nbytes: int, rounds: int) -> tuple[float, float]:
@@ -71,7 +77,7 @@ def time_call(fn, nbytes: int, rounds: int) -> tuple[float, float]:
     return best_w, best_c
 
 
-def ops_table(threads: int, rows: list[int], rounds: int) -> None:
+def ops_table(threads: int, rows: list[int], rounds: int, models: list[str] | None = None) -> None:
     """Print the per-kernel Markdown table of ``--ops`` (see the module doc)."""
     import torch
 
@@ -82,11 +88,12 @@ def ops_table(threads: int, rows: list[int], rounds: int) -> None:
     if ops is None:
         raise SystemExit("the engine's CPU kernels are not built here (INFERCTL_CPU_KERNELS, compiler)")
     torch.set_num_threads(threads)
-    print("| N×K | rows | kernel | wall µs | CPU µs | weight GB/s |")
+    print(f"| N×K | rows | kernel | wall µs | CPU µs | weight GB/s |   (f32_kernel_wins: gemv_f32 up to "
+          f"{ck.MAX_BATCH if threads <= 1 else ck.MAX_BATCH_MT} rows at {threads} thread(s))")
     print("|---|---|---|---|---|---|")
     g = torch.Generator().manual_seed(0)
     with torch.inference_mode():
-        for n, k in OPS_SHAPES:
+        for n, k in [shape for m in (models or ["synthetic"]) for shape in OPS_SHAPES[m]]:
             w = torch.randn(n, k, generator=g)
             wt = w.t().contiguous()
             q = quantize_per_channel(w)
@@ -94,7 +101,7 @@ def ops_table(threads: int, rows: list[int], rounds: int) -> None:
                 x = torch.randn(b, k, generator=g)
                 runs = {"torch [in, out]": (lambda: x @ wt, 4 * n * k), "torch W.T": (lambda: x @ w.t(), 4 * n * k),
                         "torch int8 (bf16 act.)": (lambda: int8_matmul(x, q), n * k)}
-                if b <= ck.MAX_BATCH_INT8:
+                if b <= ck.MAX_DECODE_BATCH:
                     runs["gemv_f32"] = (lambda: ops.gemv_f32(x, w), 4 * n * k)
                     runs["gemv_int8 (Q8_0 act.)"] = (lambda: ops.gemv_int8(x, q.qweight, q.scales, k), n * k)
                 for name, (fn, nbytes) in runs.items():
@@ -111,13 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ops", action="store_true", help="time the linear kernels alone (see the module doc)")
-    ap.add_argument("--rows", default="1,4,8,16,32", help="row counts for --ops")
+    ap.add_argument("--rows", default="1,4,8,16,32,64", help="row counts for --ops")
     a = ap.parse_args(argv)
     bw = bandwidth(threads=a.threads)
     print(f"load average {os.getloadavg()[0]:.2f}; copy bandwidth {bw['copy_gbps']:.1f} GB/s "
           f"({a.threads} thread(s)); read {bw['read_gbps']:.1f} GB/s")
     if a.ops:
-        ops_table(a.threads, [int(r) for r in a.rows.split(",")], a.rounds)
+        ops_table(a.threads, [int(r) for r in a.rows.split(",")], a.rounds, a.models.split(","))
         return 0
     print("| model | precision | side | best tok/s | CPU ms/tok | weight MB | GB/s | of copy bw | same tokens |")
     print("|---|---|---|---|---|---|---|---|---|")

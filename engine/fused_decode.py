@@ -5,13 +5,15 @@ write, gather/bmm/softmax/bmm, output projection, residual, norm, gate/up, SiLUÂ
 so per-op overhead, not arithmetic, set its speed (docs/performance.md). ``csrc/decode_step.cpp``
 runs every layer of such a step in one op: the same formulas in float32 (see that file), K/V read
 in place from the paged pool through each sequence's block table, the GEMVs through the
-extension's own ``gemv_f32``/``gemv_int8``/``q4_matmul`` kernels, threads only through ``at::parallel_for``.
+extension's own ``gemv_f32``/``gemv_int8``/``q4_matmul`` kernels (an fp32 linear takes torch's GEMM, MKL,
+called from inside the op, where ``cpu_kernels.f32_kernel_wins`` says so for the batch: the op's
+``torch_mm_mask``), threads only through ``at::parallel_for`` and torch's own pool.
 
 :func:`layer_weights` is the one predicate: it returns the op's weight lists for a step the fused
 path can run, else None (the model then takes its per-op path unchanged). Eligible: the engine's
 CPU kernels built (``INFERCTL_CPU_KERNELS`` not off) and exporting ``decode_layers``; float32
 model on CPU; a float32 KV pool (not int8); a decode-only step (every sequence one new token, one
-logit row each) of at most ``cpu_kernels.MAX_BATCH`` sequences; every layer linear either float32
+logit row each) of at most ``cpu_kernels.MAX_DECODE_BATCH`` (64) sequences; every layer linear either float32
 in the ``[out, in]`` layout, int8 per-channel (``Linear.q`` an ``Int8Weight``) or GGUF Q4_1 blocks run
 by the kernels (a ``Q4Weight``, engine.q4_kernels; torch's int4 layout ``Int4Weight`` is not).
 
@@ -60,7 +62,7 @@ def layer_weights(model: Any, kv_cache: "KVCache", meta: "AttentionMetadata",
     (typed Any: model.py imports this module, and the import graph stays without a circle).
     ``meta`` must be prepared."""
     ops = model.kernel_ops
-    if (ops is None or not meta.all_decode or num_tokens != meta.num_seqs or num_tokens > cpu_kernels.MAX_BATCH
+    if (ops is None or not meta.all_decode or num_tokens != meta.num_seqs or num_tokens > cpu_kernels.MAX_DECODE_BATCH
             or meta.logits_indices.shape[0] != num_tokens or kv_cache.kv_int8 or kv_cache.k.dtype != torch.float32
             or not (kv_cache.k.is_contiguous() and kv_cache.v.is_contiguous())
             or model.dtype != torch.float32 or model.device.type != "cpu" or not hasattr(ops, "decode_layers")):
@@ -99,8 +101,9 @@ def decode_layers(model: Any, lists: tuple[list[torch.Tensor], ...], x: torch.Te
     :func:`layer_weights` returned. Raises RuntimeError (from the op) on inconsistent input."""
     a = model.args
     attn_norm, ffn_norm, weights, scales = lists
+    torch_mm_mask = 0 if cpu_kernels.f32_kernel_wins(x.shape[0]) else 0b1111   # the four linears of a layer
     return model.kernel_ops.decode_layers(
         x.contiguous(), cos, sin, kv_cache.k, kv_cache.v, meta.slot_mapping.contiguous(),
         meta.block_tables.contiguous(), meta.seq_lens.contiguous(),
         attn_norm, ffn_norm, weights, scales, a.n_heads, a.n_kv_heads, ROPE_CODES[a.rope_style], a.norm_eps,
-        model.scale)
+        model.scale, torch_mm_mask)

@@ -16,9 +16,8 @@ Memory: 20 bytes per 32 weights = 0.625 bytes per weight (fp32: 4), no padding o
 Kernel: ``torch.ops.inferctl_cpu.q4_matmul(x [B, K] fp32, blocks, K) → [B, N]`` dequantizes each
 weight row in AVX2 registers and multiplies with fp32 activations (no bf16 rounding), at any
 B (activation rows in groups of 4 per pass over a weight row, so the weights stream once);
-``q4_rows(blocks, idx, K)`` dequantizes gathered rows (the tied embedding lookup);
 ``q4_dequant(blocks, K)`` the whole weight for a long prefill (:data:`GEMM_ROWS`). Without the
-kernels :func:`matmul` and :func:`rows` compute the same in plain PyTorch (dequantize + matmul),
+kernels :func:`matmul` computes the same in plain PyTorch (dequantize + matmul),
 which the tests hold the kernel to; the engine itself keeps torch's int4 kernel layout then
 (engine.quant_int4.Int4Weight).
 """
@@ -53,7 +52,7 @@ class Q4Weight:
     blocks: torch.Tensor
     in_features: int
     out_features: int
-    #: the kernels' op namespace (``torch.ops.inferctl_cpu``) :func:`matmul`/:func:`rows` run, or
+    #: the kernels' op namespace (``torch.ops.inferctl_cpu``) :func:`matmul` runs, or
     #: None for plain PyTorch; set by engine.quant_int4.int4_weights
     ops: Any = field(default=None, repr=False, compare=False)
 
@@ -145,12 +144,3 @@ def matmul(ops: Any | None, x: torch.Tensor, w: Q4Weight) -> torch.Tensor:
     else:
         y = x2.to(torch.float32) @ w.dequantize().t()
     return y.to(x.dtype).reshape(*lead, w.out_features)
-
-
-def rows(ops: Any | None, w: Q4Weight, idx: torch.Tensor) -> torch.Tensor:
-    """Rows ``idx`` [T] of the dequantized weight → float32 ``[T, in]`` (only those rows are
-    dequantized). IndexError/RuntimeError for an index outside ``0..out-1``."""
-    idx = idx.to(device="cpu", dtype=torch.long).contiguous()
-    if ops is not None:
-        return ops.q4_rows(w.blocks, idx, w.in_features)
-    return dequantize_blocks(w.blocks.index_select(0, idx), w.in_features)

@@ -2,9 +2,9 @@
 //
 // decode_layers(x[B, dim], cos[B, D], sin[B, D], k_pool, v_pool [L, Hkv, NB, bs, D], slot_mapping[B],
 //               block_tables[B, maxb], seq_lens[B], attn_norm[L], ffn_norm[L], weights[4L], scales[4L],
-//               n_heads, n_kv_heads, rope_style, eps, scale) -> x'[B, dim]
+//               n_heads, n_kv_heads, rope_style, eps, scale, torch_mm_mask) -> x'[B, dim]
 //
-// Every sequence contributes exactly one token (B = T <= 8). Per layer, the same math as
+// Every sequence contributes exactly one token (B = T <= 64). Per layer, the same math as
 // engine.model.LlamaModel.forward's per-op path (fp32 throughout):
 //   h = rms_norm(x) ; qkv = h @ Wqkv^T ; RoPE on q and k (x*cos + partner(x)*sin, the model's
 //   rope_tables: "interleaved" swaps pairs (0,1),(2,3)..., "half" pairs (i, i+D/2)) ; k, v written
@@ -14,7 +14,9 @@
 //   gu = h @ W13^T ; x += (silu(g) * u) @ W2^T.
 // The GEMVs are the extension's own gemv_f32 / gemv_int8 / q4_matmul (csrc/cpu_kernels.cpp,
 // csrc/q4_kernels.cpp), called through
-// the dispatcher, so this file shares their inner loops without copying them. weights[4i..4i+3] are
+// the dispatcher, so this file shares their inner loops without copying them; bit j of torch_mm_mask
+// (j = 0 wqkv, 1 wo, 2 w13, 3 w2) sends that fp32 linear to torch's GEMM instead (MKL wins there from
+// a few rows: engine.cpu_kernels.f32_kernel_wins, the one predicate, decides in Python). weights[4i..4i+3] are
 // layer i's wqkv, wo, w13, w2: float32 [out, in] with an empty scales entry, or int8 [out, in_padded]
 // with float32 scales [out] (engine.quant's per-channel layout), or uint8 GGUF Q4_1 blocks [out, ceil(in/32)*20]
 // with an empty scales entry (engine.q4_kernels, computed by its q4_matmul).
@@ -24,6 +26,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -43,7 +46,7 @@
 
 namespace {
 
-constexpr int64_t MAX_B = 8;        // the GEMV kernels' batch limit (cpu_kernels.MAX_BATCH)
+constexpr int64_t MAX_B = 64;       // sequences per call (cpu_kernels.MAX_DECODE_BATCH; gemv_f32/gemv_int8's MAX_B)
 constexpr int64_t MAX_HEAD_DIM = 512;
 constexpr int64_t ATTN_GRAIN = 1 << 14;   // score multiply-adds per parallel chunk of heads
 
@@ -83,8 +86,11 @@ void rms_norm_rows(const float* x, const float* w, float* y, int64_t B, int64_t 
   }
 }
 
-// y = x @ W^T through the extension's registered GEMV ops (fp32 when scales is empty, else int8)
-at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& s) {
+// y = x @ W^T through the extension's registered GEMV ops (fp32 when scales is empty, else int8), or
+// torch's GEMM (MKL, on torch's own thread pool) for an fp32 weight when `torch_mm` (the caller's
+// cpu_kernels.f32_kernel_wins said no for this batch and shape)
+at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& s, bool torch_mm) {
+  if (torch_mm && w.scalar_type() == at::kFloat) return at::mm(x, w.t());
   if (w.scalar_type() == at::kByte) {
     static auto op4 = c10::Dispatcher::singleton()
                           .findSchemaOrThrow("inferctl_cpu::q4_matmul", "")
@@ -135,7 +141,7 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at
                          const at::Tensor& v_pool, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
                          const at::Tensor& seq_lens, at::TensorList attn_norm, at::TensorList ffn_norm,
                          at::TensorList weights, at::TensorList scales, int64_t H, int64_t Hkv, int64_t rope_style,
-                         double eps_d, double scale_d) {
+                         double eps_d, double scale_d, int64_t torch_mm_mask) {
   auto f32cpu = [](const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(); };
   TORCH_CHECK(f32cpu(x_in) && x_in.dim() == 2, "x must be a contiguous float32 CPU tensor [B, dim]");
   const int64_t B = x_in.size(0), dim = x_in.size(1);
@@ -211,7 +217,7 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at
     float* kl = k_pool.data_ptr<float>() + li * layer_elems;
     float* vl = v_pool.data_ptr<float>() + li * layer_elems;
     rms_norm_rows(xp, attn_norm[li].data_ptr<float>(), hp, B, dim, eps);
-    at::Tensor qkv = gemv(h, weights[4 * li], scales[4 * li]);
+    at::Tensor qkv = gemv(h, weights[4 * li], scales[4 * li], torch_mm_mask & 1);
     float* qp = qkv.data_ptr<float>();
     for (int64_t b = 0; b < B; ++b) {
       float* row = qp + b * qkv_out;
@@ -250,11 +256,11 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at
         }
       }
     });
-    at::Tensor y = gemv(o, weights[4 * li + 1], scales[4 * li + 1]);
+    at::Tensor y = gemv(o, weights[4 * li + 1], scales[4 * li + 1], torch_mm_mask & 2);
     const float* yp = y.data_ptr<float>();
     for (int64_t i = 0; i < B * dim; ++i) xp[i] += yp[i];
     rms_norm_rows(xp, ffn_norm[li].data_ptr<float>(), hp, B, dim, eps);
-    at::Tensor gu = gemv(h, weights[4 * li + 2], scales[4 * li + 2]);
+    at::Tensor gu = gemv(h, weights[4 * li + 2], scales[4 * li + 2], torch_mm_mask & 4);
     const float* gp = gu.data_ptr<float>();
     for (int64_t b = 0; b < B; ++b) {
       const float* gr = gp + b * 2 * hidden;
@@ -262,7 +268,7 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at
       float* ar = ap + b * hidden;
       for (int64_t j = 0; j < hidden; ++j) ar[j] = gr[j] / (1.f + std::exp(-gr[j])) * ur[j];
     }
-    y = gemv(act, weights[4 * li + 3], scales[4 * li + 3]);
+    y = gemv(act, weights[4 * li + 3], scales[4 * li + 3], torch_mm_mask & 8);
     yp = y.data_ptr<float>();
     for (int64_t i = 0; i < B * dim; ++i) xp[i] += yp[i];
   }
@@ -275,6 +281,6 @@ TORCH_LIBRARY_FRAGMENT(inferctl_cpu, m) {
   m.def(
       "decode_layers(Tensor x, Tensor cos, Tensor sin, Tensor k_pool, Tensor v_pool, Tensor slot_mapping, "
       "Tensor block_tables, Tensor seq_lens, Tensor[] attn_norm, Tensor[] ffn_norm, Tensor[] weights, "
-      "Tensor[] scales, int n_heads, int n_kv_heads, int rope_style, float eps, float scale) -> Tensor",
+      "Tensor[] scales, int n_heads, int n_kv_heads, int rope_style, float eps, float scale, int torch_mm_mask) -> Tensor",
       &decode_layers);
 }

@@ -1,7 +1,6 @@
 // 4-bit GEMV/GEMM over GGUF Q4_1 blocks kept as the file stores them (inferctl.engine.q4_kernels).
 //
 // q4_matmul   y[B, N] = x[B, K] @ W[N, K]^T, W given as blocks uint8 [N, nb * 20], nb = ceil(K / 32)
-// q4_rows     W[idx, :K] as float32 [T, K] (the tied embedding lookup dequantizes the gathered rows only)
 // q4_dequant  W as float32 [N, K] (long prefills run torch's GEMM on it)
 //
 // Block layout (ggml block_q4_1, ggml-common.h; dequantize_row_q4_1 in ggml-quants.c): fp16 d,
@@ -146,26 +145,6 @@ at::Tensor q4_matmul(const at::Tensor& x, const at::Tensor& blocks, int64_t K) {
   return y;
 }
 
-at::Tensor q4_rows(const at::Tensor& blocks, const at::Tensor& idx, int64_t K) {
-  check_blocks(blocks, K);
-  TORCH_CHECK(idx.device().is_cpu() && idx.scalar_type() == at::kLong && idx.dim() == 1 && idx.is_contiguous(),
-              "idx must be a contiguous int64 CPU tensor [T]");
-  const int64_t T = idx.size(0), N = blocks.size(0), ldw = blocks.size(1);
-  const int64_t* ip = idx.data_ptr<int64_t>();
-  for (int64_t t = 0; t < T; ++t) TORCH_CHECK(ip[t] >= 0 && ip[t] < N, "row index ", ip[t], " outside 0..", N - 1);
-  at::Tensor y = at::empty({T, K}, blocks.options().dtype(at::kFloat));
-  const uint8_t* wp = blocks.data_ptr<uint8_t>();
-  float* yp = y.data_ptr<float>();
-  for (int64_t t = 0; t < T; ++t) {
-    const uint8_t* row = wp + ip[t] * ldw;
-    for (int64_t k = 0; k < K; ++k) {
-      const uint8_t* blk = row + (k / QK) * BLOCK_BYTES;
-      yp[t * K + k] = code_at(blk + 4, k % QK) * half_at(blk) + half_at(blk + 2);
-    }
-  }
-  return y;
-}
-
 // The whole weight as float32 [N, K] (long prefills: the caller hands it to torch's GEMM).
 at::Tensor q4_dequant(const at::Tensor& blocks, int64_t K) {
   check_blocks(blocks, K);
@@ -200,7 +179,6 @@ bool q4_has_avx2() { return INFERCTL_Q4_AVX2 != 0; }
 
 TORCH_LIBRARY_FRAGMENT(inferctl_cpu, m) {
   m.def("q4_matmul(Tensor x, Tensor blocks, int k) -> Tensor", &q4_matmul);
-  m.def("q4_rows(Tensor blocks, Tensor idx, int k) -> Tensor", &q4_rows);
   m.def("q4_dequant(Tensor blocks, int k) -> Tensor", &q4_dequant);
   m.def("q4_has_avx2() -> bool", &q4_has_avx2);
 }

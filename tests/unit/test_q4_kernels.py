@@ -61,7 +61,7 @@ def test_kernel_equals_dequantize_matmul(ops, qtype, k):
         assert ((q4.matmul(None, x, w) - want).abs() <= _bound(x, wf)).all()
 
 
-def test_k_not_a_multiple_of_32_and_rows(ops):
+def test_k_not_a_multiple_of_32(ops):
     wf = torch.randn(20, 70, generator=torch.Generator().manual_seed(3))
     w = q4.quantize(wf)                      # K padded to 96 in the blocks, 3 blocks per row
     assert w.blocks.shape == (20, 60) and w.in_features == 70
@@ -71,9 +71,6 @@ def test_k_not_a_multiple_of_32_and_rows(ops):
     x = torch.randn(3, 70, generator=torch.Generator().manual_seed(4))
     assert ((q4.matmul(ops, x, w) - x @ deq.t()).abs() <= _bound(x, deq)).all()
     assert torch.equal(ops.q4_dequant(w.blocks, 70), deq)   # the long-prefill path's weight, bit for bit
-    idx = torch.tensor([19, 0, 7, 7])
-    assert torch.equal(q4.rows(ops, w, idx), deq[idx])
-    assert torch.equal(q4.rows(None, w, idx), deq[idx])
 
 
 def test_kernel_checks_its_inputs(ops):
@@ -84,8 +81,6 @@ def test_kernel_checks_its_inputs(ops):
         ops.q4_matmul(torch.randn(1, 96), w.blocks, 96)
     with pytest.raises(RuntimeError, match="float32"):
         ops.q4_matmul(torch.randn(1, 64, dtype=torch.float64), w.blocks, 64)
-    with pytest.raises(RuntimeError, match="outside"):
-        ops.q4_rows(w.blocks, torch.tensor([8]), 64)
     with pytest.raises(ValueError, match="features"):
         q4.matmul(ops, torch.randn(2, 63), w)
     with pytest.raises(ValueError, match="Q8_0"):
