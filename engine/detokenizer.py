@@ -13,6 +13,11 @@ Two layers, fed one token at a time:
    that stays incomplete for ``max_pending_tokens`` tokens (invalid bytes from the model) is
    released except its last 3 tokens (a UTF-8 character has at most 4 bytes), so the
    window, and the cost per token, stay bounded.
+   One ``decode`` per token, not two: after a clean step the window's start stays put and the
+   text just decoded is the next step's prefix text (the tokenizers' decode concatenates
+   per-id bytes, so a prefix that ends on a character boundary decodes to a prefix of the
+   longer window); the window is moved up to the last commit point (one extra decode) once it
+   spans more than ``_WINDOW`` ids, and after a forced release, so a token still costs O(window).
 
 2. Stop strings: released text is held back while its end could be the start of a stop
    string (exactly the longest suffix that is a prefix of some stop string, so at most
@@ -32,6 +37,8 @@ from typing import Protocol
 _REPLACEMENT = "\ufffd"
 #: A UTF-8 character has at most 4 bytes, so at most 3 byte tokens can be its incomplete head.
 _MAX_PARTIAL_TOKENS = 3
+#: Ids the decode window may span before its start moves up (bounds the cost of a decode).
+_WINDOW = 8
 
 
 class Decoder(Protocol):
@@ -86,6 +93,7 @@ class IncrementalDetokenizer:
         self._ids: list[int] = ctx
         self._prefix_offset = 0
         self._read_offset = len(ctx)
+        self._prefix_text: str | None = None    # decode(ids[prefix_offset:read_offset]) or unknown
         self._held = ""
         self._parts: list[str] = []
         self._text_cache = ""
@@ -136,12 +144,14 @@ class IncrementalDetokenizer:
     # --- layer 1: decoding -------------------------------------------------------------
     def _decode_step(self, final: bool) -> str | None:
         """New final text since read_offset, advancing the window; None = hold."""
-        prefix_text = self._tok.decode(self._ids[self._prefix_offset:self._read_offset])
+        prefix_text = self._prefix_text
+        if prefix_text is None:
+            prefix_text = self._prefix_text = self._tok.decode(self._ids[self._prefix_offset:self._read_offset])
         full = self._tok.decode(self._ids[self._prefix_offset:])
         pending = len(self._ids) - self._read_offset
         clean = len(full) > len(prefix_text) and not full.endswith(_REPLACEMENT)
         if clean or final:
-            return self._commit(full, prefix_text, len(self._ids))
+            return self._commit(full, prefix_text, len(self._ids), keep_start=True)
         if pending < self._max_pending:
             return None
         # Never-completing bytes: release all but the last tokens, which may still be the
@@ -153,9 +163,17 @@ class IncrementalDetokenizer:
             upto = len(self._ids)
         return self._commit(full, prefix_text, upto)
 
-    def _commit(self, full: str, prefix_text: str, upto: int) -> str:
+    def _commit(self, full: str, prefix_text: str, upto: int, keep_start: bool = False) -> str:
+        """Release ``full`` past ``prefix_text`` and move read_offset to ``upto`` (``full`` is
+        ``decode(ids[prefix_offset:upto])``). ``keep_start``: a clean step keeps the window's
+        start and caches ``full`` as the next prefix text while the window is short; otherwise the
+        window starts at the old read_offset (the last commit point) and its text is decoded then."""
         delta = full[len(prefix_text):] if len(full) > len(prefix_text) else ""
-        self._prefix_offset = self._read_offset
+        if keep_start and upto - self._prefix_offset < _WINDOW:
+            self._prefix_text = full
+        else:
+            self._prefix_offset = self._read_offset
+            self._prefix_text = None
         self._read_offset = upto
         return delta
 
