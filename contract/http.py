@@ -24,6 +24,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import re
 import secrets
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -487,6 +488,19 @@ def is_loopback(name: str) -> bool:
         return True
     ip = _ip(name)
     return ip is not None and ip.is_loopback
+
+
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")   # one DNS label (RFC 1123 section 2.1)
+
+
+def check_bind_host(host: str, source: str = "--host") -> str:
+    """``host`` (engine/router ``--host``, controller ``listen.host``) unchanged when it is an IP literal (IPv6
+    without brackets) or a DNS host name (RFC 1123 section 2.1: labels of letters, digits and ``-``, 1-63
+    characters, 253 in all); else ValueError ``"<source>: 'x' is not a host name or address"`` (no prefix for "")."""
+    name = host[:-1] if host.endswith(".") else host
+    if _ip(host) is None and not (0 < len(name) <= 253 and all(map(_HOST_LABEL.fullmatch, name.split(".")))):
+        raise ValueError(f"{source}: " * bool(source) + f"{host!r} is not a host name or address")
+    return host
 
 
 def _matches(name: str, pattern: str) -> bool:

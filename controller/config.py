@@ -11,11 +11,12 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from inferctl.contract.http import check_bind_host
 from inferctl.contract.yamlfile import load_yaml
 from inferctl.controller.config_launch import ApiKeyKey, ChatTemplateKey, launch_problem
 
@@ -41,13 +42,16 @@ class _Model(BaseModel):
 GRACE_MARGIN_SECONDS = 13.0
 
 
+BindHost = Annotated[str, AfterValidator(lambda v: check_bind_host(v, ""))]   #: an IP literal or a host name
+
+
 class LaunchConfig(_Model):
     """How the controller starts (and supervises) a bundled engine it launches itself."""
 
     model: str | None = Field(None, description="model path (llama2.c .bin, HF directory or .gguf file); "
                                                 "none = built-in demo model")
     port: int = Field(DEFAULT_ENGINE_PORT, ge=1, le=65535)
-    host: str = "127.0.0.1"
+    host: BindHost = "127.0.0.1"
     memory_budget: str | None = Field(None, description="--memory-budget passed to the engine, e.g. 512MiB")
     args: list[str] = Field(default_factory=list, description="extra `inferctl engine serve` arguments")
     enable_prefix_caching: bool = Field(True, description="the engine's --enable-prefix-caching (false: "
@@ -323,7 +327,7 @@ class IntervalsConfig(_Model):
 
 
 class ListenConfig(_Model):
-    host: str = "127.0.0.1"
+    host: BindHost = "127.0.0.1"   # the API's bind address
     port: int = Field(DEFAULT_CONTROLLER_PORT, ge=0, le=65535)
 
 

@@ -34,7 +34,7 @@ from typing import Optional
 import typer
 
 from inferctl.contract import units
-from inferctl.contract.http import check_api_key
+from inferctl.contract.http import check_api_key, check_bind_host
 
 
 def parse_size(text: str, name: str = "--memory-budget") -> int:
@@ -48,6 +48,12 @@ def parse_size(text: str, name: str = "--memory-budget") -> int:
         return units.parse_size(text, name, min_bytes=1)
     except units.SizeError as err:
         raise typer.BadParameter(str(err)) from None
+
+
+#: ``--allow-long-max-model-len`` of ``engine serve`` and ``generate`` (vLLM: ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``)
+AllowLongOpt = typer.Option(False, "--allow-long-max-model-len", envvar="INFERCTL_ALLOW_LONG_MAX_MODEL_LEN",
+                            help="Accept a --max-model-len above the model's own maximum (seq_len / "
+                                 "max_position_embeddings / context_length); output past it degrades.")
 
 
 def _die(message: str, code: int = 2) -> None:
@@ -181,6 +187,13 @@ def _speculative_option(text: Optional[str]):  # noqa: ANN202 - SpeculativeConfi
         _die(f"--speculative-config: {exc}")
 
 
+def _flag_message(msg: str, budget_flag: str = "--memory-budget") -> str:
+    """An engine ConfigError's ``field: why`` with the field named as the flag the user typed."""
+    msg = msg.replace("memory_budget_bytes:", f"{budget_flag}:", 1)
+    field, sep, why = msg.partition(":")
+    return f"--{field.replace('_', '-')}{sep}{why}" if field in ("precision", "max_model_len") else msg
+
+
 def _build_engine(bundle, config, precision: str, budget_flag: str = "--memory-budget"):  # noqa: ANN001, ANN202
     from inferctl.engine.async_engine import AsyncLLMEngine
     from inferctl.engine.config import ConfigError
@@ -190,8 +203,7 @@ def _build_engine(bundle, config, precision: str, budget_flag: str = "--memory-b
         llm = LLMEngine(bundle, config, precision)   # int4: the memory plan counts 4-bit weights
     except (ConfigError, ValueError) as exc:
         # the engine's field name → the flag the user typed
-        msg = str(exc).replace("memory_budget_bytes:", f"{budget_flag}:", 1)
-        _die("--" + msg if msg.startswith("precision:") else msg)
+        _die(_flag_message(str(exc), budget_flag))
     return AsyncLLMEngine(llm)
 
 
@@ -218,6 +230,7 @@ def serve(
                                                      "when no budgets are given on CUDA."),
     gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", min=0.01, max=1.0),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=1),
+    allow_long_max_model_len: bool = AllowLongOpt,
     max_num_seqs: int = typer.Option(64, "--max-num-seqs", min=1),
     max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", min=1),
     block_size: int = typer.Option(16, "--block-size", min=1),
@@ -290,6 +303,10 @@ def serve(
     if model_arg is not None and model is not None and model_arg != model:
         _die(f"--model: the model is given twice ({model_arg!r} as MODEL and {model!r} as --model); give one")
     model = model if model is not None else model_arg
+    try:
+        check_bind_host(host)   # before the port check: "port 8000 is in use on bad host!" misled
+    except ValueError as exc:
+        _die(str(exc))
     if port_in_use(host, port):
         _die(f"port {port} (engine) is in use on {host}; choose another with --port N")
     if kv_cache_dtype not in ("auto", "int8"):
@@ -327,7 +344,8 @@ def serve(
         main_util = gpu_memory_utilization * (1.0 - light_memory_fraction)
         light_util = gpu_memory_utilization * light_memory_fraction
 
-    common = dict(max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+    common = dict(max_model_len=max_model_len, allow_long_max_model_len=allow_long_max_model_len,
+                  max_num_seqs=max_num_seqs,
                   max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
                   kv_cache_dtype=kv_cache_dtype, enable_prefix_caching=enable_prefix_caching,
                   repetition_stop_default=repetition_stop, **oom)
@@ -380,6 +398,7 @@ def generate(
     top_k: int = typer.Option(-1, "--top-k"),
     repetition_penalty: float = typer.Option(1.0, "--repetition-penalty"),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=1),
+    allow_long_max_model_len: bool = AllowLongOpt,
     device: str = typer.Option("cpu", "--device", help="auto | cpu | cuda"),
 ) -> None:
     """Generate one completion in-process and print only its text to stdout."""
@@ -395,8 +414,10 @@ def generate(
     from inferctl.engine.engine import LLMEngine
 
     bundle = _load(model, tokenizer, device)
-    config = _config(max_model_len=max_model_len)
-    llm = LLMEngine(bundle, config)
+    try:
+        llm = LLMEngine(bundle, _config(max_model_len=max_model_len, allow_long_max_model_len=allow_long_max_model_len))
+    except ValueError as exc:   # ConfigError: a --max-model-len past the model's maximum
+        _die(_flag_message(str(exc)))
     ids = bundle.tokenizer.encode(prompt, bos=True)
     try:
         llm.add_request("generate-0", ids, params)

@@ -39,8 +39,13 @@ class EngineConfig:
 
     Attributes:
         max_model_len: longest sequence (prompt + generated tokens) admitted. ``None`` = the
-            model's trained length (``ModelArgs.max_seq_len``); may be set higher (RoPE is
-            computed for any position; quality past the trained length is the operator's call).
+            model's own maximum (``ModelArgs.max_seq_len``: llama2.c ``seq_len``, HF
+            ``max_position_embeddings``, GGUF ``context_length``); above it :meth:`resolve` raises
+            unless ``allow_long_max_model_len``.
+        allow_long_max_model_len: accept a ``max_model_len`` above the model's maximum (vLLM's
+            ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``; CLI ``--allow-long-max-model-len`` or
+            ``INFERCTL_ALLOW_LONG_MAX_MODEL_LEN=1``). RoPE is computed for any position, but output
+            past the trained length degrades (docs/longtext.md run D).
         max_num_seqs: most sequences in the running queue (one batch).
         max_num_batched_tokens: per-step token budget (prefill chunks + decodes), vLLM's name.
         block_size: tokens per KV cache block.
@@ -85,6 +90,7 @@ class EngineConfig:
     """
 
     max_model_len: int | None = None
+    allow_long_max_model_len: bool = False
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     block_size: int = 16
@@ -130,6 +136,9 @@ class EngineConfig:
             raise ConfigError(err.field, err.message) from None
         if self.max_model_len is not None:
             self._check_int("max_model_len", 1)
+        if not isinstance(self.allow_long_max_model_len, bool):
+            raise ConfigError("allow_long_max_model_len",
+                              f"must be true or false, got {self.allow_long_max_model_len!r}")
         if self.num_threads is not None:
             self._check_int("num_threads", 1)
         if self.num_kv_blocks is not None:
@@ -166,7 +175,8 @@ class EngineConfig:
         With a loaded model (``model_device`` / ``model_dtype``), ``"auto"`` takes the model's
         device and dtype, and an explicit setting that differs raises :class:`ConfigError`
         (the model is loaded on its device by ``engine.loader``; the engine does not move it).
-        Raises :class:`ConfigError` when CUDA is asked for but not available.
+        Raises :class:`ConfigError` when CUDA is asked for but not available, or ``max_model_len``
+        is above ``model_max_seq_len`` (tokens) without ``allow_long_max_model_len``.
         """
         device = self.device
         if model_device is not None:
@@ -196,6 +206,11 @@ class EngineConfig:
             else:
                 dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
         max_model_len = self.max_model_len if self.max_model_len is not None else int(model_max_seq_len)
+        if max_model_len > int(model_max_seq_len) and not self.allow_long_max_model_len:
+            raise ConfigError("max_model_len", f"{max_model_len} is above the model's maximum of {model_max_seq_len} "
+                              "tokens (its seq_len / max_position_embeddings / context_length); give at most "
+                              f"{model_max_seq_len}, or allow it with --allow-long-max-model-len "
+                              "(INFERCTL_ALLOW_LONG_MAX_MODEL_LEN=1): output past the trained length degrades")
         return dataclasses.replace(self, device=device, dtype=dtype, max_model_len=max_model_len)
 
     @property
