@@ -1,0 +1,31 @@
+"""bench.profile_step: argument checks and a real profile (batch 1 and 32 mixed) of the 2-layer synthetic model."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import profile_step
+
+
+@pytest.mark.parametrize("args", [["--threads", "0"], ["--top", "0"]])
+def test_bad_arguments_exit_2(args, capsys):
+    with pytest.raises(SystemExit) as exc:
+        profile_step.main(args)
+    assert exc.value.code == 2
+    assert "must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_profile_of_a_real_engine(mixed, capsys):
+    argv = ["--model", "synthetic-tiny", "--threads", "1", "--top", "5", "--sort", "cumulative"]
+    argv += ["--mixed"] if mixed else []
+    assert profile_step.main(argv) == 0
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
+    assert first.startswith("synthetic-tiny full " + ("32 mixed" if mixed else "batch 1"))
+    rate = float(first.split(": ")[1].split(" tok/s")[0].replace(",", ""))
+    assert rate > 0
+    if mixed:
+        assert "'steps':" in first        # the run's steps and mean batch are printed
+    assert "function calls" in out
+    assert "engine.py" in out          # the profile reaches the engine's step
