@@ -41,7 +41,9 @@ class EngineBackend:
         bundle = load_model(str(model))
         self.bundle = bundle
         self.engine = LLMEngine(bundle, EngineConfig(num_threads=threads, max_model_len=max_model_len,
-                                                     max_num_seqs=max_num_seqs, device="cpu"))
+                                                     max_num_seqs=max_num_seqs, device="cpu",
+                                                     # runs C/D measure past the trained context on purpose
+                                                     allow_long_max_model_len=max_model_len is not None))
         self.max_model_len = int(self.engine.config.max_model_len)
         self.max_window = self.max_model_len
         self.bos_id = getattr(bundle.tokenizer, "bos_id", None)

@@ -33,8 +33,8 @@ class Served:
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = log
         cmd = [sys.executable, "-m", "inferctl", "engine", "serve", "--model", str(stories_dir / "stories260K.bin"),
-               "--port", str(self.port), "--max-model-len", "2048", "--shutdown-grace-seconds", str(grace),
-               "--log-level", "info"]
+               "--port", str(self.port), "--max-model-len", "2048", "--allow-long-max-model-len",  # > trained 512
+               "--shutdown-grace-seconds", str(grace), "--log-level", "info"]
         self._err = open(log, "wb")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self._err,
                                      env={**os.environ, "OMP_NUM_THREADS": "1"})

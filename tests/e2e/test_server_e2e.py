@@ -28,7 +28,7 @@ def server(stories_dir, tmp_path_factory):
     base = f"http://127.0.0.1:{port}"
     proc = start_inferctl(["engine", "serve", "--model", str(stories_dir / "stories260K.bin"), "--light-model", "demo",
                            "--light-served-model-name", "light", "--port", str(port), "--max-model-len", "2048",
-                           "--memory-budget", "512MiB", "--log-level", "info"],
+                           "--allow-long-max-model-len", "--memory-budget", "512MiB", "--log-level", "info"],
                           log, env=env, ready_url=f"{base}/health", timeout=60, stdout=subprocess.PIPE)
     yield {"base": base, "proc": proc, "log": log}
     if proc.poll() is None:

@@ -174,7 +174,8 @@ def _start_engine(model: str | None, max_model_len: int | None, err: Any) -> tup
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    extra = ["--max-model-len", str(max_model_len)] if max_model_len else []
+    # past the model's own maximum on purpose (docs/longtext.md run C/D): the engine refuses that unless told
+    extra = ["--max-model-len", str(max_model_len), "--allow-long-max-model-len"] if max_model_len else []
     url = f"http://127.0.0.1:{port}"
     log = Path(tempfile.gettempdir()) / f"inferctl-longtext-engine-{port}.log"
     sup = EngineSupervisor("longtext", engine_serve_argv(port, model=model, extra=extra), url,
