@@ -112,7 +112,8 @@ def admin_token_option(token: Optional[str], token_file: Optional[str]) -> Optio
 
 def port_in_use(host: str, port: int) -> bool:
     """True when ``host:port`` cannot be bound now (another process listens there); port 0 (any
-    free port) is never in use. Same socket options as uvicorn (``SO_REUSEADDR``)."""
+    free port) is never in use. Same socket options as uvicorn (``SO_REUSEADDR``). Raises
+    ``socket.gaierror`` when ``host`` does not resolve."""
     import socket
 
     if not port:
@@ -121,6 +122,8 @@ def port_in_use(host: str, port: int) -> bool:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
+    except socket.gaierror:
+        raise
     except OSError:
         return True
     finally:
@@ -305,9 +308,12 @@ def serve(
     model = model if model is not None else model_arg
     try:
         check_bind_host(host)   # before the port check: "port 8000 is in use on bad host!" misled
+        in_use = port_in_use(host, port)
     except ValueError as exc:
         _die(str(exc))
-    if port_in_use(host, port):
+    except OSError as exc:   # socket.gaierror: the name does not resolve
+        _die(f"--host: {host!r} does not resolve ({exc.strerror or exc})")
+    if in_use:
         _die(f"port {port} (engine) is in use on {host}; choose another with --port N")
     if kv_cache_dtype not in ("auto", "int8"):
         _die(f"--kv-cache-dtype: must be auto or int8, got {kv_cache_dtype!r}")

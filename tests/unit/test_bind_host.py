@@ -50,3 +50,9 @@ def test_controller_config_refuses_a_bad_launch_host():
     with pytest.raises(ConfigError) as e:
         parse_config({"engines": [{"name": "e", "launch": {"host": "bad host!", "port": 8001}}]})
     assert "launch.host: 'bad host!' is not a host name or address" in str(e.value)
+
+
+def test_engine_serve_says_a_host_name_that_does_not_resolve_instead_of_port_in_use():
+    res = CliRunner().invoke(app, ["engine", "serve", "--host", "nosuchhost.invalid"])   # RFC 6761: never resolves
+    assert res.exit_code == 2, res.output
+    assert "--host: 'nosuchhost.invalid' does not resolve" in res.output and "in use" not in res.output
