@@ -52,7 +52,19 @@ class BaseTokenizer:
         return self._piece_bytes[i]
 
     def decode(self, ids: list[int]) -> str:
-        """Text of a full id list (BOS/EOS and other control ids skipped; see module docstring)."""
+        """Text of a full id list (BOS/EOS and other control ids skipped; see module docstring).
+
+        ValueError for an id outside ``[0, vocab_size)``. A list without BOS (or a tokenizer
+        without a dummy prefix) joins the ids' bytes from a table with control ids as b"" (the
+        detokenizer's per-token call, ~2x faster than the loop); otherwise the loop below."""
+        if not ids:
+            return ""
+        if not (self.add_dummy_prefix and self.bos_id in ids) and min(ids) >= 0 and max(ids) < self.vocab_size:
+            table = self.__dict__.get("_decode_bytes")
+            if table is None:
+                table = self._decode_bytes = [b"" if i in self._skip else b
+                                              for i, b in enumerate(self._piece_bytes[:self.vocab_size])]
+            return b"".join([table[i] for i in ids]).decode("utf-8", errors="replace")
         out = bytearray()
         prev = None
         for i in ids:

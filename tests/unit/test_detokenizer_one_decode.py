@@ -118,3 +118,26 @@ def test_window_moves_keep_the_window_bounded(stories_tok):
     assert d.text + d.flush() == stories_tok.decode(ids)
     assert counting.calls < 1.25 * len(ids)
     assert counting.ids < 7 * len(ids)
+
+
+@pytest.mark.parametrize("which", ["stories", "smollm"])
+def test_decode_table_path_equals_the_per_id_loop(which, stories_tok, request):
+    """decode's joined-table path (no BOS) and its loop (BOS: dummy-prefix strip) agree with
+    the documented rule: control ids skipped, a piece after BOS loses its leading space."""
+    tok = stories_tok if which == "stories" else request.getfixturevalue("smollm_tok")
+    rng = random.Random(3)
+    for _ in range(2000):
+        ids = [rng.randrange(tok.vocab_size) for _ in range(rng.randrange(0, 12))]
+        if rng.random() < 0.3 and tok.bos_id is not None:
+            ids.insert(rng.randrange(len(ids) + 1), tok.bos_id)
+        out, prev = bytearray(), None
+        for i in ids:
+            if i not in tok._skip:
+                b = tok.token_bytes(i)
+                out += b[1:] if prev == tok.bos_id and tok.add_dummy_prefix and b[:1] == b" " else b
+            prev = i
+        assert tok.decode(ids) == out.decode("utf-8", errors="replace")
+    with pytest.raises(ValueError):
+        tok.decode([0, tok.vocab_size])
+    with pytest.raises(ValueError):
+        tok.decode([-1])
