@@ -19,8 +19,9 @@ a client's request (docs/router.md "API keys").
 
 from __future__ import annotations
 
+from inferctl.contract.client_key import api_key_refusal
 from inferctl.contract.errors import APIError
-from inferctl.contract.http import Unauthorized, check_api_key, check_bearer
+from inferctl.contract.http import check_api_key
 
 #: The flag (and variable) a bad key is reported under.
 API_KEY_SOURCE = "--api-key (or $INFERCTL_API_KEY)"
@@ -50,15 +51,4 @@ class ClientKey:
         """None when the raw ASGI ``headers`` (``[(name, value), ...]``, lowercase byte names)
         carry ``Authorization: Bearer <api_key>``; else the engine's 401 :class:`APIError`
         (``invalid_api_key``; message ``missing API key: ...`` or ``incorrect API key``)."""
-        header = None
-        for name, value in headers:
-            if name == b"authorization":
-                header = value.decode("latin-1")
-                break
-        try:
-            check_bearer(header, self.api_key)
-        except Unauthorized as exc:
-            message = ("missing API key: send 'Authorization: Bearer <key>'" if exc.reason == "missing_token"
-                       else "incorrect API key")
-            return APIError(401, message, code="invalid_api_key", headers=dict(exc.headers))
-        return None
+        return api_key_refusal(headers, self.api_key)

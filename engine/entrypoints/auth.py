@@ -15,8 +15,8 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from inferctl.contract.errors import APIError
-from inferctl.contract.http import Unauthorized, check_api_key, check_bearer
+from inferctl.contract.client_key import api_key_refusal
+from inferctl.contract.http import check_api_key
 
 
 def protected(path: str) -> bool:
@@ -38,17 +38,8 @@ class ApiKeyMiddleware:
         if scope.get("type") != "http" or not protected(scope.get("path", "")):
             await self.app(scope, receive, send)
             return
-        header = None
-        for name, value in scope.get("headers") or ():
-            if name == b"authorization":
-                header = value.decode("latin-1")
-                break
-        try:
-            check_bearer(header, self.api_key)
-        except Unauthorized as exc:
-            message = ("missing API key: send 'Authorization: Bearer <key>'" if exc.reason == "missing_token"
-                       else "incorrect API key")
-            err = APIError(401, message, code="invalid_api_key", headers=dict(exc.headers))
+        err = api_key_refusal(scope.get("headers") or (), self.api_key)
+        if err is not None:
             await JSONResponse(err.body(), status_code=401, headers=err.headers)(scope, receive, send)
             return
         await self.app(scope, receive, send)
