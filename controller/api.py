@@ -52,7 +52,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from starlette.concurrency import run_in_threadpool
 
-from inferctl.contract.http import BodyRejected, HostGuard, RequestRejected, Unauthorized, check_bearer, read_json_body
+from inferctl.contract.hosts import HostGuard
+from inferctl.contract.http import BodyRejected, RequestRejected, Unauthorized, check_bearer, read_json_body
 from inferctl.contract.openapi import ControllerErrorEnvelope, Param, allow_header, install_openapi, route_doc
 from inferctl.controller.exposition import FleetExposition
 from inferctl.controller.actions import ActionResult
@@ -231,7 +232,7 @@ def create_app(controller: Any, admin_token: str, *, bind_host: str | None = Non
     """The controller API over ``controller`` (a :class:`~controller.loop.Controller`).
 
     ``bind_host`` (the listen address): given, every request's ``Host`` must pass
-    :func:`inferctl.contract.http.host_allowed` with ``allowed_hosts`` (421
+    :func:`inferctl.contract.hosts.host_allowed` with ``allowed_hosts`` (421
     ``host_not_allowed`` otherwise: DNS rebinding); None checks no ``Host``.
 
     Raises:

@@ -34,7 +34,8 @@ from typing import Optional
 import typer
 
 from inferctl.contract import units
-from inferctl.contract.http import check_api_key, check_bind_host
+from inferctl.contract.hosts import check_bind_host
+from inferctl.contract.http import check_api_key
 
 
 def parse_size(text: str, name: str = "--memory-budget") -> int:

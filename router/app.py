@@ -45,7 +45,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from inferctl.contract.errors import REJECTION_CODES, APIError
-from inferctl.contract.http import HostGuard, RequestRejected, host_allowed, read_json_body
+from inferctl.contract.hosts import HostGuard, host_allowed
+from inferctl.contract.http import RequestRejected, read_json_body
 from inferctl.contract.openai import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                      CompletionResponse, ModelList, ProtocolLimits, validate_model)
 from inferctl.contract.openapi import allow_header, install_openapi, route_doc
@@ -108,7 +109,7 @@ class RouterApp(FastAPI):
     """FastAPI with a hot path: an HTTP ``POST`` to a path of ``fast_routes`` (path → ASGI
     handler) whose ``Host`` passes ``host_ok`` (None: no check) goes to its handler directly;
     everything else (other routes, lifespan, a refused ``Host``, which the slow path's
-    :class:`~inferctl.contract.http.HostGuard` answers with 421) takes FastAPI's stack. An
+    :class:`~inferctl.contract.hosts.HostGuard` answers with 421) takes FastAPI's stack. An
     exception the handler raises reaches the server as before (uvicorn logs it and answers 500
     when nothing was sent yet). ``client_key`` (a :class:`~inferctl.router.auth.ClientKey`,
     None: open): a request to ``/v1`` or below whose ``Host`` passes gets the engine's 401
@@ -149,7 +150,7 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
     engines' (default :class:`ProtocolLimits`). The probe loop starts with the app's lifespan;
     without a lifespan (ASGI tests) call ``await app.state.router.prober.round()``.
     ``bind_host`` (the address it listens on): given, every request's ``Host`` must pass the
-    DNS-rebinding rule of :func:`inferctl.contract.http.host_allowed` (421 otherwise), as on
+    DNS-rebinding rule of :func:`inferctl.contract.hosts.host_allowed` (421 otherwise), as on
     the engine and the controller; ``allowed_hosts`` are the ``--allowed-host`` names.
     """
     config.validate()
@@ -313,7 +314,7 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 
 def _host_ok(scope: Scope, *, allowed: Any) -> bool:
-    """The request's ``Host`` passes :func:`inferctl.contract.http.host_allowed` (HostGuard's rule;
+    """The request's ``Host`` passes :func:`inferctl.contract.hosts.host_allowed` (HostGuard's rule;
     ``allowed``: that rule over the raw header value, cached per value)."""
     return allowed(next((v for k, v in scope.get("headers") or () if k == b"host"), None))
 

@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import typer
 
-from inferctl.contract.http import check_bind_host
+from inferctl.contract.hosts import check_bind_host
 from inferctl.contract.units import parse_size
 from inferctl.router.config import ConfigError, RouterConfig, load_config_file, parse_engine, upstream_key_from_env
 

@@ -32,7 +32,8 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import FastAPI
 
-from inferctl.contract.http import HostGuard, check_api_key
+from inferctl.contract.hosts import HostGuard
+from inferctl.contract.http import check_api_key
 from inferctl.contract.openai import ProtocolLimits
 from inferctl.contract.openapi import install_openapi
 from inferctl.engine import __version__
@@ -69,7 +70,7 @@ def create_app(engines: dict[str, AsyncEngineHandle], *, admin_token: str | None
         manage_engines: start the engines on app startup and shut them down on exit (the CLI);
             tests that drive the app in-process manage the engines themselves.
         bind_host: the address the server listens on; given, every request's ``Host`` must
-            pass :func:`inferctl.contract.http.host_allowed` (421 otherwise: DNS rebinding);
+            pass :func:`inferctl.contract.hosts.host_allowed` (421 otherwise: DNS rebinding);
             None (in-process tests) checks no ``Host``.
         allowed_hosts: extra accepted ``Host`` names (``--allowed-host``).
         api_key: given, ``/v1/*`` needs ``Authorization: Bearer <api_key>`` (401 otherwise;

@@ -1,5 +1,5 @@
 """The bind address of the engine, the router and the controller (hostile-input E1/R3): one
-validator, :func:`inferctl.contract.http.check_bind_host`; a bad ``--host`` exits 2 naming the
+validator, :func:`inferctl.contract.hosts.check_bind_host`; a bad ``--host`` exits 2 naming the
 flag before anything loads or binds (it said "port 8000 is in use on bad host!" / exited 3)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from inferctl.cli import app
-from inferctl.contract.http import check_bind_host
+from inferctl.contract.hosts import check_bind_host
 
 BAD_MESSAGE = "--host: 'bad host!' is not a host name or address"
 

@@ -9,9 +9,9 @@ import json
 import pytest
 
 from inferctl.contract.errors import APIError
-from inferctl.contract.http import (MIN_ADMIN_TOKEN_CHARS, BodyRejected, HostGuard, check_admin_token,
-                                    check_json_content_type, host_allowed, host_name, read_json_body,
-                                    read_token_file)
+from inferctl.contract.hosts import HostGuard, host_allowed, host_name
+from inferctl.contract.http import (MIN_ADMIN_TOKEN_CHARS, BodyRejected, check_admin_token, check_json_content_type,
+                                    read_json_body, read_token_file)
 from inferctl.contract.openai import check_prompt_chars, max_prompt_chars
 
 
