@@ -11,13 +11,12 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from typing import Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from inferctl.contract.http import check_bind_host
 from inferctl.contract.yamlfile import load_yaml
+from inferctl.controller.config_checks import HHMM, WEEKDAYS, BindHost, check_http_url, check_scope
 from inferctl.controller.config_launch import ApiKeyKey, ChatTemplateKey, launch_problem
 
 DEFAULT_CONTROLLER_PORT = 8900
@@ -42,7 +41,6 @@ class _Model(BaseModel):
 GRACE_MARGIN_SECONDS = 13.0
 
 
-BindHost = Annotated[str, AfterValidator(lambda v: check_bind_host(v, ""))]   #: an IP literal or a host name
 
 
 class LaunchConfig(_Model):
@@ -170,23 +168,6 @@ class EngineConfig(_Model):
         if self.admin_token_env:
             return os.environ.get(self.admin_token_env) or None
         return None
-
-
-def check_http_url(v: str) -> str:
-    """``v`` if it is an ``http://``/``https://`` URL with a host and a valid port (1-65535);
-    raises ``ValueError`` saying what is wrong."""
-    if not re.match(r"^https?://[^/\s]+", v) or any(c.isspace() for c in v):
-        raise ValueError(f"must be an http:// or https:// URL, got {v!r}")
-    try:
-        parts = urlsplit(v)
-        port = parts.port          # ValueError for a port out of range or not a number
-    except ValueError as exc:
-        raise ValueError(f"{v!r} is not a valid URL ({exc})") from None
-    if not parts.hostname:
-        raise ValueError(f"{v!r} has no host")
-    if port == 0:
-        raise ValueError(f"{v!r}: port must be 1-65535")
-    return v
 
 
 def gpu_source_option_names(kind: str) -> tuple[str, ...]:
@@ -368,18 +349,6 @@ class EventLogRetentionConfig(_Model):
         return parse_size(self.max_bytes, "max_bytes", decimal_si=False, min_bytes=1)
 
 
-_SCOPE = re.compile(r"^(all|engine:[A-Za-z0-9][A-Za-z0-9_.-]{0,63}|gpu:\d{1,3})$")
-_HHMM = re.compile(r"^([01]\d|2[0-3]):[0-5]\d$")
-WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
-
-
-def check_scope(v: str) -> str:
-    """A pause scope: ``all``, ``engine:NAME`` or ``gpu:N``; ValueError naming the form otherwise."""
-    if not isinstance(v, str) or not _SCOPE.match(v):
-        raise ValueError(f"{v!r} is not a scope: all, engine:NAME or gpu:N")
-    return v
-
-
 class MaintenanceWindow(_Model):
     """A time when automatic actions are paused (decisions still computed and logged as "would
     have acted"). Either absolute ``start``/``end`` (ISO 8601 with a time zone), or weekly
@@ -426,7 +395,7 @@ class MaintenanceWindow(_Model):
         else:
             for name in ("from_time", "to_time"):
                 v = getattr(self, name)
-                if v is None or not _HHMM.match(v):
+                if v is None or not HHMM.match(v):
                     raise ValueError(f"{name}: {v!r} must be HH:MM (00:00..23:59, UTC)")
             if not self.days or self.from_time == self.to_time:
                 raise ValueError("days: at least one day, and from_time != to_time")
