@@ -111,6 +111,11 @@ def parse_prometheus_text(text: str, keep: frozenset[str] | None = None) -> tupl
         if sample is not None:
             samples.append(sample)
             continue
+        if " " not in line and "\t" not in line:
+            # no blank, so no value: prometheus-client refuses every such line (a truncated
+            # scrape's last line, an excerpt's ``...``); its parser took ~0.1 ms to say so
+            bad.append(line)
+            continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
         header = ""
         for fam, tl in type_lines.items():

@@ -105,3 +105,19 @@ def test_label_blocks_cached_by_text_give_each_sample_its_own_dict() -> None:
     assert _fast_sample('d{x="1",x="2"} 4', set()) is None
     samples, bad = parse_prometheus_text('d{x="1",x="2"} 4\n')
     assert samples == [] and bad == ['d{x="1",x="2"} 4']
+
+
+@pytest.mark.parametrize("line", ["...", "garbage{{{", 'x{a="1"}', "name_only", "12345", "5"])
+def test_a_line_without_a_blank_is_damaged_without_asking_prometheus_client(line, monkeypatch):
+    """A sample needs a blank before its value: prometheus-client refuses every line without one
+    (checked here), and the parser reports it as damaged without running that parser (~0.1 ms a
+    line: a truncated scrape, an excerpt's ``...``)."""
+    with pytest.raises((ValueError, TypeError, IndexError)):
+        list(text_string_to_metric_families(line + "\n"))
+    import inferctl.controller.scrape.promtext as promtext
+
+    def refuse(text: str):
+        raise AssertionError(f"slow parser asked for {text!r}")
+    monkeypatch.setattr(promtext, "text_string_to_metric_families", refuse)
+    samples, bad = parse_prometheus_text(f"# TYPE {line} gauge\nok 1\n{line}\n")
+    assert [(s.name, s.value) for s in samples] == [("ok", 1.0)] and bad == [line]
