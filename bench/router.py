@@ -24,6 +24,11 @@ serve``) and four routers (``inferctl router``, subprocesses) on loopback, then 
    long system prompt, on the real chat model, through a router with affinity and one without,
    ``--aff-runs`` alternated runs; ``--affinity-only`` runs just this part.
 
+``--overhead-only`` starts one engine and one router and runs only part 1 (pinned unless
+``--no-pin``); with ``--write`` it replaces only part 1 of the router section of docs/benchmarks.md
+(between ``<!-- bench:router-overhead:start/end -->``, :func:`replace_overhead`), keeping the other
+parts' tables and the notes after them.
+
 The client is aiohttp on the same 2 cores as the servers: every figure includes that contention
 (and any outside load: the report gives the load average). Writes the ``router`` section of
 docs/benchmarks.md with ``--write``.
@@ -40,7 +45,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench.common import STORIES_BIN, fmt, machine_facts, md_table, percentile, section, write_section
+from bench.common import DOC, STORIES_BIN, fmt, machine_facts, md_table, percentile, section, write_section
 from bench.router_affinity import (BOOK, CHAT_MEMORY_BUDGET, TURNS, affinity, affinity_summary, by_turn_table,  # noqa: F401
                                    free_port as _port, spawn as _spawn, stop as _stop, system_prompts, wait as _wait)
 
@@ -146,6 +151,91 @@ def _pin(pid: int, cpus: set[int] | None) -> None:
             pass
 
 
+def measure_overhead(engine: str, router: str, engine_pid: int, router_pid: int, *, rounds: int = 3,
+                     clients: int = 64, per_client: int = 4, pin: bool = True) -> dict:
+    """Part 1 (module docstring) against a running ``engine`` (URL, process ``engine_pid``) and a
+    ``router`` in front of it alone (URL, ``router_pid``): ``overhead`` (a dict per round),
+    ``sequential`` (one client, per round), ``pinned`` (the two CPU sets, or None), ``clients``,
+    ``per_client``. ``pin``: the client and the engine on the first CPU, the router on the second
+    (``os.sched_setaffinity``; skipped with one CPU), every process back on every CPU after."""
+    over = []
+    cpus = sorted(os.sched_getaffinity(0))
+    # pinned: the load generator and engine main-0 share one core, the router has another, so the
+    # router's CPU never comes out of the engine's or the client's (a router on its own host)
+    pinned = (pin and len(cpus) >= 2) and ({cpus[0]}, {cpus[1]})
+    if pinned:
+        _pin(0, pinned[0])
+        _pin(engine_pid, pinned[0])
+        _pin(router_pid, pinned[1])
+    seq = []
+    for _ in range(rounds):        # one client, sequential: the overhead without queueing
+        d = asyncio.run(_closed_loop(engine, 1, n_per_client=40))
+        r = asyncio.run(_closed_loop(router, 1, n_per_client=40))
+        seq.append({"direct_p50": percentile(d["lat"], 50), "router_p50": percentile(r["lat"], 50),
+                    "added_p50": percentile(r["lat"], 50) - percentile(d["lat"], 50)})
+    for _ in range(rounds):
+        e0, b0, k0 = _cpu_seconds(engine_pid), _engine_steps(engine), time.process_time()
+        d = asyncio.run(_closed_loop(engine, clients, n_per_client=per_client))
+        e1, b1, k1 = _cpu_seconds(engine_pid), _engine_steps(engine), time.process_time()
+        # the router's upstream connections open again if they idled past their keep-alive
+        asyncio.run(_closed_loop(router, clients, n_per_client=1))
+        h0 = _overhead_metric(router)
+        u0, e2, b2, k2 = (_cpu_seconds(router_pid), _cpu_seconds(engine_pid), _engine_steps(engine),
+                          time.process_time())
+        r = asyncio.run(_closed_loop(router, clients, n_per_client=per_client))
+        u1, e3, b3, k3 = (_cpu_seconds(router_pid), _cpu_seconds(engine_pid), _engine_steps(engine),
+                          time.process_time())
+        h1 = _overhead_metric(router)
+        over.append({"direct_p50": percentile(d["lat"], 50), "direct_p99": percentile(d["lat"], 99),
+                     "router_p50": percentile(r["lat"], 50), "router_p99": percentile(r["lat"], 99),
+                     "direct_rps": d["n"] / d["wall"], "router_rps": r["n"] / r["wall"],
+                     "errors": d["errors"] + r["errors"], "n": d["n"] + r["n"],
+                     "router_own_mean": (h1["sum"] - h0["sum"]) / (h1["count"] - h0["count"])
+                     if h1["count"] > h0["count"] else None,
+                     "router_own_p50": histogram_quantile(0.5, h0, h1),
+                     "router_own_p99": histogram_quantile(0.99, h0, h1),
+                     "router_cpu_ms_per_req": 1000 * (u1 - u0) / max(1, r["n"]),
+                     "client_cpu_ms_per_req_direct": 1000 * (k1 - k0) / max(1, d["n"]),
+                     "client_cpu_ms_per_req_routed": 1000 * (k3 - k2) / max(1, r["n"]),
+                     "engine_cpu_ms_per_req_direct": 1000 * (e1 - e0) / max(1, d["n"]),
+                     "engine_cpu_ms_per_req_routed": 1000 * (e3 - e2) / max(1, r["n"]),
+                     "seqs_per_step_direct": (b1[1] - b0[1]) / max(1, b1[0] - b0[0]),
+                     "seqs_per_step_routed": (b3[1] - b2[1]) / max(1, b3[0] - b2[0])})
+    for o in over:
+        o["added_p50"] = o["router_p50"] - o["direct_p50"]
+        o["added_p99"] = o["router_p99"] - o["direct_p99"]
+    if pinned:
+        for pid in (0, engine_pid, router_pid):
+            _pin(pid, set(cpus))
+    return {"overhead": over, "sequential": seq, "clients": clients, "per_client": per_client,
+            "pinned": None if not pinned else [sorted(pinned[0]), sorted(pinned[1])]}
+
+
+def run_overhead(rounds: int = 3, clients: int = 64, per_client: int = 4, pin: bool = True) -> dict:
+    """``--overhead-only``: start one engine (main-0) and one router in front of it, warm them up,
+    :func:`measure_overhead`, stop them."""
+    workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-router-{os.getpid()}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    procs: list[subprocess.Popen] = []
+    try:
+        port = _port()
+        procs.append(_spawn(["engine", "serve", "--model", str(STORIES_BIN), "--port", str(port), *ENGINE_ARGS],
+                            workdir / "engine-0.log"))
+        engine = f"http://127.0.0.1:{port}"
+        port = _port()
+        procs.append(_spawn(["router", "--port", str(port), "--log-level", "warning", "--probe-interval", "0.5",
+                             "--engine", f"main-0={engine}"], workdir / "router-r1.log"))
+        router = f"http://127.0.0.1:{port}"
+        _wait(engine + "/ready")
+        _wait(router + "/ready")
+        asyncio.run(_closed_loop(engine, 8, n_per_client=4))              # warm-up
+        asyncio.run(_closed_loop(router, 8, n_per_client=4))
+        return measure_overhead(engine, router, procs[0].pid, procs[1].pid, rounds=rounds, clients=clients,
+                                per_client=per_client, pin=pin)
+    finally:
+        _stop(procs)
+
+
 def run(rounds: int = 3, clients: int = 64, per_client: int = 4, tp_seconds: float = 6.0, chats: int = 6,
         groups: int = 3, turns: int = 3, system_chars: int = 6000, aff_runs: int = 1, pin: bool = True,
         chat_memory_budget: str = CHAT_MEMORY_BUDGET) -> dict:
@@ -176,56 +266,8 @@ def run(rounds: int = 3, clients: int = 64, per_client: int = 4, tp_seconds: flo
             _wait(url + "/ready")
         asyncio.run(_closed_loop(engines[0], 8, n_per_client=4))              # warm-up
         asyncio.run(_closed_loop(routers["r1"], 8, n_per_client=4))
-        over = []
-        router_pid, engine_pid = procs[3].pid, procs[0].pid
-        cpus = sorted(os.sched_getaffinity(0))
-        # pinned: the load generator and engine main-0 share one core, the router has another, so the
-        # router's CPU never comes out of the engine's or the client's (a router on its own host)
-        pinned = (pin and len(cpus) >= 2) and ({cpus[0]}, {cpus[1]})
-        if pinned:
-            _pin(0, pinned[0])
-            _pin(engine_pid, pinned[0])
-            _pin(router_pid, pinned[1])
-        seq = []
-        for _ in range(rounds):        # one client, sequential: the overhead without queueing
-            d = asyncio.run(_closed_loop(engines[0], 1, n_per_client=40))
-            r = asyncio.run(_closed_loop(routers["r1"], 1, n_per_client=40))
-            seq.append({"direct_p50": percentile(d["lat"], 50), "router_p50": percentile(r["lat"], 50),
-                        "added_p50": percentile(r["lat"], 50) - percentile(d["lat"], 50)})
-        for _ in range(rounds):
-            e0, b0, k0 = _cpu_seconds(engine_pid), _engine_steps(engines[0]), time.process_time()
-            d = asyncio.run(_closed_loop(engines[0], clients, n_per_client=per_client))
-            e1, b1, k1 = _cpu_seconds(engine_pid), _engine_steps(engines[0]), time.process_time()
-            # the router's upstream connections open again if they idled past their keep-alive
-            asyncio.run(_closed_loop(routers["r1"], clients, n_per_client=1))
-            h0 = _overhead_metric(routers["r1"])
-            u0, e2, b2, k2 = (_cpu_seconds(router_pid), _cpu_seconds(engine_pid), _engine_steps(engines[0]),
-                              time.process_time())
-            r = asyncio.run(_closed_loop(routers["r1"], clients, n_per_client=per_client))
-            u1, e3, b3, k3 = (_cpu_seconds(router_pid), _cpu_seconds(engine_pid), _engine_steps(engines[0]),
-                              time.process_time())
-            h1 = _overhead_metric(routers["r1"])
-            over.append({"direct_p50": percentile(d["lat"], 50), "direct_p99": percentile(d["lat"], 99),
-                         "router_p50": percentile(r["lat"], 50), "router_p99": percentile(r["lat"], 99),
-                         "direct_rps": d["n"] / d["wall"], "router_rps": r["n"] / r["wall"],
-                         "errors": d["errors"] + r["errors"], "n": d["n"] + r["n"],
-                         "router_own_mean": (h1["sum"] - h0["sum"]) / (h1["count"] - h0["count"])
-                         if h1["count"] > h0["count"] else None,
-                         "router_own_p50": histogram_quantile(0.5, h0, h1),
-                         "router_own_p99": histogram_quantile(0.99, h0, h1),
-                         "router_cpu_ms_per_req": 1000 * (u1 - u0) / max(1, r["n"]),
-                         "client_cpu_ms_per_req_direct": 1000 * (k1 - k0) / max(1, d["n"]),
-                         "client_cpu_ms_per_req_routed": 1000 * (k3 - k2) / max(1, r["n"]),
-                         "engine_cpu_ms_per_req_direct": 1000 * (e1 - e0) / max(1, d["n"]),
-                         "engine_cpu_ms_per_req_routed": 1000 * (e3 - e2) / max(1, r["n"]),
-                         "seqs_per_step_direct": (b1[1] - b0[1]) / max(1, b1[0] - b0[0]),
-                         "seqs_per_step_routed": (b3[1] - b2[1]) / max(1, b3[0] - b2[0])})
-        for o in over:
-            o["added_p50"] = o["router_p50"] - o["direct_p50"]
-            o["added_p99"] = o["router_p99"] - o["direct_p99"]
-        if pinned:
-            for pid in (0, engine_pid, router_pid):
-                _pin(pid, set(cpus))
+        ov = measure_overhead(engines[0], routers["r1"], procs[0].pid, procs[3].pid, rounds=rounds, clients=clients,
+                              per_client=per_client, pin=pin)
         tp = {}
         for name in ("r1", "r2", "r3"):
             res = asyncio.run(_closed_loop(routers[name], 32, seconds=tp_seconds, max_tokens=32, prompt=SHORT))
@@ -234,9 +276,38 @@ def run(rounds: int = 3, clients: int = 64, per_client: int = 4, tp_seconds: flo
     finally:
         _stop(procs)
     aff = affinity(workdir, chats, groups, turns, system_chars, aff_runs, memory_budget=chat_memory_budget)
-    return {"overhead": over, "sequential": seq, "throughput": tp, "affinity": aff, "clients": clients,
-            "pinned": None if not pinned else [sorted(pinned[0]), sorted(pinned[1])],
-            "per_client": per_client, "tp_seconds": tp_seconds}
+    return {**ov, "throughput": tp, "affinity": aff, "tp_seconds": tp_seconds}
+
+
+#: The markers around part 1 inside the router section (``--overhead-only --write`` replaces what
+#: is between them, or, in a section written before they existed, the paragraphs from
+#: ``**Router overhead**`` up to ``**Aggregate throughput**``).
+OVERHEAD_START, OVERHEAD_END = "<!-- bench:router-overhead:start -->", "<!-- bench:router-overhead:end -->"
+
+
+def replace_overhead(doc: str, block: str) -> str:
+    """``doc`` (docs/benchmarks.md's text) with part 1 of its router section replaced by ``block``
+    (kept between :data:`OVERHEAD_START` / :data:`OVERHEAD_END`); the other parts' tables and any
+    notes after them stay as they are.
+
+    Raises:
+        ValueError: no router section, or no part 1 in it (neither the markers nor the
+            ``**Router overhead**`` … ``**Aggregate throughput**`` paragraphs)."""
+    start, end = "<!-- bench:router:start -->", "<!-- bench:router:end -->"
+    a, b = doc.find(start), doc.find(end)
+    if a < 0 or b < a:
+        raise ValueError("docs/benchmarks.md has no router section: run `python -m bench.router --write` first")
+    sec = doc[a:b]
+    new = f"{OVERHEAD_START}\n{block.strip()}\n{OVERHEAD_END}"
+    i, j = sec.find(OVERHEAD_START), sec.find(OVERHEAD_END)
+    if 0 <= i < j:
+        j += len(OVERHEAD_END)
+    else:
+        i, j = sec.find("**Router overhead**"), sec.find("**Aggregate throughput**")
+        if not 0 <= i < j:
+            raise ValueError("the router section has no overhead part to replace")
+        new += "\n\n"
+    return doc[:a] + sec[:i] + new + sec[j:] + doc[b:]
 
 
 def _client_versions() -> str:
@@ -257,10 +328,10 @@ def load_sentence(uptime: str, load_1m: float, cpus: int | None) -> str:
     return base + f" Load average at the start {load_1m} on {cpus} CPUs: no outside load above the CPU count."
 
 
-def render(res: dict, uptime: str, facts: dict | None = None) -> str:
-    """The markdown body of the ``router`` section (``facts``: :func:`bench.common.machine_facts`
-    at the start, for the load sentence)."""
-    facts = facts or machine_facts()
+def render_overhead(res: dict, busy: bool = False) -> str:
+    """The markdown of part 1 (the overhead table, the verdict, the sequential line, where the
+    router's time goes) from :func:`measure_overhead`'s dict; ``busy``: the load average at the
+    start was above the CPU count (the verdict says the outside load adds to it)."""
     ms = lambda x: fmt(None if x is None else 1000 * x, 2)  # noqa: E731
     best = min(res["overhead"], key=lambda o: o["added_p50"])
     added = [o["added_p50"] for o in res["overhead"]]
@@ -273,30 +344,7 @@ def render(res: dict, uptime: str, facts: dict | None = None) -> str:
              fmt(o["engine_cpu_ms_per_req_direct"], 2), fmt(o["engine_cpu_ms_per_req_routed"], 2),
              f"{fmt(o['seqs_per_step_direct'], 1)} / {fmt(o['seqs_per_step_routed'], 1)}", o["errors"]]
             for i, o in enumerate(res["overhead"])]
-    tp = res["throughput"]
-    base = tp["r1"]["tok_s"]
-    aff = res["affinity"]
-    busy = bool(facts.get("cpus")) and facts["load_1m"] > facts["cpus"]
-
-    def med(runs: list, key: str):
-        vals = [r[key] for r in runs if r[key] is not None]
-        return percentile(vals, 50) if vals else None
-
-    a_p50, b_p50 = med(aff["runs"]["aff"], "ttft_p50"), med(aff["runs"]["off"], "ttft_p50")
-    a_mean, b_mean = med(aff["runs"]["aff"], "ttft_mean"), med(aff["runs"]["off"], "ttft_mean")
-    gain = None if not (a_p50 and b_p50) else 1 - a_p50 / b_p50
-    gain_mean = None if not (a_mean and b_mean) else 1 - a_mean / b_mean
-    later = by_turn_table(aff)[1]
-    aff_rows = []
-    for name, label in (("aff", "prefix affinity (default)"),
-                        ("off", "affinity off (`--affinity-min-chars 1000000`: least load, rotating ties)")):
-        for r in aff["runs"][name]:
-            hit = None if not r["cache_queried"] else 100 * r["cache_hit"] / r["cache_queried"]
-            aff_rows.append([label, r["run"], ms(r["ttft_p50"]), ms(r["ttft_p99"]), ms(r["ttft_mean"]), r["n"],
-                             r["empty"], r["errors"], fmt(hit), r["replicas"], fmt(r["wall"])])
     return "\n".join([
-        load_sentence(uptime, facts["load_1m"], facts.get("cpus")),
-        "",
         f"**Router overhead**, {res['clients']} concurrent clients × {res['per_client']} non-streamed completions"
         " (`max_tokens` 4) straight to one engine vs through a router in front of it, loopback, alternated, "
         f"{len(res['overhead'])} rounds, "
@@ -340,10 +388,46 @@ def render(res: dict, uptime: str, facts: dict | None = None) -> str:
         + f"; median of the rounds' added p50 **{ms(percentile([q['added_p50'] for q in res['sequential']], 50))}"
         " ms**.",
         "",
-        "Where the router's time goes (docs/router.md \"Cost per request\"; cProfile, stamps and"
-        " `time.process_time` of the parts, 2026-12-02): the app alone about 0.2 ms of CPU per request, the"
-        " upstream client (" + _client_versions() + ", one keep-alive `ClientSession`) about 0.3 ms, uvicorn"
-        " (httptools, uvloop), the event loop and the socket system calls the rest; no single part dominates.",
+        "Where the router's time goes (docs/router.md \"Cost per request\"; cProfile, py-spy and"
+        " `time.process_time`, 2026-12-02): the app alone (plain ASGI on the two completion routes, a stub upstream)"
+        " about 0.1–0.15 ms of CPU per request, the upstream client (" + _client_versions() + ", one keep-alive"
+        " `ClientSession`) about a third of the process's CPU, uvicorn (httptools, uvloop), the event loop and the"
+        " socket system calls the rest; no single part dominates.",
+    ])
+
+
+def render(res: dict, uptime: str, facts: dict | None = None) -> str:
+    """The markdown body of the ``router`` section (``facts``: :func:`bench.common.machine_facts`
+    at the start, for the load sentence)."""
+    facts = facts or machine_facts()
+    ms = lambda x: fmt(None if x is None else 1000 * x, 2)  # noqa: E731
+    tp = res["throughput"]
+    base = tp["r1"]["tok_s"]
+    aff = res["affinity"]
+    busy = bool(facts.get("cpus")) and facts["load_1m"] > facts["cpus"]
+
+    def med(runs: list, key: str):
+        vals = [r[key] for r in runs if r[key] is not None]
+        return percentile(vals, 50) if vals else None
+
+    a_p50, b_p50 = med(aff["runs"]["aff"], "ttft_p50"), med(aff["runs"]["off"], "ttft_p50")
+    a_mean, b_mean = med(aff["runs"]["aff"], "ttft_mean"), med(aff["runs"]["off"], "ttft_mean")
+    gain = None if not (a_p50 and b_p50) else 1 - a_p50 / b_p50
+    gain_mean = None if not (a_mean and b_mean) else 1 - a_mean / b_mean
+    later = by_turn_table(aff)[1]
+    aff_rows = []
+    for name, label in (("aff", "prefix affinity (default)"),
+                        ("off", "affinity off (`--affinity-min-chars 1000000`: least load, rotating ties)")):
+        for r in aff["runs"][name]:
+            hit = None if not r["cache_queried"] else 100 * r["cache_hit"] / r["cache_queried"]
+            aff_rows.append([label, r["run"], ms(r["ttft_p50"]), ms(r["ttft_p99"]), ms(r["ttft_mean"]), r["n"],
+                             r["empty"], r["errors"], fmt(hit), r["replicas"], fmt(r["wall"])])
+    return "\n".join([
+        load_sentence(uptime, facts["load_1m"], facts.get("cpus")),
+        "",
+        OVERHEAD_START,
+        render_overhead(res, busy),
+        OVERHEAD_END,
         "",
         f"**Aggregate throughput** through the router, 32 clients, non-streamed, `max_tokens` 32, prompt"
         " `Once upon a time` (16 characters: least-load routing),"
@@ -406,12 +490,27 @@ def main(argv: list[str] | None = None) -> int:
                     help="Overhead part: leave every process on every CPU (default: client + engine on one CPU, "
                          "the router on another).")
     ap.add_argument("--write", action="store_true", help="Write the router section of docs/benchmarks.md.")
+    ap.add_argument("--overhead-only", action="store_true",
+                    help="Run only the overhead part (section 1: one engine, one router; pinned unless --no-pin) "
+                         "and print it; with --write, replace only that part of the router section.")
     ap.add_argument("--affinity-only", action="store_true",
                     help="Run only the affinity part (section 3) and print its runs; never writes.")
     args = ap.parse_args(argv)
     facts = machine_facts()
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     t = time.time()
+    if args.overhead_only:
+        ov = run_overhead(args.rounds, args.clients, args.per_client, pin=not args.no_pin)
+        busy = bool(facts.get("cpus")) and facts["load_1m"] > facts["cpus"]
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        block = (f"Part 1 re-run alone: `python -m bench.router --overhead-only` (one engine, one router), finished"
+                 f" {when}; `uptime` at the start: `{uptime}`.\n\n" + render_overhead(ov, busy)
+                 + f"\n\nWall time of the overhead part: {time.time() - t:.0f} s.")
+        print(json.dumps(ov, indent=1, default=str))
+        print(block)
+        if args.write:
+            DOC.write_text(replace_overhead(DOC.read_text(encoding="utf-8"), block), encoding="utf-8")
+        return 0
     if args.affinity_only:
         workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-router-{os.getpid()}"
         workdir.mkdir(parents=True, exist_ok=True)

@@ -3,8 +3,9 @@
 Routes:
 
 * ``POST /v1/completions``, ``POST /v1/chat/completions`` — the body is read with the strict
-  JSON reader of :mod:`inferctl.contract.http` (``read_json_body`` with the engine's arguments)
-  and validated with the engine's own request
+  JSON reader of :mod:`inferctl.contract.http` (``read_body`` and ``parse_json`` with the engine's
+  arguments; the unpaired-surrogate check runs when the body holds a ``\\u`` escape, the only way
+  strict UTF-8 JSON can spell one) and validated with the engine's own request
   models (:mod:`inferctl.contract.openai`), so bad input gets the engine's 4xx (same status,
   message, ``param`` and ``code``) without reaching a replica; then :class:`~inferctl.router.
   proxy.Forwarder` routes the client's bytes unchanged.
@@ -24,7 +25,9 @@ Every answer carries ``X-Request-Id`` (the client's, or a new one). The probe lo
 
 The two ``POST`` routes are the hot path: :class:`RouterApp` hands them to their handler as
 plain ASGI, before FastAPI's middleware stack, router and endpoint machinery (which stay for
-every other route, for refused ``Host`` headers and for the OpenAPI document). Measured with
+every other route, for refused ``Host`` headers and for the OpenAPI document), with the ASGI
+pieces of :mod:`inferctl.router.asgi` (one header dict, the body over ``receive``, the replica's
+raw response headers passed on). Measured with
 ``python -m bench.router``: the router's CPU per request (docs/router.md, "Cost per request").
 """
 
@@ -35,6 +38,7 @@ import contextlib
 import time
 from dataclasses import dataclass
 from functools import lru_cache, partial
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -46,7 +50,7 @@ from starlette.types import Receive, Scope, Send
 
 from inferctl.contract.errors import REJECTION_CODES, APIError
 from inferctl.contract.hosts import HostGuard, host_allowed
-from inferctl.contract.http import RequestRejected, read_json_body
+from inferctl.contract.http import RequestRejected, parse_json, read_body
 from inferctl.contract.openai import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                      CompletionResponse, ModelList, ProtocolLimits, validate_model)
 from inferctl.contract.openapi import allow_header, install_openapi, route_doc
@@ -57,6 +61,7 @@ from inferctl.router.keys import affinity_prefix, request_id
 from inferctl.router.metrics import build_router_registry
 from inferctl.router.probe import Prober
 from inferctl.router.ratelimit import Admission, RateLimiter, bearer_key
+from inferctl.router.asgi import AsgiBody, scope_headers
 from inferctl.router.proxy import Forwarder
 from inferctl.router.replicas import ReplicaSet
 from inferctl.router.upstream import AiohttpUpstream, HttpxUpstream, Upstream
@@ -196,36 +201,40 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
         app.host_ok = partial(_host_ok, allowed=lru_cache(maxsize=256)(
             partial(_host_allowed, bind_host=bind_host, allowed_hosts=tuple(allowed_hosts))))
 
-    async def serve(request: Request, cls: type, path: str) -> Response:
+    async def serve(headers: Mapping[str, str], source: Any, cls: type, path: str) -> Any:
+        """One completion-like request: ``headers`` (lower-case name → value), ``source`` (a body
+        source of :mod:`inferctl.contract.http`: ``headers`` and ``stream()``); a Starlette Response."""
         t0 = time.monotonic()
-        rid = request_id(request.headers.get("x-request-id"))
+        rid = request_id(headers.get("x-request-id"))
         try:
-            captured = _Captured(request)
-            obj = await read_json_body(captured, config.max_body_bytes, allow_nan=True, require_object=False)
+            raw = await read_body(source, config.max_body_bytes, require_json_type=True)
+            # a surrogate can only come from a \u escape (strict UTF-8 decoding refuses encoded ones),
+            # so the check (a whole re-encode of the document) runs only when the body has one
+            obj = parse_json(raw, allow_nan=True, require_object=False, check_unicode=b"\\u" in raw)
             req = validate_model(cls, obj, state.limits)
             if isinstance(req, TokenizeRequest):
                 req.check_one_input()      # the engine's next check: exactly one of prompt / messages
-            raw = b"".join(captured.chunks)
         except RequestRejected as exc:
             err = APIError(exc.status, exc.message, param=exc.param, code=REJECTION_CODES.get(exc.reason, exc.reason),
                            headers=exc.headers or None)
             return _rejected(state, err, rid, path, t0)
         except APIError as err:
             return _rejected(state, err, rid, path, t0)
-        admission = state.limiter.admit(bearer_key(request.headers.get("authorization")))
+        admission = state.limiter.admit(bearer_key(headers.get("authorization")))
         if not admission.ok:
             return _rate_limited(state, admission, rid, path, t0)
-        session = request.headers.get("x-session-id") or None
+        session = headers.get("x-session-id") or None
         prefix = affinity_prefix(req, config.affinity_chars, config.affinity_min_chars)
         charge = None
         if admission.name is not None:
             charge = lambda tokens, name=admission.name: state.limiter.charge(name, tokens)  # noqa: E731
-        return await state.forwarder.forward(request, path, raw, model=req.model, session=session, prefix=prefix,
+        return await state.forwarder.forward(headers, path, raw, model=req.model, session=session, prefix=prefix,
                                              rid=rid, t0=t0, charge=charge)
 
     def fast(cls: type, path: str):
         async def handler(scope: Scope, receive: Receive, send: Send) -> None:
-            response = await serve(Request(scope, receive), cls, path)
+            headers = scope_headers(scope)
+            response = await serve(headers, AsgiBody(headers, receive), cls, path)
             await response(scope, receive, send)
         return handler
 
@@ -238,23 +247,23 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
     @app.post("/v1/completions", **route_doc(request=CompletionRequest, response=CompletionResponse,
                                              errors=(404, 429, 503), stream=True))
     async def completions(request: Request) -> Response:
-        return await serve(request, CompletionRequest, "/v1/completions")
+        return await serve(request.headers, request, CompletionRequest, "/v1/completions")
 
     @app.post("/v1/chat/completions", **route_doc(request=ChatCompletionRequest, response=ChatCompletionResponse,
                                                   errors=(404, 429, 503), stream=True))
     async def chat_completions(request: Request) -> Response:
-        return await serve(request, ChatCompletionRequest, "/v1/chat/completions")
+        return await serve(request.headers, request, ChatCompletionRequest, "/v1/chat/completions")
 
     # vLLM's tokenizer API, as the engine serves it (open like the engine's: not under /v1)
     @app.post("/tokenize", **route_doc(request=TokenizeRequest, response=TokenizeResponse,
                                        errors=(404, 413, 429, 503)))
     async def tokenize(request: Request) -> Response:
-        return await serve(request, TokenizeRequest, "/tokenize")
+        return await serve(request.headers, request, TokenizeRequest, "/tokenize")
 
     @app.post("/detokenize", **route_doc(request=DetokenizeRequest, response=DetokenizeResponse,
                                          errors=(404, 413, 429, 503)))
     async def detokenize(request: Request) -> Response:
-        return await serve(request, DetokenizeRequest, "/detokenize")
+        return await serve(request.headers, request, DetokenizeRequest, "/detokenize")
 
     @app.get("/v1/models", **route_doc(response=ModelList))
     async def models(request: Request) -> Response:
@@ -317,21 +326,6 @@ def _host_ok(scope: Scope, *, allowed: Any) -> bool:
     """The request's ``Host`` passes :func:`inferctl.contract.hosts.host_allowed` (HostGuard's rule;
     ``allowed``: that rule over the raw header value, cached per value)."""
     return allowed(next((v for k, v in scope.get("headers") or () if k == b"host"), None))
-
-
-class _Captured:
-    """The request as a body source for the strict reader, keeping the bytes it read (the
-    router forwards the client's bytes, not a re-serialization)."""
-
-    def __init__(self, request: Request) -> None:
-        self.request = request
-        self.headers = request.headers
-        self.chunks: list[bytes] = []
-
-    async def stream(self):
-        async for chunk in self.request.stream():
-            self.chunks.append(chunk)
-            yield chunk
 
 
 def _rate_limited(state: RouterState, adm: Admission, rid: str, path: str, t0: float) -> Response:

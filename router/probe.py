@@ -89,10 +89,10 @@ class Prober:
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
 
     def update_gauges(self) -> None:
-        """``inferctl_router_replica_ready``, ``_replicas_ready``, ``_outstanding_requests``."""
+        """``inferctl_router_replica_ready``, ``_replicas_ready`` (``_outstanding_requests`` is read
+        from each replica when scraped: :class:`~inferctl.router.proxy.Forwarder`)."""
         for r in self.replicas:
             self.metrics["inferctl_router_replica_ready"].labels(r.name).set(1 if r.routable else 0)
-            self.metrics["inferctl_router_outstanding_requests"].labels(r.name).set(r.outstanding)
         self.metrics["inferctl_router_replicas_ready"].set(len(self.replicas.routable()))
 
     async def _get(self, url: str, replica: bool = True) -> httpx.Response:

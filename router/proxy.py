@@ -32,11 +32,11 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from functools import partial
 
 import anyio
-from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from inferctl.contract.errors import APIError
+from inferctl.router.asgi import PassThrough, response_headers
 from inferctl.router.balancer import choose
 from inferctl.router.config import RouterConfig
 from inferctl.router.ratelimit import UsageMeter
@@ -113,6 +113,9 @@ class Forwarder:
         self.ring = AffinityTable(HashRing([e.name for e in config.engines], config.vnodes))
         self._tie = itertools.count()
         self._children: dict[tuple, object] = {}
+        # read when /metrics is scraped, not set twice per request (each set takes a lock)
+        for r in replicas:
+            self._child("inferctl_router_outstanding_requests", r.name).set_function(partial(_outstanding, r))
         #: the replicas' key, sent instead of the client's ``Authorization`` only when the router
         #: admitted the client with its own key (docs/router.md "API keys": one key at the front door)
         self.upstream_authorization = (f"Bearer {config.upstream_api_key}"
@@ -134,8 +137,7 @@ class Forwarder:
             self._child("inferctl_router_affinity_keys", name).set(n)
 
     def _inc_outstanding(self, r: Replica, delta: int) -> None:
-        r.outstanding += delta
-        self._child("inferctl_router_outstanding_requests", r.name).set(r.outstanding)
+        r.outstanding += delta     # inferctl_router_outstanding_requests reads it at scrape time
 
     def _retry(self, r: Replica, reason: str, rid: str, detail: str) -> None:
         self._child("inferctl_router_retries_total", r.name, reason).inc()
@@ -151,12 +153,14 @@ class Forwarder:
                         "duration_seconds": round(time.monotonic() - t0, 6), "attempts": attempts,
                         "reason": reason, **extra})
 
-    async def forward(self, request: Request, path: str, body: bytes, *, model: str | None,
+    async def forward(self, client_headers: Mapping[str, str], path: str, body: bytes, *, model: str | None,
                       session: str | None, prefix: str | None, rid: str, t0: float,
                       charge: Callable[[int], None] | None = None) -> Response:
-        """Send ``body`` (the client's bytes, unchanged) to ``path`` of a replica; the answer.
+        """Send ``body`` (the client's bytes, unchanged) with ``client_headers`` (lower-case name →
+        value; :func:`forward_headers` picks what goes on) to ``path`` of a replica; the answer.
         ``charge``: called once with the answer's tokens at its end (a per-key tokens limit)."""
-        headers = forward_headers(request.headers, rid)
+        headers = forward_headers(client_headers, rid)
+        rid_raw = rid.encode("latin-1")
         if self.upstream_authorization is not None:
             headers["authorization"] = self.upstream_authorization
         tried: set[str] = set()
@@ -206,13 +210,14 @@ class Forwarder:
                 ttfb = time.monotonic() - sent
                 self._child("inferctl_router_upstream_latency_seconds", r.name).observe(ttfb)
                 self.metrics["inferctl_router_overhead_seconds"].observe(max(0.0, time.monotonic() - t0 - ttfb))
-                out_headers = forward_headers(resp.headers, rid)
-                out_headers["x-inferctl-replica"] = r.name
-                if resp.headers.get("content-type", "").startswith("text/event-stream"):
+                out_headers = response_headers(resp.raw_headers, rid_raw, r.name.encode("latin-1"))
+                if _event_stream(out_headers):
                     handed_off = True
                     relay = self._relay(r, resp, chunks, first, rid=rid, path=path, t0=t0,
                                         attempts=attempt + 1, reason=reason, charge=charge)
-                    return RelayResponse(relay, status_code=resp.status, headers=out_headers)
+                    streamed = RelayResponse(relay, status_code=resp.status)
+                    streamed.raw_headers = out_headers
+                    return streamed
                 try:
                     rest = [chunk async for chunk in chunks]
                 except UpstreamError as exc:
@@ -227,7 +232,7 @@ class Forwarder:
                     meter = UsageMeter(stream=False)
                     meter.feed(answer)
                     charge(meter.tokens)
-                return Response(answer, status_code=resp.status, headers=out_headers)
+                return PassThrough(resp.status, out_headers, answer)
             finally:
                 if not handed_off:
                     self._inc_outstanding(r, -1)
@@ -235,9 +240,7 @@ class Forwarder:
             name, resp503, body503 = last_503
             self.metrics["inferctl_router_requests_total"].labels(name, "503").inc()
             self.access(rid, path, name, 503, t0, len(tried), reason)
-            out = forward_headers(resp503.headers, rid)
-            out["x-inferctl-replica"] = name
-            return Response(body503, status_code=503, headers=out)
+            return PassThrough(503, response_headers(resp503.raw_headers, rid_raw, name.encode("latin-1")), body503)
         self.metrics["inferctl_router_rejected_total"].labels("no_ready_replica").inc()
         self.access(rid, path, None, 503, t0, len(tried), reason)
         err = APIError(503, f"no ready replica to serve this request (tried {len(tried)}: "
@@ -278,6 +281,16 @@ class Forwarder:
                 self.metrics["inferctl_router_client_disconnects_total"].labels(r.name).inc()
             self._child("inferctl_router_requests_total", r.name, str(resp.status)).inc()
             self.access(rid, path, r.name, resp.status, t0, attempts, reason, stream=outcome)
+
+
+def _outstanding(r: Replica) -> int:
+    """``r.outstanding`` (the gauge's function: :meth:`Forwarder.__init__`)."""
+    return r.outstanding
+
+
+def _event_stream(headers: list[tuple[bytes, bytes]]) -> bool:
+    """The answer is ``text/event-stream`` (its ``content-type`` among ASGI ``headers``)."""
+    return any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
 
 
 def _dumps(doc: dict) -> bytes:

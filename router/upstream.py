@@ -27,11 +27,13 @@ that goes away aborts the request on the replica.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Mapping
 from typing import Protocol
 
 import aiohttp
 import httpx
+import yarl
 
 #: Seconds an idle upstream connection is kept: below uvicorn's default ``timeout_keep_alive``
 #: (5 s, the engine's server), so the router never reuses a connection the engine is closing.
@@ -49,11 +51,13 @@ class UpstreamConnectError(UpstreamError):
 class UpstreamResponse(Protocol):
     """One upstream answer whose body is not read yet.
 
-    ``status``: the HTTP status; ``headers``: name → value (repeated names joined with
-    ``", "``, RFC 9110 section 5.3)."""
+    ``status``: the HTTP status; ``headers``: lower-case name → value (repeated names joined
+    with ``", "``, RFC 9110 section 5.3); ``raw_headers``: the ``(name, value)`` byte pairs as
+    received (what the router passes on, :func:`inferctl.router.asgi.response_headers`)."""
 
     status: int
     headers: Mapping[str, str]
+    raw_headers: "tuple[tuple[bytes, bytes], ...] | list[tuple[bytes, bytes]]"
 
     def chunks(self) -> AsyncIterator[bytes]:
         """The body's raw bytes as they arrive (raises :class:`UpstreamError`)."""
@@ -92,16 +96,31 @@ class _AiohttpResponse:
     def __init__(self, resp: aiohttp.ClientResponse) -> None:
         self._resp = resp
         self.status = resp.status
-        self.headers = _joined(resp.headers.items())
+        self.raw_headers = resp.raw_headers
         self._done = False
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    @functools.cached_property
+    def headers(self) -> dict[str, str]:
+        """Name → value, made on first use (the forwarder passes ``raw_headers`` on)."""
+        return _joined(self._resp.headers.items())
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        return self
+
+    # the chunks as an async iterator object, not an async generator: the event loop tracks every
+    # async generator it starts (a weak set), a cost on each request
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
         try:
-            async for chunk in self._resp.content.iter_any():
-                yield chunk
+            chunk = await self._resp.content.readany()     # b"" at the end, as iter_any()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise UpstreamError(repr(exc)) from exc
-        self._done = True
+        if not chunk:
+            self._done = True
+            raise StopAsyncIteration
+        return chunk
 
     async def read(self) -> bytes:
         try:
@@ -132,6 +151,7 @@ class AiohttpUpstream:
         self.connections = connections
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
         self.session: aiohttp.ClientSession | None = None
+        self._urls: dict[str, yarl.URL] = {}
 
     def start(self) -> aiohttp.ClientSession:
         """The session, made now if not yet (call inside the serving event loop)."""
@@ -145,8 +165,13 @@ class AiohttpUpstream:
 
     async def send(self, method: str, url: str, *, content: bytes, headers: Mapping[str, str]) -> _AiohttpResponse:
         session = self.session or self.start()
+        target = self._urls.get(url)
+        if target is None:          # a replica's URL and path: a few distinct ones, parsed once
+            target = yarl.URL(url)
+            if len(self._urls) < 1024:
+                self._urls[url] = target
         try:
-            resp = await session.request(method, url, data=content, headers=headers, allow_redirects=False)
+            resp = await session.request(method, target, data=content, headers=headers, allow_redirects=False)
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             raise UpstreamConnectError(repr(exc)) from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -164,6 +189,7 @@ class _HttpxResponse:
         self._resp = resp
         self.status = resp.status_code
         self.headers = dict(resp.headers.items())   # httpx joins repeated names with ", "
+        self.raw_headers = resp.headers.raw
 
     async def chunks(self) -> AsyncIterator[bytes]:
         try:

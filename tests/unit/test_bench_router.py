@@ -4,6 +4,8 @@ router-side overhead quantile, the per-turn affinity table."""
 import os
 import threading
 
+import pytest
+
 from bench.router import _pin, histogram_quantile, load_sentence, render, system_prompts
 from bench.router_affinity import by_turn_table, summarize
 
@@ -95,3 +97,46 @@ def test_pinning_reaches_every_thread_of_the_process_not_only_the_main_one():
         stop.set()
         worker.join()
     assert os.sched_getaffinity(0) == allowed
+
+
+def test_overhead_only_write_replaces_part_one_and_keeps_the_rest_of_the_router_section():
+    from bench.router import OVERHEAD_END, OVERHEAD_START, replace_overhead
+
+    legacy = ("# B\n\n<!-- bench:other:start -->\nother\n<!-- bench:other:end -->\n\n<!-- bench:router:start -->\n"
+              "### Router\n\nload sentence\n\n**Router overhead**, old table\n\n| old |\n\nOne client, old.\n\n"
+              "**Aggregate throughput** table\n\n**Prefix affinity** table\n\nLead's note.\n"
+              "<!-- bench:router:end -->\n")
+    once = replace_overhead(legacy, "NEW overhead block")
+    assert "old table" not in once and "One client, old." not in once and "| old |" not in once
+    assert f"load sentence\n\n{OVERHEAD_START}\nNEW overhead block\n{OVERHEAD_END}\n\n**Aggregate throughput**" in once
+    assert once.endswith("**Prefix affinity** table\n\nLead's note.\n<!-- bench:router:end -->\n")
+    assert once.startswith("# B\n\n<!-- bench:other:start -->\nother\n")
+    twice = replace_overhead(once, "NEWER")           # the markers now bound part 1
+    assert "NEW overhead block" not in twice and twice.count(OVERHEAD_START) == 1
+    assert f"{OVERHEAD_START}\nNEWER\n{OVERHEAD_END}\n\n**Aggregate throughput**" in twice
+    assert twice.replace("NEWER", "NEW overhead block") == once
+    with pytest.raises(ValueError):
+        replace_overhead("# B\n", "x")
+    with pytest.raises(ValueError):
+        replace_overhead("<!-- bench:router:start -->\nno part 1\n<!-- bench:router:end -->", "x")
+
+
+def test_the_full_report_marks_part_one_so_an_overhead_only_run_can_replace_it():
+    from bench.router import OVERHEAD_END, OVERHEAD_START, render_overhead
+
+    over = {"direct_p50": 0.3, "direct_p99": 0.4, "router_p50": 0.301, "router_p99": 0.45, "direct_rps": 200.0,
+            "router_rps": 180.0, "errors": 0, "n": 512, "router_own_mean": 0.0003, "router_cpu_ms_per_req": 0.7,
+            "engine_cpu_ms_per_req_direct": 4.5, "engine_cpu_ms_per_req_routed": 4.7, "seqs_per_step_direct": 30.0,
+            "seqs_per_step_routed": 28.0, "added_p50": 0.001, "added_p99": 0.05}
+    ov = {"overhead": [over], "sequential": [{"direct_p50": 0.03, "router_p50": 0.032, "added_p50": 0.002}],
+          "clients": 64, "per_client": 4, "pinned": [[0], [1]]}
+    text = render_overhead(ov)
+    assert "**added p50 1.00 ms**" in text and "**Target met**" in text and "| 0.70 |" in text
+    assert "router on CPU [1]" in text
+    tp = {k: {"tok_s": 1000.0, "req_s": 30.0, "p50": 0.5, "errors": 0} for k in ("r1", "r2", "r3")}
+    aff = {"runs": {"aff": [_run(0.5, 1.0, 800.0, {"chat-0": 9})], "off": [_run(2.0, 2.5, 400.0, {"chat-1": 9})]},
+           "chats": 6, "groups": 3, "turns": 3, "system_chars": 6000, "model": "SmolLM2", "max_tokens": 8}
+    full = render({**ov, "throughput": tp, "affinity": aff, "tp_seconds": 6.0}, "load average: 0.5",
+                  {"load_1m": 0.5, "cpus": 2})
+    assert f"{OVERHEAD_START}\n{text}\n{OVERHEAD_END}" in full
+    assert full.index(OVERHEAD_END) < full.index("**Aggregate throughput**")

@@ -1,0 +1,113 @@
+"""The router's hot path at the ASGI level: request headers, the request body, a pass-through response.
+
+The two completion routes (and the tokenizer API) skip Starlette's ``Request``, ``Headers`` and
+``Response`` header machinery (docs/router.md, "Cost per request"):
+
+* :func:`scope_headers` — the request's headers as one ``dict`` (lower-case name → Latin-1
+  value; a repeated name joined with ``", "``, RFC 9110 section 5.3), built once per request;
+* :class:`AsgiBody` — the body source :func:`inferctl.contract.http.read_body` reads (``headers``
+  and ``stream()``), straight over ASGI ``receive``; a client gone before its body ends raises
+  Starlette's ``ClientDisconnect``, as ``Request.stream()`` does (the reader's 400 ``disconnected``);
+* :func:`response_headers` — an upstream answer's raw header pairs minus the hop-by-hop ones and
+  those the router's server sets itself, plus ``x-request-id`` and ``x-inferctl-replica``, as ASGI
+  ``(bytes, bytes)`` pairs: no decoding and re-encoding of what is only passed on;
+* :class:`PassThrough` — a Starlette ``Response`` over such a header list and a whole body
+  (Starlette's own ``__call__``: one ``http.response.start``, one ``http.response.body``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Iterable
+
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
+from starlette.types import Receive, Scope
+
+#: Response headers never passed on from a replica: RFC 9110 section 7.6.1 hop-by-hop ones, the
+#: framing the router's server sets (``content-length``, ``transfer-encoding``), the router's own
+#: ``x-request-id`` / ``x-inferctl-replica``, and ``date`` / ``server``, which uvicorn adds to
+#: every answer (passed on, the client got each twice; RFC 9110 section 6.6.1: one ``Date``).
+DROPPED_RESPONSE_HEADERS = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization",
+                                      b"te", b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"host",
+                                      b"content-length", b"x-request-id", b"x-inferctl-replica", b"date",
+                                      b"server"})
+
+#: A byte outside tab and printable ASCII (RFC 9110 section 5.5 field-vchar, SP, HTAB).
+_NOT_PRINTABLE = re.compile(rb"[^\t\x20-\x7e]")
+
+
+def scope_headers(scope: Scope) -> dict[str, str]:
+    """The request headers of ASGI ``scope`` as lower-case name → value (Latin-1; repeated names
+    joined with ``", "``). ASGI servers give names lower-case already (ASGI HTTP spec)."""
+    out: dict[str, str] = {}
+    for k, v in scope.get("headers") or ():
+        name = k.decode("latin-1")
+        value = v.decode("latin-1")
+        out[name] = f"{out[name]}, {value}" if name in out else value
+    return out
+
+
+class AsgiBody:
+    """A request body source over ASGI ``receive`` (``headers``: :func:`scope_headers`' dict).
+
+    ``stream()`` is the body's chunks as they arrive, an async iterator object rather than an
+    async generator (the event loop tracks every async generator it starts in a weak set, a
+    cost on each request); it raises Starlette's ``ClientDisconnect`` when the client went away
+    before the body's end. Read it once."""
+
+    __slots__ = ("headers", "_receive", "_done")
+
+    def __init__(self, headers: dict[str, str], receive: Receive) -> None:
+        self.headers = headers
+        self._receive = receive
+        self._done = False
+
+    def stream(self) -> AsyncIterator[bytes]:
+        """The body's chunks (class docstring)."""
+        return self
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        while not self._done:
+            message = await self._receive()
+            if message["type"] == "http.request":
+                self._done = not message.get("more_body", False)
+                body = message.get("body", b"")
+                if body:
+                    return body
+            elif message["type"] == "http.disconnect":
+                self._done = True
+                raise ClientDisconnect()
+        raise StopAsyncIteration
+
+
+def response_headers(raw: Iterable[tuple[bytes, bytes]], request_id: bytes,
+                     replica: bytes) -> list[tuple[bytes, bytes]]:
+    """ASGI response headers from an upstream answer's raw ``(name, value)`` pairs (module
+    docstring): names lower-cased, :data:`DROPPED_RESPONSE_HEADERS` and values that are not
+    printable ASCII left out, then ``x-request-id`` and ``x-inferctl-replica``."""
+    out = []
+    for k, v in raw:
+        k = k.lower()
+        if k not in DROPPED_RESPONSE_HEADERS and (v.isascii() and _NOT_PRINTABLE.search(v) is None):
+            out.append((k, v))
+    out.append((b"x-request-id", request_id))
+    out.append((b"x-inferctl-replica", replica))
+    return out
+
+
+class PassThrough(Response):
+    """A whole upstream body with ready-made ASGI headers (``content-length`` appended here).
+
+    ``status``: the HTTP status; ``headers``: :func:`response_headers`' list (taken, not copied);
+    ``body``: the bytes to send."""
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:  # noqa: D107
+        self.status_code = status
+        self.body = body
+        self.background = None
+        headers.append((b"content-length", str(len(body)).encode()))
+        self.raw_headers = headers

@@ -1,0 +1,83 @@
+"""The router's ASGI hot-path pieces (router/asgi.py) and the outstanding-requests gauge read at
+scrape time (router/proxy.py): headers in and out, the body source, the pass-through response."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from starlette.requests import ClientDisconnect
+
+from inferctl.contract.http import BodyRejected, read_body
+from inferctl.router.asgi import AsgiBody, PassThrough, response_headers, scope_headers
+from inferctl.router.config import EngineSpec, RouterConfig
+from inferctl.router.metrics import build_router_registry
+from inferctl.router.proxy import Forwarder
+from inferctl.router.replicas import ReplicaSet
+
+
+def _receiver(messages):
+    it = iter(messages)
+
+    async def receive():
+        return next(it)
+    return receive
+
+
+def test_scope_headers_decode_latin1_and_join_repeated_names():
+    scope = {"headers": [(b"content-type", b"application/json"), (b"x-a", b"1"), (b"x-a", b"2"),
+                         (b"x-session-id", "é".encode("latin-1"))]}
+    assert scope_headers(scope) == {"content-type": "application/json", "x-a": "1, 2", "x-session-id": "é"}
+    assert scope_headers({}) == {}
+
+
+def test_the_body_source_reads_every_chunk_and_a_disconnect_is_the_readers_400():
+    headers = {"content-type": "application/json"}
+    whole = AsgiBody(headers, _receiver([{"type": "http.request", "body": b'{"a":', "more_body": True},
+                                         {"type": "http.request", "body": b"", "more_body": True},
+                                         {"type": "http.request", "body": b"1}", "more_body": False}]))
+    assert asyncio.run(read_body(whole, 100, require_json_type=True)) == b'{"a":1}'
+    cut = AsgiBody(headers, _receiver([{"type": "http.request", "body": b'{"a":', "more_body": True},
+                                       {"type": "http.disconnect"}]))
+    with pytest.raises(BodyRejected) as exc:
+        asyncio.run(read_body(cut, 100))
+    assert exc.value.status == 400 and exc.value.reason == "disconnected"
+
+    async def first_then_disconnect():
+        gone = AsgiBody(headers, _receiver([{"type": "http.disconnect"}]))
+        return [chunk async for chunk in gone.stream()]
+    with pytest.raises(ClientDisconnect):
+        asyncio.run(first_then_disconnect())
+
+
+def test_response_headers_pass_the_replicas_own_and_drop_what_the_router_sets():
+    raw = [(b"Content-Type", b"application/json"), (b"Date", b"Wed, 02 Dec 2026 06:00:00 GMT"),
+           (b"server", b"uvicorn"), (b"content-length", b"99"), (b"Connection", b"keep-alive"),
+           (b"x-request-id", b"engine-side"), (b"x-custom", b"kept"), (b"x-bad", b"caf\xe9"),
+           (b"x-ctl", b"a\x01b"), (b"x-tab", b"a\tb")]
+    out = response_headers(raw, b"rid-1", b"main-0")
+    assert out == [(b"content-type", b"application/json"), (b"x-custom", b"kept"), (b"x-tab", b"a\tb"),
+                   (b"x-request-id", b"rid-1"), (b"x-inferctl-replica", b"main-0")]
+
+
+def test_pass_through_sends_the_status_headers_and_body_with_its_length():
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+    resp = PassThrough(418, [(b"content-type", b"text/plain")], b"short and stout")
+    asyncio.run(resp({"type": "http"}, _receiver([]), send))
+    assert sent == [{"type": "http.response.start", "status": 418,
+                     "headers": [(b"content-type", b"text/plain"), (b"content-length", b"15")]},
+                    {"type": "http.response.body", "body": b"short and stout"}]
+
+
+def test_the_outstanding_gauge_reads_each_replica_when_scraped():
+    config = RouterConfig(engines=(EngineSpec("a", "http://a"), EngineSpec("b", "http://b")))
+    registry, metrics = build_router_registry()
+    replicas = ReplicaSet.from_specs(config.engines)
+    Forwarder(config, replicas, upstream=None, metrics=metrics)
+    replicas["a"].outstanding, replicas["b"].outstanding = 3, 1      # no gauge call on the way
+    got = {s.labels["replica"]: s.value for m in registry.collect() for s in m.samples
+           if s.name == "inferctl_router_outstanding_requests"}
+    assert got == {"a": 3.0, "b": 1.0}
