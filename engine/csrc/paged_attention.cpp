@@ -11,8 +11,9 @@
 // verification rows alike. The step's new K/V must already be in the pool (KVCache.write). GQA: query
 // head h reads kv head h / (H / Hkv). Math: csrc/paged_attention.h (online softmax, FlashAttention's
 // recurrence), float32 throughout; the result equals softmax(q K^T * scale) V up to summation order.
-// Threads: at::parallel_for over (token, kv head) only. Every input is checked with TORCH_CHECK
-// (a RuntimeError naming the field, never a crash), block ids against the pool too.
+// Threads: at::parallel_for over (tile, kv head) only, a tile being up to PA_TILE_TOKENS consecutive tokens of
+// one sequence that share each K/V block read (attend_tile; a decode token is a tile of one). Every input is
+// checked with TORCH_CHECK (a RuntimeError naming the field, never a crash), block ids against the pool too.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -27,6 +28,7 @@
 namespace {
 
 constexpr int64_t PA_GRAIN = 1 << 14;   // score multiply-adds per parallel chunk: less stays on one thread
+constexpr int64_t PA_TILE_TOKENS = 8;   // query tokens of a chunk sharing each K/V block read (attend_tile)
 
 at::Tensor paged_attention_op(const at::Tensor& q, const at::Tensor& k_pool, const at::Tensor& v_pool, int64_t layer,
                               const at::Tensor& block_tables, const at::Tensor& query_start_loc,
@@ -63,8 +65,10 @@ at::Tensor paged_attention_op(const at::Tensor& q, const at::Tensor& k_pool, con
   const int64_t* bt = block_tables.data_ptr<int64_t>();
   TORCH_CHECK(qsl[0] == 0 && qsl[B] == T, "query_start_loc must run from 0 to T = ", T, ", got ", qsl[0], "..",
               qsl[B]);
-  // per token: its sequence and its position (derived here, so the caller builds no per-token tensors)
-  std::vector<int64_t> tok_seq(T), tok_pos(T);
+  // tiles: up to PA_TILE_TOKENS consecutive tokens of one sequence (a decode token is a tile of one)
+  const int64_t g = H / Hkv;
+  const int64_t tile_max = std::max<int64_t>(1, std::min<int64_t>(PA_TILE_TOKENS, MAX_TILE_ROWS / g));
+  std::vector<int64_t> tile_tok, tile_seq;   // first token, sequence (a tile ends at the next one's start or T)
   int64_t total_keys = 0;
   for (int64_t b = 0; b < B; ++b) {
     const int64_t q_len = qsl[b + 1] - qsl[b], n = lens[b];
@@ -74,12 +78,14 @@ at::Tensor paged_attention_op(const at::Tensor& q, const at::Tensor& k_pool, con
       const int64_t blk = bt[b * maxb + j];
       TORCH_CHECK(blk >= 0 && blk < NB, "block_tables[", b, ", ", j, "] = ", blk, " outside 0..", NB - 1);
     }
-    for (int64_t t = qsl[b]; t < qsl[b + 1]; ++t) {
-      tok_seq[t] = b;
-      tok_pos[t] = n - (qsl[b + 1] - t);
-      total_keys += tok_pos[t] + 1;
+    for (int64_t t = qsl[b]; t < qsl[b + 1]; t += tile_max) {
+      tile_tok.push_back(t);
+      tile_seq.push_back(b);
     }
+    total_keys += q_len * (2 * n - q_len + 1) / 2;   // sum of pos + 1 over the sequence's tokens
   }
+  const int64_t ntiles = static_cast<int64_t>(tile_tok.size());
+  tile_tok.push_back(T);
 
   at::Tensor out = at::empty({T, H, D}, q.options());
   const float* qp = q.data_ptr<float>();
@@ -88,17 +94,19 @@ at::Tensor paged_attention_op(const at::Tensor& q, const at::Tensor& k_pool, con
   const int64_t head_elems = NB * bs * D;
   const float* kl = k_pool.data_ptr<float>() + layer * Hkv * head_elems;
   const float* vl = v_pool.data_ptr<float>() + layer * Hkv * head_elems;
-  const int64_t g = H / Hkv;
   const float scale = static_cast<float>(scale_d);
-  const int64_t per_item = std::max<int64_t>(1, total_keys / T * g * D);
+  const int64_t per_item = std::max<int64_t>(1, total_keys / ntiles * g * D);
   const int64_t grain = std::max<int64_t>(1, PA_GRAIN / per_item);
-  at::parallel_for(0, T * Hkv, grain, [&](int64_t i0, int64_t i1) {
-    std::vector<float> acc(g * D);
+  at::parallel_for(0, ntiles * Hkv, grain, [&](int64_t i0, int64_t i1) {
+    std::vector<float> acc(tile_max * g * D);
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t t = i / Hkv, kh = i % Hkv, b = tok_seq[t];
+      const int64_t ti = i / Hkv, kh = i % Hkv, b = tile_seq[ti];
+      const int64_t t0 = tile_tok[ti];
+      const int64_t nq = std::min(tile_tok[ti + 1], qsl[b + 1]) - t0;
       const int64_t head = kh * g * D;
-      attend_group(qp + t * q_tok + head, D, g, kl + kh * head_elems, vl + kh * head_elems, bt + b * maxb,
-                   tok_pos[t] + 1, bs, D, scale, op + t * H * D + head, D, acc.data());
+      const int64_t pos0 = lens[b] - (qsl[b + 1] - t0);
+      attend_tile(qp + t0 * q_tok + head, q_tok, nq, g, kl + kh * head_elems, vl + kh * head_elems, bt + b * maxb,
+                  pos0, bs, D, scale, op + t0 * H * D + head, H * D, acc.data());
     }
   });
   return out;

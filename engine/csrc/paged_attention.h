@@ -3,11 +3,12 @@
 // [kv_heads, num_blocks, block_size, head_dim] float32, so key t of a sequence whose block table is
 // `table` lives at ((kh * num_blocks + table[t / bs]) * bs + t % bs) * D.
 //
-// attend_group computes, for the g query heads that share one kv head (GQA), softmax(q.K^T * scale) V
-// over keys 0..n-1 read IN PLACE through the block table, one block at a time, with the online-softmax
-// recurrence of FlashAttention (Dao et al. 2022, "FlashAttention: Fast and Memory-Efficient Exact
-// Attention with IO-Awareness", Alg. 1; the running max/normaliser of Milakov & Gimelshein 2018,
-// "Online normalizer calculation for softmax"): per block j with scores s_j,
+// attend_tile computes, for the query rows of a tile (up to PA_TILE_TOKENS consecutive tokens of one
+// sequence x the g query heads that share one kv head, GQA), softmax(q.K^T * scale) V over each row's causal
+// keys, read IN PLACE through the block table one block at a time (each block read once for all the tile's
+// rows), with the online-softmax recurrence of FlashAttention (Dao et al. 2022, "FlashAttention: Fast and
+// Memory-Efficient Exact Attention with IO-Awareness", Alg. 1; the running max/normaliser of Milakov &
+// Gimelshein 2018, "Online normalizer calculation for softmax"): per block j with scores s_j,
 //   m' = max(m, max s_j);  l' = l * exp(m - m') + sum exp(s_j - m');  o' = o * exp(m - m') + exp(s_j - m') V_j
 // and o / l at the end. fp32 throughout. No allocation, no threads: the caller parallelises.
 #pragma once
@@ -150,39 +151,153 @@ inline void rescale_accumulate(float c, const float* p, const float* vb, int64_t
   }
 }
 
-// out[gi * D .. +D) = attention of query head gi (q + gi * q_stride) over keys 0..n-1 of one kv head:
-// k_head/v_head point at that kv head's [num_blocks, bs, D] pool; table lists the sequence's blocks.
-// acc is scratch of g * D floats, n >= 1. See the file comment for the recurrence.
-inline void attend_group(const float* q, int64_t q_stride, int64_t g, const float* k_head, const float* v_head,
-                         const int64_t* table, int64_t n, int64_t bs, int64_t D, float scale, float* out,
-                         int64_t out_stride, float* acc) {
-  float m[MAX_GROUP], l[MAX_GROUP], s[MAX_BLOCK_SIZE];
-  std::fill(m, m + g, -INFINITY);
-  std::fill(l, l + g, 0.f);
-  std::fill(acc, acc + g * D, 0.f);
-  const int64_t nblocks = (n + bs - 1) / bs;
+// Two query rows against the cnt keys of one block (s0, s1): with AVX2 and D % 8 == 0, four keys at a time
+// share each K load between the rows (8 accumulators, the same hadd reduction per row as block_scores);
+// otherwise block_scores per row.
+inline void block_scores2(const float* q0, const float* q1, const float* kb, int64_t cnt, int64_t D, float scale,
+                          float* s0, float* s1) {
+  int64_t i = 0;
+#if INFERCTL_PA_AVX2
+  if (D % 8 == 0) {
+    const __m128 sv = _mm_set1_ps(scale);
+    for (; i + 4 <= cnt; i += 4) {
+      const float* k0 = kb + i * D;
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+      for (int64_t d = 0; d < D; d += 8) {
+        const __m256 x = _mm256_loadu_ps(q0 + d), y = _mm256_loadu_ps(q1 + d);
+        __m256 k = _mm256_loadu_ps(k0 + d);
+        a0 = _mm256_fmadd_ps(x, k, a0);
+        b0 = _mm256_fmadd_ps(y, k, b0);
+        k = _mm256_loadu_ps(k0 + D + d);
+        a1 = _mm256_fmadd_ps(x, k, a1);
+        b1 = _mm256_fmadd_ps(y, k, b1);
+        k = _mm256_loadu_ps(k0 + 2 * D + d);
+        a2 = _mm256_fmadd_ps(x, k, a2);
+        b2 = _mm256_fmadd_ps(y, k, b2);
+        k = _mm256_loadu_ps(k0 + 3 * D + d);
+        a3 = _mm256_fmadd_ps(x, k, a3);
+        b3 = _mm256_fmadd_ps(y, k, b3);
+      }
+      const __m256 ha = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+      const __m256 hb = _mm256_hadd_ps(_mm256_hadd_ps(b0, b1), _mm256_hadd_ps(b2, b3));
+      _mm_storeu_ps(s0 + i, _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(ha), _mm256_extractf128_ps(ha, 1)), sv));
+      _mm_storeu_ps(s1 + i, _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(hb), _mm256_extractf128_ps(hb, 1)), sv));
+    }
+  }
+#endif
+  block_scores(q0, kb + i * D, cnt - i, D, scale, s0 + i);
+  block_scores(q1, kb + i * D, cnt - i, D, scale, s1 + i);
+}
+
+// rescale_accumulate for two rows over the same block: each V load feeds both rows' 8 output lanes.
+inline void rescale_accumulate2(float c0, const float* p0, float* a0, float c1, const float* p1, float* a1,
+                                const float* vb, int64_t cnt, int64_t D) {
+  int64_t d = 0;
+#if INFERCTL_PA_AVX2
+  const __m256 cv0 = _mm256_set1_ps(c0), cv1 = _mm256_set1_ps(c1);
+  for (; d + 8 <= D; d += 8) {
+    __m256 o0 = _mm256_mul_ps(cv0, _mm256_loadu_ps(a0 + d)), o1 = _mm256_mul_ps(cv1, _mm256_loadu_ps(a1 + d));
+    for (int64_t i = 0; i < cnt; ++i) {
+      const __m256 v = _mm256_loadu_ps(vb + i * D + d);
+      o0 = _mm256_fmadd_ps(_mm256_set1_ps(p0[i]), v, o0);
+      o1 = _mm256_fmadd_ps(_mm256_set1_ps(p1[i]), v, o1);
+    }
+    _mm256_storeu_ps(a0 + d, o0);
+    _mm256_storeu_ps(a1 + d, o1);
+  }
+#endif
+  for (; d < D; ++d) {   // every column without AVX2, else the last D % 8
+    float o0 = a0[d] * c0, o1 = a1[d] * c1;
+    for (int64_t i = 0; i < cnt; ++i) {
+      o0 += p0[i] * vb[i * D + d];
+      o1 += p1[i] * vb[i * D + d];
+    }
+    a0[d] = o0;
+    a1[d] = o1;
+  }
+}
+
+// max of s[0..n), n >= 1 (8 lanes with AVX2, then the lanes and the scalar tail; exact, order-free)
+inline float max_of(const float* s, int64_t n) {
+  int64_t i = 0;
+  float mb = s[0];
+#if INFERCTL_PA_AVX2
+  if (n >= 8) {
+    __m256 v = _mm256_loadu_ps(s);
+    for (i = 8; i + 8 <= n; i += 8) v = _mm256_max_ps(v, _mm256_loadu_ps(s + i));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    mb = _mm_cvtss_f32(h);
+  }
+#endif
+  for (; i < n; ++i) mb = std::max(mb, s[i]);
+  return mb;
+}
+
+// One online-softmax update of row state (m, l, acc row a) with the cnt exponentiated-in-place scores s.
+inline float softmax_update(float* s, int64_t cnt, float& m, float& l) {
+  const float mb = max_of(s, cnt);
+  const float m_new = std::max(m, mb);
+  const float corr = std::exp(m - m_new);   // exp(-inf) = 0 on the first block
+  l = l * corr + exp_sub_sum(s, cnt, m_new);
+  m = m_new;
+  return corr;
+}
+
+constexpr int64_t MAX_TILE_ROWS = 64;   // query rows (tokens x GQA heads) of one attend_tile call
+
+// attend_tile: the attention of nq consecutive query tokens of ONE sequence (a tile of a prefill chunk, or a
+// decode token with nq = 1) at positions pos0 .. pos0 + nq - 1 over the kv head k_head/v_head (its
+// [num_blocks, bs, D] pool; table lists the sequence's blocks), sharing each K/V block read between all
+// nq * g rows (token-major: row r is token r / g, query head r % g). Token i attends keys 0 .. pos0 + i, so in
+// the tile's last blocks a row takes only its own keys (a count per row: exact causal masking, no -inf
+// padding). Rows are taken in pairs where both see the same keys (block_scores2 / rescale_accumulate2: one K/V
+// load for two rows), else one at a time; either way a row's numbers are the same, bit for bit, as when it
+// is computed alone (same operations in the same order per row). q: token 0's first head, token stride
+// q_tok, heads D apart; out likewise with out_tok. acc: scratch of nq * g * D floats; nq * g <= MAX_TILE_ROWS.
+inline void attend_tile(const float* q, int64_t q_tok, int64_t nq, int64_t g, const float* k_head,
+                        const float* v_head, const int64_t* table, int64_t pos0, int64_t bs, int64_t D, float scale,
+                        float* out, int64_t out_tok, float* acc) {
+  const int64_t R = nq * g;
+  float m[MAX_TILE_ROWS], l[MAX_TILE_ROWS], s[2][MAX_BLOCK_SIZE];
+  const float* qr[MAX_TILE_ROWS];
+  int64_t n[MAX_TILE_ROWS];
+  for (int64_t r = 0; r < R; ++r) {
+    m[r] = -INFINITY;
+    l[r] = 0.f;
+    qr[r] = q + (r / g) * q_tok + (r % g) * D;
+    n[r] = pos0 + r / g + 1;
+  }
+  std::fill(acc, acc + R * D, 0.f);
+  const int64_t nblocks = (n[R - 1] + bs - 1) / bs;
   for (int64_t j = 0; j < nblocks; ++j) {
     const int64_t base = table[j] * bs * D;
     const float* kb = k_head + base;
     const float* vb = v_head + base;
-    const int64_t cnt = std::min(bs, n - j * bs);
-    for (int64_t gi = 0; gi < g; ++gi) {
-      const float* qh = q + gi * q_stride;
-      block_scores(qh, kb, cnt, D, scale, s);
-      float mb = s[0];
-      for (int64_t i = 1; i < cnt; ++i) mb = std::max(mb, s[i]);
-      const float m_new = std::max(m[gi], mb);
-      const float corr = std::exp(m[gi] - m_new);   // exp(-inf) = 0 on the first block
-      float* a = acc + gi * D;
-      l[gi] = l[gi] * corr + exp_sub_sum(s, cnt, m_new);
-      m[gi] = m_new;
-      rescale_accumulate(corr, s, vb, cnt, D, a);
+    const int64_t k0 = j * bs;
+    int64_t r = 0;
+    while (r < R && n[r] <= k0) ++r;   // rows whose keys all lie in earlier blocks
+    while (r < R) {
+      const int64_t cnt = std::min(bs, n[r] - k0);
+      if (r + 1 < R && std::min(bs, n[r + 1] - k0) == cnt) {
+        block_scores2(qr[r], qr[r + 1], kb, cnt, D, scale, s[0], s[1]);
+        const float c0 = softmax_update(s[0], cnt, m[r], l[r]);
+        const float c1 = softmax_update(s[1], cnt, m[r + 1], l[r + 1]);
+        rescale_accumulate2(c0, s[0], acc + r * D, c1, s[1], acc + (r + 1) * D, vb, cnt, D);
+        r += 2;
+      } else {
+        block_scores(qr[r], kb, cnt, D, scale, s[0]);
+        const float c0 = softmax_update(s[0], cnt, m[r], l[r]);
+        rescale_accumulate(c0, s[0], vb, cnt, D, acc + r * D);
+        r += 1;
+      }
     }
   }
-  for (int64_t gi = 0; gi < g; ++gi) {
-    const float inv = 1.f / l[gi];
-    const float* a = acc + gi * D;
-    float* o = out + gi * out_stride;
+  for (int64_t r = 0; r < R; ++r) {
+    const float inv = 1.f / l[r];
+    const float* a = acc + r * D;
+    float* o = out + (r / g) * out_tok + (r % g) * D;
     for (int64_t d = 0; d < D; ++d) o[d] = a[d] * inv;
   }
 }

@@ -105,6 +105,49 @@ def test_op_equals_the_plain_path_and_a_float64_causal_softmax(kind, heads, kv_h
         assert (got.double() - ref).abs().max() <= ATOL, (kind, layer)
 
 
+#: query tokens per tile of the op (csrc/paged_attention.cpp PA_TILE_TOKENS; MAX_TILE_ROWS = 64 rows of
+#: tokens x GQA heads caps it at 64 // g tokens)
+TILE = 8
+
+
+@needs_ops
+@pytest.mark.parametrize("new", [TILE, 3 * TILE, TILE - 1, 2 * TILE + 5, 1])
+@pytest.mark.parametrize("cached", [0, 3 * 4, 13])
+@pytest.mark.parametrize("heads,kv_heads", [(6, 2), (4, 4), (32, 2), (64, 1)])
+def test_tiled_chunks_equal_a_float64_causal_softmax(new, cached, heads, kv_heads):
+    """A chunk of ``new`` tokens after ``cached`` context tokens (a prefix-cache hit of whole blocks, or a
+    partial block), split into tiles of ``TILE`` tokens (fewer where the GQA group is wide: 32 / 2 heads
+    gives 4 tokens, 64 / 1 gives 1), each tile sharing the K/V reads; a decode of another sequence in the
+    same step; shuffled blocks. Chunk sizes that are and are not multiples of the tile, causal limits
+    ending inside a block."""
+    d, bs, nb = 16, 4, 80
+    cache = _pool(kv_heads, d, bs, nb, seed=new + cached)
+    rng = random.Random(new * 100 + cached)
+    free = rng.sample(range(nb), nb)
+    chunks = []
+    for c, n in ((cached, new), (9, 1)):
+        chunks.append(([free.pop() for _ in range((c + n + bs - 1) // bs)], c, n, False))
+    meta = AttentionMetadata.build(chunks, bs)
+    q = torch.randn(meta.num_tokens, heads, d, generator=torch.Generator().manual_seed(new))
+    got = paged_attention(q, cache, 0, meta, 0.25, ops=OPS)
+    ref = _reference64(q, cache, 0, chunks, 0.25)
+    assert (got.double() - ref).abs().max() <= ATOL
+
+
+@needs_ops
+def test_a_token_gets_the_same_bits_alone_and_inside_a_tile():
+    """The tile shares K/V reads but not arithmetic: each query row's result is bit-identical to the same
+    token attended on its own (a one-token chunk at the same position, i.e. a tile of one)."""
+    cache = _pool(2, 16, 4, 40, seed=3)
+    table = list(range(39, 39 - 10, -1))
+    q = torch.randn(2 * TILE + 3, 6, 16, generator=torch.Generator().manual_seed(4))
+    whole = paged_attention(q, cache, 1, AttentionMetadata.build([(table, 10, q.shape[0], False)], 4), 0.3, ops=OPS)
+    for j in (0, TILE - 1, TILE, 2 * TILE + 2):
+        alone = paged_attention(q[j:j + 1], cache, 1, AttentionMetadata.build([(table, 10 + j, 1, False)], 4), 0.3,
+                                ops=OPS)
+        assert torch.equal(whole[j], alone[0]), j
+
+
 @needs_ops
 def test_op_reads_a_strided_q_as_the_model_passes_it():
     """The model hands q as ``qk[:, :H]`` (token stride (H + Hkv)·D): no copy, the same numbers."""
