@@ -8,11 +8,33 @@ adjusted for" (https://prometheus.io/docs/prometheus/latest/querying/functions/#
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from inferctl.controller.signals.validation import validate_nonneg
 from inferctl.controller.signals.values import InvalidSampleCounter, Signal, first_missing, no_data
 from inferctl.controller.types import EngineSnapshot
+
+
+#: The largest finite float and the integer bound of :func:`_plain` (validation.check_number's fast path).
+_FLOAT_MAX = sys.float_info.max
+_INT_FAST = 2 ** 63
+
+
+def _plain(x: Any) -> bool:
+    """``x`` is what ``validate_nonneg`` accepts without a check of its own: a finite float >= 0
+    or an int in [0, 2**63)."""
+    t = type(x)
+    return (t is float and 0.0 <= x <= _FLOAT_MAX) or (t is int and 0 <= x < _INT_FAST)
+
+
+#: The reason counter_delta gives when both samples are None, as first_missing carries it.
+_NONE_REASON = "current sample: %s: no data"
+
+
+def _delta(p: float, c: float) -> float:
+    """:func:`counter_delta`'s value for two valid samples (a reset: the new value)."""
+    return c if c < p else c - p
 
 
 def counter_delta(prev: Any, curr: Any, name: str = "counter",
@@ -78,6 +100,18 @@ def batch_window(prev: EngineSnapshot | None, curr: EngineSnapshot,
         why = "no previous poll to form a window"
         return {"padding_ratio": no_data("padding_ratio", why),
                 "effective_batch_size": no_data("effective_batch_size", why)}
+    pairs = ((prev.real_tokens_total, curr.real_tokens_total), (prev.padded_tokens_total, curr.padded_tokens_total),
+             (prev.step_sequences_total, curr.step_sequences_total), (prev.steps_total, curr.steps_total))
+    if all(_plain(p) and _plain(c) for p, c in pairs):
+        # every counter a plain finite number >= 0 (every poll of a healthy engine): the deltas
+        # of counter_delta (a reset: the new value) without its four intermediate Signals
+        real_d, pad_d, seqs_d, steps_d = (_delta(float(p), float(c)) for p, c in pairs)
+        return {"padding_ratio": padding_ratio(real_d, pad_d, counter),
+                "effective_batch_size": effective_batch_size(seqs_d, steps_d, counter)}
+    if all(p is None and c is None for p, c in pairs):
+        # an engine that reports none of them (vLLM, TGI, llama.cpp): the general path's no data
+        return {"padding_ratio": Signal("padding_ratio", None, _NONE_REASON % "real_tokens_total"),
+                "effective_batch_size": Signal("effective_batch_size", None, _NONE_REASON % "step_sequences_total")}
     real = counter_delta(prev.real_tokens_total, curr.real_tokens_total, "real_tokens_total", counter)
     pad = counter_delta(prev.padded_tokens_total, curr.padded_tokens_total, "padded_tokens_total",
                         counter)
