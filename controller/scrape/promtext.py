@@ -71,6 +71,8 @@ def _sample_name(line: str) -> str:
     return line[:end]
 
 
+#: What :func:`_sample_name` returns: the text up to the first ``{``, space or tab.
+_HEAD = re.compile(r"[^{ \t]*")
 #: A metric name (https://prometheus.io/docs/concepts/data_model/#metric-names-and-labels).
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
@@ -97,6 +99,8 @@ def parse_prometheus_text(text: str, keep: frozenset[str] | None = None) -> tupl
         if not line:
             continue
         if line.startswith("#"):
+            if "TYPE" not in line:     # a HELP line or a comment: no split needed to skip it
+                continue
             parts = line.split()
             if len(parts) >= 4 and parts[1] == "TYPE":
                 type_lines[parts[2]] = line
@@ -104,7 +108,7 @@ def parse_prometheus_text(text: str, keep: frozenset[str] | None = None) -> tupl
                     counters.add(parts[2])
             continue
         if keep is not None:
-            name = _sample_name(line)
+            name = _HEAD.match(line).group()       # _sample_name(line) in one C call
             if name not in keep and _NAME.fullmatch(name) is not None:
                 continue
         sample = _fast_sample(line, counters)

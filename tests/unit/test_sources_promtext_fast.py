@@ -121,3 +121,18 @@ def test_a_line_without_a_blank_is_damaged_without_asking_prometheus_client(line
     monkeypatch.setattr(promtext, "text_string_to_metric_families", refuse)
     samples, bad = parse_prometheus_text(f"# TYPE {line} gauge\nok 1\n{line}\n")
     assert [(s.name, s.value) for s in samples] == [("ok", 1.0)] and bad == [line]
+
+
+@pytest.mark.parametrize("line", ['a{b="1"} 2', "a 1", "a\t1", "a", "", "{x} 1", 'a_b:c{d="e f"} 3', " lead 1", "x{ 1"])
+def test_the_sample_name_is_read_in_one_match(line):
+    from inferctl.controller.scrape.promtext import _HEAD, _sample_name
+
+    assert _HEAD.match(line).group() == _sample_name(line)
+
+
+def test_help_lines_are_skipped_and_type_lines_still_read():
+    text = ("# HELP foo The TYPE of foo is counter\n# TYPE foo counter\nfoo 3\n"
+            "# HELP bar a counter named bar\nbar 4\n#TYPE baz counter\nbaz 5\n")
+    samples, bad = parse_prometheus_text(text)
+    assert [(s.name, s.value) for s in samples] == [("foo_total", 3.0), ("bar", 4.0), ("baz", 5.0)] and bad == []
+    assert ours(text) == reference(text)
