@@ -25,7 +25,8 @@ CPU's flags and the torch version, so a cache shared by different machines never
 built for another CPU. The ops register as ``torch.ops.inferctl_cpu.*`` (no pybind: that
 doubled the compile time). First build measured at 44 s wall / 20 s CPU on the 2-core
 project machine under load; later processes load the cached library in well under a second.
-Threads: ``at::parallel_for`` over output rows, so ``torch.set_num_threads`` applies.
+Threads: ``at::parallel_for`` over output rows on torch's own OpenMP pool (built with ``-fopenmp``,
+:data:`CFLAGS`), so ``torch.set_num_threads`` applies.
 
 Fallback: no compiler, no ninja, a failed build or ``INFERCTL_CPU_KERNELS=0`` (also ``false``,
 ``no``, ``off``) → :func:`ops_for` returns None, one warning is logged (build failures only), and
@@ -80,14 +81,31 @@ MAX_BATCH_INT8 = 64
 #: layout ran 1.1× faster at 32–128 rows than on ``W.T``; the layer linears (≤ 3.1 MB, cache
 #: resident) were equal or faster through the GEMV.
 #: int8 weights take ``gemv_int8`` at any size (1.5× faster than the bf16 kernel on that layer).
-GEMV_F32_MAX_BYTES = 16 * 1024 * 1024
+#: Since wave 7 (the GEMV reads 4 streams at once and runs on torch's OpenMP threads) it read that
+#: layer faster than MKL at every row count up to 64 (1 thread, CPU time under load, ``python -m
+#: bench.kernels_ab --ops --rows 1,2,16,32``: 3.7 vs 4.1 ms at 1 row, 12.4 vs 26.3 at 16, 23.3 vs 33.6 at
+#: 32), so no fp32 weight keeps the ``[in, out]`` layout for its size any more: the limit stays as a
+#: switch (tests set it low) at a size no model reaches.
+GEMV_F32_MAX_BYTES = 1 << 40
+#: fp32 weights of this many bytes or more (beyond any L2, streamed from L3/DRAM: the classifier) take
+#: ``gemv_f32`` up to :data:`MAX_DECODE_BATCH` rows (:func:`f32_kernel_wins`); the figures above.
+GEMV_F32_ALL_ROWS_BYTES = 16 * 1024 * 1024
 SOURCE = Path(__file__).resolve().parent / "csrc" / "cpu_kernels.cpp"
 #: every C++ file of the one extension (the ops of engine.fused_decode and engine.q4_kernels too)
 SOURCES = (SOURCE, *(SOURCE.with_name(f) for f in ("decode_step.cpp", "q4_kernels.cpp", "paged_attention.cpp")))
 #: headers the sources include: hashed into the build name with them (torch's own rebuild check
 #: sees the listed sources only)
 HEADERS = (SOURCE.with_name("simd.h"), SOURCE.with_name("paged_attention.h"))
-CFLAGS = ("-O3", "-march=native")
+#: ``-fopenmp``: ``at::parallel_for`` is a header template that runs its chunks on torch's OpenMP pool only
+#: when the including file is compiled with OpenMP; without it every op ran on the calling thread
+#: whatever ``torch.set_num_threads`` said (waves 4-6 measured "2 threads" on one). The library then
+#: needs ``libgomp.so.1``, which the process already holds from torch (torch/lib's copy, found by its
+#: soname): one OpenMP runtime, one pool.
+#: A compiler without OpenMP (e.g. Apple clang without libomp) gets a second try with
+#: :data:`CFLAGS_SERIAL` (the ops then run on the calling thread).
+CFLAGS = ("-O3", "-march=native", "-fopenmp")
+LDFLAGS = ("-fopenmp",)
+CFLAGS_SERIAL = ("-O3", "-march=native")
 
 
 def enabled() -> bool:
@@ -95,8 +113,8 @@ def enabled() -> bool:
     return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def _cpu_tag() -> str:
-    """8 hex digits of sha256 over the CPU's flags line, the torch version and the bytes of
+def _cpu_tag(flags_used: tuple[str, ...] = CFLAGS + LDFLAGS) -> str:
+    """8 hex digits of sha256 over the CPU's flags line, the torch version, the compiler flags and the bytes of
     :data:`SOURCES` and :data:`HEADERS` (the build-cache key: a changed kernel or header builds
     under a new name, never over a library another process may have loaded)."""
     flags = ""
@@ -108,7 +126,7 @@ def _cpu_tag() -> str:
                     break
     except OSError:
         pass
-    h = hashlib.sha256((flags + torch.__version__).encode())
+    h = hashlib.sha256((flags + torch.__version__ + " ".join(flags_used)).encode())
     for f in SOURCES + HEADERS:
         try:
             h.update(f.read_bytes())
@@ -122,19 +140,25 @@ def load_ops() -> Any | None:
     """Build (first time on this machine) and load the ops; ``torch.ops.inferctl_cpu`` or None.
 
     Cached per process (the one loaded library). Never raises: a missing compiler or ninja, a
-    compile error or a load error logs one warning with the reason and returns None."""
-    try:
-        from torch.utils.cpp_extension import load
+    compile error or a load error logs one warning with the reason and returns None. A build with
+    :data:`CFLAGS` that fails is tried once more with :data:`CFLAGS_SERIAL` (no OpenMP) first."""
+    err: Exception | None = None
+    for cflags, ldflags in ((CFLAGS, LDFLAGS), (CFLAGS_SERIAL, ())):
+        try:
+            from torch.utils.cpp_extension import load
 
-        load(name=f"inferctl_cpu_kernels_{_cpu_tag()}", sources=[str(f) for f in SOURCES], extra_cflags=list(CFLAGS),
-             is_python_module=False, verbose=False)
-        ops = torch.ops.inferctl_cpu
-        ops.has_avx2()  # the library answers
-        return ops
-    except Exception as exc:  # noqa: BLE001 — any build/load failure means "no kernels", never a crash
-        log.warning("inferctl CPU kernels unavailable, using plain PyTorch ops (%s: %s)",
-                    type(exc).__name__, (str(exc).strip().splitlines() or [""])[-1])
-        return None
+            load(name=f"inferctl_cpu_kernels_{_cpu_tag(cflags + ldflags)}", sources=[str(f) for f in SOURCES],
+                 extra_cflags=list(cflags), extra_ldflags=list(ldflags), is_python_module=False, verbose=False)
+            ops = torch.ops.inferctl_cpu
+            ops.has_avx2()  # the library answers
+            if cflags is CFLAGS_SERIAL:
+                log.info("inferctl CPU kernels built without OpenMP (one thread per op): %s", err)
+            return ops
+        except Exception as exc:  # noqa: BLE001 — any build/load failure means "no kernels", never a crash
+            err = exc
+    log.warning("inferctl CPU kernels unavailable, using plain PyTorch ops (%s: %s)",
+                type(err).__name__, (str(err).strip().splitlines() or [""])[-1])
+    return None
 
 
 def ops_for(device: torch.device | str, dtype: torch.dtype) -> Any | None:
@@ -153,11 +177,14 @@ def eligible(x: torch.Tensor, max_rows: int | None = None) -> bool:
             and not x.requires_grad and (max_rows is None or x.shape[0] <= max_rows))
 
 
-def f32_kernel_wins(rows: int) -> bool:
+def f32_kernel_wins(rows: int, weight_bytes: int = 0) -> bool:
     """The one predicate for fp32 linears on the ``[out, in]`` layout: True when ``gemv_f32`` runs a
     ``rows``-row product (``rows ≤`` :data:`MAX_BATCH` at 1 thread, :data:`MAX_BATCH_MT` at more, per
-    ``torch.get_num_threads()``), False when torch's GEMM (MKL) does. The same for every layer shape:
-    the measured crossovers did not depend on (N, K) within the noise (see the constants)."""
+    ``torch.get_num_threads()``; ``rows ≤`` :data:`MAX_DECODE_BATCH` for a weight of
+    :data:`GEMV_F32_ALL_ROWS_BYTES` or more), False when torch's GEMM (MKL) does. The layer shapes'
+    crossovers did not depend on (N, K) within the noise (see the constants)."""
+    if weight_bytes >= GEMV_F32_ALL_ROWS_BYTES:
+        return rows <= MAX_DECODE_BATCH
     return rows <= (MAX_BATCH if torch.get_num_threads() <= 1 else MAX_BATCH_MT)
 
 

@@ -17,6 +17,10 @@ logit row each) of at most ``cpu_kernels.MAX_DECODE_BATCH`` (64) sequences; ever
 in the ``[out, in]`` layout, int8 per-channel (``Linear.q`` an ``Int8Weight``) or GGUF Q4_1 blocks run
 by the kernels (a ``Q4Weight``, engine.q4_kernels; torch's int4 layout ``Int4Weight`` is not).
 
+The model's output head (final RMSNorm + classifier) runs in the same call when the classifier is
+stored like the layer linears (:func:`head_tensors`; wave 7): the op then returns the logits, so the
+step's largest GEMV (half the weights of the 99.5 MB model) shares the kernels and threads.
+
 Numerics: the same math as the per-op path with a different summation order (8-lane partial
 sums in the dot products and GEMVs); tests/unit/test_fused_decode.py bounds the logits' difference.
 """
@@ -71,13 +75,24 @@ def layer_weights(model: Any, kv_cache: "KVCache", meta: "AttentionMetadata",
     # precision switch replaces them): building them walked ~4 module attributes per linear per step
     plan = model.__dict__.get("_fused_decode_plan")
     if plan is None:
-        lins = [lin for blk in model.layers for lin in (blk.wqkv, blk.wo, blk.w13, blk.w2)]
-        plan = model.__dict__["_fused_decode_plan"] = [lins, None, None]
+        lins = [lin for blk in model.layers for lin in (blk.wqkv, blk.wo, blk.w13, blk.w2)] + [model.output]
+        plan = model.__dict__["_fused_decode_plan"] = [lins, None, None, None]
     lins, key = plan[0], plan[1]
     now = [lin.weight if lin.q is None else lin.q for lin in lins]
     if key is None or any(a is not b for a, b in zip(now, key)):
-        plan[1], plan[2] = now, _build_lists(model, lins)
+        plan[1], plan[2] = now, _build_lists(model, lins[:-1])
+        head = _linear_tensors(model.output, torch.empty(0, dtype=torch.float32))
+        plan[3] = None if head is None or plan[2] is None else (model.norm, *head)
     return plan[2]
+
+
+def head_tensors(model: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """``(final norm [dim], classifier weight, scales)`` for :func:`decode_layers`' ``head`` when the
+    output layer can run inside the op (float32 in the ``[out, in]`` layout, int8 per channel or Q4_1
+    blocks, like the layer linears), else None (the model then runs it itself). Valid right after
+    :func:`layer_weights` returned lists for this model (the same cached plan)."""
+    plan = model.__dict__.get("_fused_decode_plan")
+    return None if plan is None else plan[3]
 
 
 def _build_lists(model: Any, lins: list[Any]) -> tuple[list[torch.Tensor], ...] | None:
@@ -94,16 +109,21 @@ def _build_lists(model: Any, lins: list[Any]) -> tuple[list[torch.Tensor], ...] 
 
 
 def decode_layers(model: Any, lists: tuple[list[torch.Tensor], ...], x: torch.Tensor,
-                  cos: torch.Tensor, sin: torch.Tensor, kv_cache: "KVCache", meta: "AttentionMetadata") -> torch.Tensor:
+                  cos: torch.Tensor, sin: torch.Tensor, kv_cache: "KVCache", meta: "AttentionMetadata",
+                  head: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """All decoder layers of one decode step: ``x`` [B, dim] float32 → [B, dim] (before the final
-    norm); writes each token's K/V into ``kv_cache`` at ``meta.slot_mapping``. ``cos``/``sin``
-    [B, 1, head_dim]: the model's RoPE table rows (``LlamaModel.rope_at``). ``lists``: what
-    :func:`layer_weights` returned. Raises RuntimeError (from the op) on inconsistent input."""
+    norm), or with ``head`` (:func:`head_tensors`) the logits [B, vocab] float32 (final RMSNorm and
+    classifier in the same call); writes each token's K/V into ``kv_cache`` at ``meta.slot_mapping``.
+    ``cos``/``sin`` [B, 1, head_dim]: the model's RoPE table rows (``LlamaModel.rope_at``). ``lists``:
+    what :func:`layer_weights` returned. Raises RuntimeError (from the op) on inconsistent input."""
     a = model.args
     attn_norm, ffn_norm, weights, scales = lists
-    torch_mm_mask = 0 if cpu_kernels.f32_kernel_wins(x.shape[0]) else 0b1111   # the four linears of a layer
+    wins = cpu_kernels.f32_kernel_wins(x.shape[0])
+    torch_mm_mask = 0 if wins else 0b1111   # the four linears of a layer
+    norm, out_w, out_s = head if head is not None else (None, None, None)
+    head_mm = out_w is not None and not cpu_kernels.f32_kernel_wins(x.shape[0], out_w.numel() * out_w.element_size())
     return model.kernel_ops.decode_layers(
         x.contiguous(), cos, sin, kv_cache.k, kv_cache.v, meta.slot_mapping.contiguous(),
         meta.block_tables.contiguous(), meta.seq_lens.contiguous(),
         attn_norm, ffn_norm, weights, scales, a.n_heads, a.n_kv_heads, ROPE_CODES[a.rope_style], a.norm_eps,
-        model.scale, torch_mm_mask)
+        model.scale, torch_mm_mask, norm, out_w, out_s, head_mm)

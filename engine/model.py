@@ -120,8 +120,8 @@ def canonical_weight_names(args: ModelArgs) -> dict[str, tuple[int, ...]]:
 class Linear(torch.nn.Module):
     """A bias-free linear with two storage modes, its weight layout chosen at load.
 
-    full, CPU float32, under ``cpu_kernels.GEMV_F32_MAX_BYTES``, with the engine's CPU kernels built
-    (``layout == "out_in"``, engine.cpu_kernels):
+    full, CPU float32, under ``cpu_kernels.GEMV_F32_MAX_BYTES`` (every weight since wave 7, the classifier
+    too), with the engine's CPU kernels built (``layout == "out_in"``, engine.cpu_kernels):
     ``weight`` [out, in] contiguous; batches where ``cpu_kernels.f32_kernel_wins`` run the
     kernels' GEMV (one contiguous weight row per output), larger ones ``x @ weight.T`` (torch).
     full otherwise (``layout == "in_out"``): ``weight`` [in, out] contiguous, ``y = x @ weight``
@@ -169,7 +169,8 @@ class Linear(torch.nn.Module):
                 return cpu_kernels.gemv_int8(self.ops, x, self.q.qweight, self.q.scales, self.q.in_features)
             return int8_matmul(x, self.q)
         if self.layout == "out_in":
-            if cpu_kernels.eligible(x) and cpu_kernels.f32_kernel_wins(x.shape[0]):
+            w = self.weight
+            if cpu_kernels.eligible(x) and cpu_kernels.f32_kernel_wins(x.shape[0], w.numel() * w.element_size()):
                 return cpu_kernels.gemv_f32(self.ops, x, self.weight)
             return x @ self.weight.t()
         return x @ self.weight
@@ -514,7 +515,10 @@ class LlamaModel(torch.nn.Module):
         eps = a.norm_eps
         fused = fused_decode.layer_weights(self, kv_cache, meta, T)   # None: the per-op path below
         if fused is not None:
-            x = fused_decode.decode_layers(self, fused, x, cos, sin, kv_cache, meta)
+            head = fused_decode.head_tensors(self)   # not None: the op returns the logits
+            x = fused_decode.decode_layers(self, fused, x, cos, sin, kv_cache, meta, head)
+            if head is not None:
+                return x
         for li, blk in enumerate(self.layers if fused is None else ()):
             h = cpu_kernels.rms_norm(self.kernel_ops, x, blk.attention_norm, eps)
             qkv = blk.wqkv(h)

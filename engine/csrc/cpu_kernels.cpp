@@ -7,13 +7,14 @@
 // silu_mul   y[T, H] = silu(gu[:, :H]) * gu[:, H:]     (SwiGLU, Shazeer 2020)
 //
 // Each output row of a GEMV is a dot product over one contiguous row of W, so the weight is read
-// once, front to back, by each thread (the layout llama.cpp's ggml_vec_dot_f32 streams). Up to
-// MAX_B activation rows share each weight row (in passes of 4 while the row sits in L1). Python sends
+// once by each thread (the layout llama.cpp's ggml_vec_dot_f32 streams), as 4 side-by-side streams
+// (gemv_rows). Up to MAX_B activation rows share each weight row (in pairs while the row sits in L1). Python sends
 // fp32 where cpu_kernels.f32_kernel_wins (up to 8 rows at 1 thread, 16 at more: MKL's GEMM wins above
 // that) and int8 up to MAX_BATCH_INT8 (64: torch's int8 kernel takes bf16 activations, emulated
 // without bf16 hardware); the fused decode op (decode_step.cpp) calls both with up to 64 rows.
-// Threads: at::parallel_for over output rows
-// (respects torch.set_num_threads). AVX2+FMA intrinsics when the compiler targets them
+// Threads: at::parallel_for over output rows on torch's own OpenMP pool (engine.cpu_kernels builds with
+// -fopenmp, so the calls run on torch.set_num_threads threads; built without it, at::parallel_for ran
+// every chunk on the calling thread). AVX2+FMA intrinsics when the compiler targets them
 // (-march=native on such a CPU), a scalar loop otherwise. int8 weights are widened to fp32 in
 // registers (no bf16 anywhere). Inputs are checked by the Python wrapper; the C++ checks again
 // with TORCH_CHECK (a RuntimeError, never a crash).
@@ -53,72 +54,82 @@ inline __m256 load_i8x8(const int8_t* p) {
 }
 #endif
 
-// One output row n for B activation rows: out[b] = sum_k x[b, k] * w[k]. A = independent
-// accumulators per activation row (FMA latency hiding: 4 at B=1, 2 above, within 16 ymm registers).
-template <int B, typename W>
-inline void row_dot(const float* x, int64_t ldx, const W* w, int64_t K, float* out) {
+// S output rows (wr[0..S), one from each of the S segments of a thread's chunk, see gemv_rows) for G
+// activation rows: out[s * G + g] = sum_k x[g, k] * wr[s][k]. One 8-lane accumulator per (row, activation
+// row); each weight vector is loaded once and used G times, each activation vector once per row.
+template <int S, int G, typename W>
+inline void seg_dot(const float* x, int64_t ldx, const W* const* wr, int64_t K, float* out) {
   int64_t k = 0;
 #if INFERCTL_AVX2
-  constexpr int A = B == 1 ? 4 : 2;
-  __m256 acc[B][A];
-  for (int b = 0; b < B; ++b)
-    for (int a = 0; a < A; ++a) acc[b][a] = _mm256_setzero_ps();
-  for (; k + 8 * A <= K; k += 8 * A) {
-    __m256 wv[A];
-    for (int a = 0; a < A; ++a) {
-      if constexpr (std::is_same_v<W, float>) {
-        wv[a] = _mm256_loadu_ps(w + k + 8 * a);
-      } else {
-        wv[a] = load_i8x8(w + k + 8 * a);
-      }
-    }
-    for (int b = 0; b < B; ++b)
-      for (int a = 0; a < A; ++a)
-        acc[b][a] = _mm256_fmadd_ps(_mm256_loadu_ps(x + b * ldx + k + 8 * a), wv[a], acc[b][a]);
-  }
+  __m256 acc[S][G];
+  for (int s = 0; s < S; ++s)
+    for (int g = 0; g < G; ++g) acc[s][g] = _mm256_setzero_ps();
   for (; k + 8 <= K; k += 8) {
-    __m256 wv;
-    if constexpr (std::is_same_v<W, float>) {
-      wv = _mm256_loadu_ps(w + k);
-    } else {
-      wv = load_i8x8(w + k);
+    __m256 xv[G];
+    for (int g = 0; g < G; ++g) xv[g] = _mm256_loadu_ps(x + g * ldx + k);
+    for (int s = 0; s < S; ++s) {
+      __m256 wv;
+      if constexpr (std::is_same_v<W, float>) {
+        wv = _mm256_loadu_ps(wr[s] + k);
+      } else {
+        wv = load_i8x8(wr[s] + k);
+      }
+      for (int g = 0; g < G; ++g) acc[s][g] = _mm256_fmadd_ps(xv[g], wv, acc[s][g]);
     }
-    for (int b = 0; b < B; ++b) acc[b][0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + b * ldx + k), wv, acc[b][0]);
   }
-  for (int b = 0; b < B; ++b) {
-    __m256 s = acc[b][0];
-    for (int a = 1; a < A; ++a) s = _mm256_add_ps(s, acc[b][a]);
-    out[b] = hsum8(s);
-  }
+  for (int s = 0; s < S; ++s)
+    for (int g = 0; g < G; ++g) out[s * G + g] = hsum8(acc[s][g]);
 #else
-  for (int b = 0; b < B; ++b) out[b] = 0.f;
+  for (int i = 0; i < S * G; ++i) out[i] = 0.f;
 #endif
-  for (; k < K; ++k) {
-    const float wk = static_cast<float>(w[k]);
-    for (int b = 0; b < B; ++b) out[b] += x[b * ldx + k] * wk;
-  }
+  for (; k < K; ++k)
+    for (int s = 0; s < S; ++s) {
+      const float wk = static_cast<float>(wr[s][k]);
+      for (int g = 0; g < G; ++g) out[s * G + g] += x[g * ldx + k] * wk;
+    }
 }
 
-// Output rows [n0, n1) for all B activation rows, in groups of up to 4 per pass over a weight row
-// (the row, 1-2 KB, stays in L1 for the second group: the weight is read from memory once).
+// Output rows [n0, n1) for all B activation rows. The chunk is cut into STREAMS equal segments walked
+// side by side (step i computes row i of every segment), so the weight is read as STREAMS long
+// contiguous streams at once instead of one: measured 2026-12-02 (wave 7, 1 thread, the synthetic
+// model's 99.5 MB of linears streamed from DRAM, /tmp/K1_exp.py) one stream read 10-14 GB/s, four
+// 15-19 GB/s (a plain sum over the same bytes: 11-14 GB/s as one stream, 15-21 as four): a core keeps more
+// cache-line misses in flight when its prefetchers follow several streams. Visiting the segments' rows
+// one after another (the same order without the side-by-side loop) read 5 GB/s: the streams must advance
+// together. Activation rows go in pairs while the STREAMS weight rows (6 KB at K = 384) sit in L1, so
+// the weight is read from memory once per call.
+constexpr int STREAMS = 4;
 template <typename W>
 void gemv_rows(const float* x, int64_t B, int64_t K, const W* w, int64_t ldw, const float* scales,
                float* y, int64_t N, int64_t n0, int64_t n1) {
-  float acc[4];
-  for (int64_t n = n0; n < n1; ++n) {
-    const W* wr = w + n * ldw;
-    if (n + 4 < n1) __builtin_prefetch(w + (n + 4) * ldw);
-    const float s = scales ? scales[n] : 1.f;
-    for (int64_t b0 = 0; b0 < B; b0 += 4) {
-      const int64_t g = std::min<int64_t>(4, B - b0);
+  float acc[STREAMS * 2];
+  const int64_t len = (n1 - n0) / STREAMS;
+  auto put = [&](int64_t n, int64_t b, float v) { y[b * N + n] = scales ? v * scales[n] : v; };
+  for (int64_t i = 0; i < len; ++i) {
+    const W* wr[STREAMS];
+    for (int s = 0; s < STREAMS; ++s) wr[s] = w + (n0 + s * len + i) * ldw;
+    for (int64_t b0 = 0; b0 < B; b0 += 2) {
       const float* xb = x + b0 * K;
-      switch (g) {
-        case 1: row_dot<1, W>(xb, K, wr, K, acc); break;
-        case 2: row_dot<2, W>(xb, K, wr, K, acc); break;
-        case 3: row_dot<3, W>(xb, K, wr, K, acc); break;
-        default: row_dot<4, W>(xb, K, wr, K, acc); break;
+      if (B - b0 >= 2) {
+        seg_dot<STREAMS, 2, W>(xb, K, wr, K, acc);
+        for (int s = 0; s < STREAMS; ++s) { put(n0 + s * len + i, b0, acc[2 * s]); put(n0 + s * len + i, b0 + 1, acc[2 * s + 1]); }
+      } else {
+        seg_dot<STREAMS, 1, W>(xb, K, wr, K, acc);
+        for (int s = 0; s < STREAMS; ++s) put(n0 + s * len + i, b0, acc[s]);
       }
-      for (int64_t b = 0; b < g; ++b) y[(b0 + b) * N + n] = scales ? acc[b] * s : acc[b];
+    }
+  }
+  for (int64_t n = n0 + STREAMS * len; n < n1; ++n) {   // the rows past the last whole step
+    const W* wr = w + n * ldw;
+    for (int64_t b0 = 0; b0 < B; b0 += 2) {
+      const float* xb = x + b0 * K;
+      if (B - b0 >= 2) {
+        seg_dot<1, 2, W>(xb, K, &wr, K, acc);
+        put(n, b0, acc[0]); put(n, b0 + 1, acc[1]);
+      } else {
+        seg_dot<1, 1, W>(xb, K, &wr, K, acc);
+        put(n, b0, acc[0]);
+      }
     }
   }
 }
@@ -177,29 +188,57 @@ void quant_row(const float* x, int64_t nb, int8_t* q, float* d) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * 32), i8);
   }
 }
-template <int G>
-void q8_rows(const int8_t* xq, const float* xd, const float* x, int64_t ldq, int64_t nbd, int64_t K, int64_t nb,
-          const int8_t* w, int64_t ldw, const float* sc, float* y, int64_t N, int64_t b0, int64_t n0, int64_t n1) {
+// S weight rows (wr[0..S), one per segment, as in gemv_rows) x G quantized activation rows
+template <int S, int G>
+inline void q8_seg(const int8_t* xq, const float* xd, const float* x, int64_t ldq, int64_t nbd, int64_t K, int64_t nb,
+                   const int8_t* const* wr, float* out) {
   const __m256i ones = _mm256_set1_epi16(1);
-  for (int64_t n = n0; n < n1; ++n) {
-    const int8_t* wr = w + n * ldw;
-    __m256 acc[G];
-    for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + b * 32));
+  __m256 acc[S][G];
+  for (int s = 0; s < S; ++s)
+    for (int g = 0; g < G; ++g) acc[s][g] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i xv[G];
+    for (int g = 0; g < G; ++g) xv[g] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * ldq + b * 32));
+    for (int s = 0; s < S; ++s) {
+      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[s] + b * 32));
       const __m256i aw = _mm256_sign_epi8(wv, wv);
       for (int g = 0; g < G; ++g) {
-        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * ldq + b * 32));
-        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv)), ones);
-        acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(xd[g * nbd + b]), acc[g]);
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[g], wv)), ones);
+        acc[s][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(xd[g * nbd + b]), acc[s][g]);
       }
     }
+  }
+  for (int s = 0; s < S; ++s)
     for (int g = 0; g < G; ++g) {
-      float t = hsum8(acc[g]);
+      float t = hsum8(acc[s][g]);
       const float* xr = x + g * K;
-      for (int64_t k = nb * 32; k < K; ++k) t += xr[k] * (float)wr[k];
-      y[(b0 + g) * N + n] = t * sc[n];
+      for (int64_t k = nb * 32; k < K; ++k) t += xr[k] * (float)wr[s][k];
+      out[s * G + g] = t;
     }
+}
+
+// Output rows [n0, n1) of the int8 weight for the G = 1 or 2 quantized activation rows starting at b0,
+// STREAMS segments side by side (gemv_rows' layout of the work; int8 rows are 4x shorter, so one
+// stream is 4x more row switches).
+template <int G>
+void q8_rows(const int8_t* xq, const float* xd, const float* x, int64_t ldq, int64_t nbd, int64_t K, int64_t nb,
+             const int8_t* w, int64_t ldw, const float* sc, float* y, int64_t N, int64_t b0, int64_t n0, int64_t n1) {
+  float acc[STREAMS * G];
+  const int64_t len = (n1 - n0) / STREAMS;
+  for (int64_t i = 0; i < len; ++i) {
+    const int8_t* wr[STREAMS];
+    for (int s = 0; s < STREAMS; ++s) wr[s] = w + (n0 + s * len + i) * ldw;
+    q8_seg<STREAMS, G>(xq, xd, x, ldq, nbd, K, nb, wr, acc);
+    for (int s = 0; s < STREAMS; ++s)
+      for (int g = 0; g < G; ++g) {
+        const int64_t n = n0 + s * len + i;
+        y[(b0 + g) * N + n] = acc[s * G + g] * sc[n];
+      }
+  }
+  for (int64_t n = n0 + STREAMS * len; n < n1; ++n) {
+    const int8_t* wr = w + n * ldw;
+    q8_seg<1, G>(xq, xd, x, ldq, nbd, K, nb, &wr, acc);
+    for (int g = 0; g < G; ++g) y[(b0 + g) * N + n] = acc[g] * sc[n];
   }
 }
 
@@ -210,7 +249,7 @@ void gemv_int8_q8(const float* xp, int64_t B, int64_t K, const int8_t* wp, int64
   std::vector<float> xd(static_cast<size_t>(B * std::max<int64_t>(nb, 1)));
   for (int64_t b = 0; b < B; ++b) quant_row(xp + b * K, nb, xq.data() + b * nb * 32, xd.data() + b * nb);
   const int64_t grain = std::max<int64_t>(16, GRAIN_ELEMS / std::max<int64_t>(K, 1));
-  // Output rows in L2-sized panels (L2_PANEL_BYTES of int8 weight): every group of 4 quantized activation
+  // Output rows in L2-sized panels (L2_PANEL_BYTES of int8 weight): every pair of quantized activation
   // rows passes over a panel while it sits in L2, so each weight byte comes from memory once per call
   // however many groups there are (the whole chunk was re-read per group before: 1.1-1.2x slower on the
   // 12 MB 384x32000 classifier at 16-64 rows; the per-pair integer ops, not the weight reads, bound the rest).
@@ -218,16 +257,14 @@ void gemv_int8_q8(const float* xp, int64_t B, int64_t K, const int8_t* wp, int64
   at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
     for (int64_t p0 = n0; p0 < n1; p0 += panel) {
       const int64_t p1 = std::min(n1, p0 + panel);
-      for (int64_t b0 = 0; b0 < B; b0 += 4) {
-        const int64_t g = std::min<int64_t>(4, B - b0);
+      for (int64_t b0 = 0; b0 < B; b0 += 2) {
         const int8_t* xqb = xq.data() + b0 * nb * 32;
         const float* xdb = xd.data() + b0 * nb;
         const float* xb = xp + b0 * K;
-        switch (g) {
-          case 1: q8_rows<1>(xqb, xdb, xb, nb * 32, nb, K, nb, wp, ldw, sp, yp, N, b0, p0, p1); break;
-          case 2: q8_rows<2>(xqb, xdb, xb, nb * 32, nb, K, nb, wp, ldw, sp, yp, N, b0, p0, p1); break;
-          case 3: q8_rows<3>(xqb, xdb, xb, nb * 32, nb, K, nb, wp, ldw, sp, yp, N, b0, p0, p1); break;
-          default: q8_rows<4>(xqb, xdb, xb, nb * 32, nb, K, nb, wp, ldw, sp, yp, N, b0, p0, p1); break;
+        if (B - b0 >= 2) {
+          q8_rows<2>(xqb, xdb, xb, nb * 32, nb, K, nb, wp, ldw, sp, yp, N, b0, p0, p1);
+        } else {
+          q8_rows<1>(xqb, xdb, xb, nb * 32, nb, K, nb, wp, ldw, sp, yp, N, b0, p0, p1);
         }
       }
     }
@@ -306,6 +343,17 @@ at::Tensor silu_mul(const at::Tensor& gu) {
 
 bool has_avx2() { return INFERCTL_AVX2 != 0; }
 
+// How many threads an at::parallel_for over n items (grain 1) runs its chunks on: torch.get_num_threads()
+// capped at n when the extension is built with OpenMP (engine.cpu_kernels.CFLAGS), 1 without it.
+int64_t parallel_threads(int64_t n) {
+  std::vector<int64_t> seen(static_cast<size_t>(std::max<int64_t>(n, 1)), -1);
+  at::parallel_for(0, n, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) seen[i] = at::get_thread_num();
+  });
+  std::sort(seen.begin(), seen.end());
+  return std::unique(seen.begin(), seen.end()) - seen.begin();
+}
+
 }  // namespace
 
 // Registered as torch.ops.inferctl_cpu.* (no pybind: the torch/extension.h headers doubled the first-use compile).
@@ -315,4 +363,5 @@ TORCH_LIBRARY(inferctl_cpu, m) {
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor", &rms_norm);
   m.def("silu_mul(Tensor gu) -> Tensor", &silu_mul);
   m.def("has_avx2() -> bool", &has_avx2);
+  m.def("parallel_threads(int n) -> int", &parallel_threads);
 }

@@ -2,7 +2,8 @@
 //
 // decode_layers(x[B, dim], cos[B, D], sin[B, D], k_pool, v_pool [L, Hkv, NB, bs, D], slot_mapping[B],
 //               block_tables[B, maxb], seq_lens[B], attn_norm[L], ffn_norm[L], weights[4L], scales[4L],
-//               n_heads, n_kv_heads, rope_style, eps, scale, torch_mm_mask) -> x'[B, dim]
+//               n_heads, n_kv_heads, rope_style, eps, scale, torch_mm_mask
+//               [, final_norm[dim], out_w, out_s, out_torch_mm]) -> x'[B, dim], or logits[B, vocab] with final_norm
 //
 // Every sequence contributes exactly one token (B = T <= 64). Per layer, the same math as
 // engine.model.LlamaModel.forward's per-op path (fp32 throughout):
@@ -12,6 +13,10 @@
 //   IN PLACE through its block table (scores = q.k * scale, softmax with the max subtracted, then
 //   p @ v; GQA: query head h reads kv head h / (H/Hkv)) ; x += o @ Wo^T ; h = rms_norm(x) ;
 //   gu = h @ W13^T ; x += (silu(g) * u) @ W2^T.
+// With final_norm given (the model's output head, engine.fused_decode.head_tensors): after the last layer
+// logits = rms_norm(x, final_norm) @ out_w^T, the classifier in any of the layer linears' storage kinds
+// (out_s as their scales; out_torch_mm as a torch_mm_mask bit), so the step's largest GEMV (the
+// 384x32000 classifier of the 99.5 MB model is half its weights) runs on the same kernels and threads.
 // The GEMVs are the extension's own gemv_f32 / gemv_int8 / q4_matmul (csrc/cpu_kernels.cpp,
 // csrc/q4_kernels.cpp), called through
 // the dispatcher, so this file shares their inner loops without copying them; bit j of torch_mm_mask
@@ -33,6 +38,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "simd.h"
@@ -141,7 +147,9 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at
                          const at::Tensor& v_pool, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
                          const at::Tensor& seq_lens, at::TensorList attn_norm, at::TensorList ffn_norm,
                          at::TensorList weights, at::TensorList scales, int64_t H, int64_t Hkv, int64_t rope_style,
-                         double eps_d, double scale_d, int64_t torch_mm_mask) {
+                         double eps_d, double scale_d, int64_t torch_mm_mask,
+                         const std::optional<at::Tensor>& final_norm, const std::optional<at::Tensor>& out_w,
+                         const std::optional<at::Tensor>& out_s, bool out_torch_mm) {
   auto f32cpu = [](const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(); };
   TORCH_CHECK(f32cpu(x_in) && x_in.dim() == 2, "x must be a contiguous float32 CPU tensor [B, dim]");
   const int64_t B = x_in.size(0), dim = x_in.size(1);
@@ -194,6 +202,14 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at
     check_linear(w[1], s[1], dim, H * D, "wo", li);
     check_linear(w[2], s[2], 2 * hidden, dim, "w13", li);
     check_linear(w[3], s[3], dim, hidden, "w2", li);
+  }
+
+  const bool head = final_norm.has_value() && final_norm->defined();
+  at::Tensor head_s = out_s.has_value() && out_s->defined() ? *out_s : at::empty({0}, x_in.options());
+  if (head) {
+    TORCH_CHECK(f32cpu(*final_norm) && final_norm->numel() == dim, "final_norm must be contiguous float32 [", dim, "]");
+    TORCH_CHECK(out_w.has_value() && out_w->defined() && out_w->dim() == 2, "out_w must be given with final_norm");
+    check_linear(*out_w, head_s, out_w->size(0), dim, "output", L);
   }
 
   const float eps = static_cast<float>(eps_d), scale = static_cast<float>(scale_d);
@@ -272,6 +288,10 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at
     yp = y.data_ptr<float>();
     for (int64_t i = 0; i < B * dim; ++i) xp[i] += yp[i];
   }
+  if (head) {
+    rms_norm_rows(xp, final_norm->data_ptr<float>(), hp, B, dim, eps);
+    return gemv(h, *out_w, head_s, out_torch_mm);
+  }
   return x;
 }
 
@@ -281,6 +301,7 @@ TORCH_LIBRARY_FRAGMENT(inferctl_cpu, m) {
   m.def(
       "decode_layers(Tensor x, Tensor cos, Tensor sin, Tensor k_pool, Tensor v_pool, Tensor slot_mapping, "
       "Tensor block_tables, Tensor seq_lens, Tensor[] attn_norm, Tensor[] ffn_norm, Tensor[] weights, "
-      "Tensor[] scales, int n_heads, int n_kv_heads, int rope_style, float eps, float scale, int torch_mm_mask) -> Tensor",
+      "Tensor[] scales, int n_heads, int n_kv_heads, int rope_style, float eps, float scale, int torch_mm_mask, "
+      "Tensor? final_norm=None, Tensor? out_w=None, Tensor? out_s=None, bool out_torch_mm=False) -> Tensor",
       &decode_layers);
 }

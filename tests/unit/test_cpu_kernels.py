@@ -255,3 +255,38 @@ def test_a_weight_over_the_gemv_limit_keeps_the_torch_layout_but_int8_still_uses
     monkeypatch.setattr(ck, "gemv_int8", lambda *a: calls.append(1) or real(*a))
     big(x)
     assert calls == [1]
+
+
+@needs_ops
+@pytest.mark.parametrize("nthreads", [1, 2])
+def test_the_ops_run_on_torchs_threads(nthreads):
+    """The extension is built with OpenMP (ck.CFLAGS): at::parallel_for spreads its chunks over
+    torch.get_num_threads() threads. Built without it (waves 4-6) every op ran on one thread: 1 here."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(nthreads)
+    try:
+        assert OPS.parallel_threads(8) == nthreads
+        assert OPS.parallel_threads(1) == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_ops
+def test_a_dram_sized_fp32_weight_takes_the_gemv_up_to_64_rows(monkeypatch):
+    """A weight of GEMV_F32_ALL_ROWS_BYTES or more (the classifier: 384x32000 fp32 is 49 MB) keeps the
+    [out, in] layout and runs gemv_f32 up to MAX_DECODE_BATCH rows at any thread count; a layer-sized
+    one only up to MAX_BATCH (1 thread). Rows past 64 take torch's GEMM on the same weight."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(ck, "GEMV_F32_ALL_ROWS_BYTES", 48 * 40 * 4)    # a 48x40 fp32 weight counts as big
+    assert ck.f32_kernel_wins(64, 48 * 40 * 4) and not ck.f32_kernel_wins(65, 48 * 40 * 4)
+    assert ck.f32_kernel_wins(8) and not ck.f32_kernel_wins(9, 47 * 40 * 4)
+    w = torch.randn(48, 40, generator=_g(7))
+    lin = Linear(w)
+    assert lin.layout == "out_in"
+    calls = []
+    real = ck.gemv_f32
+    monkeypatch.setattr(ck, "gemv_f32", lambda *a: calls.append(a[1].shape[0]) or real(*a))
+    for b in (1, 9, 33, 64, 65):
+        x = torch.randn(b, 40, generator=_g(b))
+        torch.testing.assert_close(lin(x), x @ w.t(), rtol=1e-5, atol=1e-4)
+    assert calls == [1, 9, 33, 64]

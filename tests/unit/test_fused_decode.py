@@ -274,3 +274,39 @@ def test_bad_inputs_raise_runtime_error(stories):
     too_many = torch.randn(cpu_kernels.MAX_DECODE_BATCH + 1, a.dim)
     with pytest.raises(RuntimeError, match=f"1..{cpu_kernels.MAX_DECODE_BATCH} sequences"):
         call(x=too_many)
+
+
+@needs_ops
+@pytest.mark.parametrize("precision", ["full", "int8"])
+def test_the_output_head_runs_inside_the_op(stories, monkeypatch, precision):
+    """The final RMSNorm and the classifier run in the fused call (fused_decode.head_tensors): the model's
+    own output Linear is not called in a fused step, and the op's logits equal rms_norm + classifier
+    applied to its hidden output (the same call without the head)."""
+    model = stories.model
+    model.set_precision(precision)
+    try:
+        calls = []
+        real = model.output.forward
+        monkeypatch.setattr(model.output, "forward", lambda x: calls.append(x.shape[0]) or real(x))
+        spy = _Spy(monkeypatch)
+        _run(model, True, monkeypatch, [stories.tokenizer.encode("Tom had a")], 3, block_size=4)
+        assert spy.calls == 3 and calls == [1]          # the prefill step only
+        h = Harness(model, block_size=4, num_blocks=16)
+        meta = AttentionMetadata.build([([0, 1], 5, 1, False), ([2], 3, 1, False)], 4)
+        meta.prepare(4)
+        lists = fused_decode.layer_weights(model, h.cache, meta, 2)
+        head = fused_decode.head_tensors(model)
+        assert head is not None and head[0] is model.norm
+        a = model.args
+        x = torch.randn(2, a.dim, generator=torch.Generator().manual_seed(3))
+        cos, sin = model.rope_at(torch.tensor([5, 3]), 8)
+        args = (x, cos, sin, h.cache.k.clone(), h.cache.v.clone(), meta.slot_mapping, meta.block_tables,
+                meta.seq_lens, *lists, a.n_heads, a.n_kv_heads, 0, a.norm_eps, model.scale, 0)
+        logits = OPS.decode_layers(*args, *head, False)
+        hidden = OPS.decode_layers(*args)
+        assert logits.shape == (2, a.vocab_size) and hidden.shape == (2, a.dim)
+        _assert_close(logits, real(cpu_kernels.rms_norm(OPS, hidden, model.norm, a.norm_eps)))
+        with pytest.raises(RuntimeError, match="final_norm"):
+            OPS.decode_layers(*args, model.norm[:-1].contiguous(), head[1], head[2], False)
+    finally:
+        model.set_precision("full")
