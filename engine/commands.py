@@ -116,6 +116,11 @@ class CommandMailbox:
         with self._lock:
             return len(self._items)
 
+    def __bool__(self) -> bool:
+        """Whether a command is queued. Lock-free (one atomic read of the deque under the GIL), so
+        the engine's per-step check takes no lock; a command posted just after waits for the next step."""
+        return bool(self._items)
+
     def pending_precision(self) -> str | None:
         """The mode of the last queued :class:`SwitchPrecision`, or None."""
         with self._lock:

@@ -179,6 +179,8 @@ class IncrementalDetokenizer:
 
     # --- layer 2: stop strings ---------------------------------------------------------
     def _release(self, delta: str, final: bool) -> str:
+        if not self._stops:   # nothing is ever held or cut without stop strings (the common case)
+            return self._emit(delta)
         buf = self._held + delta
         hit = self._first_stop(buf)
         if hit is not None:

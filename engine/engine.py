@@ -291,6 +291,8 @@ class LLMEngine:
 
     def apply_commands(self) -> None:
         """Apply every queued command, in order (between steps: holds the step lock)."""
+        if not self.mailbox:   # the common case, every step: a lock-free read, no lock taken
+            return
         with self.step_lock:
             commands = self.mailbox.take_all()
             if not commands:
@@ -447,6 +449,7 @@ class LLMEngine:
         toks, lps, tops = sample.token_ids, sample.logprobs, sample.top_logprobs
         dead = set(sample.nonfinite_rows) if sample.nonfinite_rows else ()
         prec = self.precision
+        end_ids = self._end_ids
         for i, seq in enumerate(sampled):
             tok, lp = toks[i], lps[i]
             first = seq.first_token_time is None
@@ -467,16 +470,23 @@ class LLMEngine:
                     seq.top_logprobs = []
                 seq.top_logprobs.append(tops[i])
             text = ""
-            reason = token_stop_reason(tok, nonfinite=i in dead, end_ids=self._end_ids,
-                                       ignore_eos=seq.ignore_eos, stop_token_ids=seq.stop_token_ids)
+            # the stop checks (engine.stop) run only where one can fire: a token outside the end
+            # and stop ids of a finite row, below max_tokens without the repetition stop, stops nothing
+            if dead or tok in end_ids or tok in seq.stop_token_ids:
+                reason = token_stop_reason(tok, nonfinite=i in dead, end_ids=end_ids,
+                                           ignore_eos=seq.ignore_eos, stop_token_ids=seq.stop_token_ids)
+            else:
+                reason = None
             if reason == FINISH_ERROR:
                 seq.error = NONFINITE_LOGITS_ERROR
                 seq.error_status = 500
             elif reason is None:
                 text, stopped = seq.detokenizer.add(tok)
-                reason = "stop" if stopped else limit_stop_reason(
-                    seq.output_token_ids, max_tokens=seq.max_tokens,
-                    repetition_stop=seq.repetition_stop, rule=self._repetition_stop)
+                if stopped:
+                    reason = "stop"
+                elif seq.repetition_stop or len(seq.output_token_ids) >= seq.max_tokens:
+                    reason = limit_stop_reason(seq.output_token_ids, max_tokens=seq.max_tokens,
+                                               repetition_stop=seq.repetition_stop, rule=self._repetition_stop)
             if reason is not None and not seq.detokenizer.stopped:
                 text += seq.detokenizer.flush()
             if reason is not None:

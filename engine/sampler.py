@@ -429,19 +429,36 @@ def greedy_sample(logits: torch.Tensor) -> SampleResult | None:
     when some row holds a non-finite logit that makes its logprob non-finite (NaN, +inf, or every
     logit -inf): the caller then takes the general path, which sanitises such rows.
 
-    Three tensor ops and two list conversions: ``argmax`` (the first maximal index, as
-    ``torch.argmax`` documents), the chosen token's logprob (:func:`raw_logprobs_of`), and the
+    ``argmax`` (the first maximal index, as ``torch.argmax`` and ``numpy.argmax`` document), the
+    chosen token's logprob (:func:`raw_logprobs_of`: on CPU one ``log_softmax``, the argmax and the
+    gather then read its numpy view, the same numbers with one torch op instead of five), and the
     finiteness test on the Python floats: the argmax token's logprob is ``-log(sum(exp(x - max)))``,
     which lies in ``[-log V, 0]`` when the row is finite (its own term is 1), so the sum over rows is
     finite exactly when every row's is. A row with some ``-inf`` logits and the rest finite (a masked
     vocabulary) stays on this path: the general one would choose the same token and logprob.
     """
-    tokens = logits.argmax(dim=-1)
-    chosen, _, _ = raw_logprobs_of(logits, tokens)
-    lps = chosen.tolist()
+    if logits.device.type == "cpu" and not logits.requires_grad:
+        # One torch op: the log_softmax raw_logprobs_of runs on CPU; the argmax and the gather on
+        # its numpy views (numpy's argmax also returns the first maximal index), each torch op of
+        # the generic path costing ~5-10 µs on a [1, V] row (batch-1 decode, docs/performance.md).
+        lp = torch.log_softmax(logits, dim=-1).numpy()
+        x = logits.numpy()
+        if x.shape[0] == 1:
+            tok = int(x[0].argmax())
+            lps = [float(lp[0, tok])]
+            toks = [tok]
+        else:
+            idx = x.argmax(axis=1)
+            lps = lp[np.arange(x.shape[0]), idx].tolist()
+            toks = idx.tolist()
+    else:
+        tokens = logits.argmax(dim=-1)
+        chosen, _, _ = raw_logprobs_of(logits, tokens)
+        lps = chosen.tolist()
+        toks = tokens.tolist()
     if not math.isfinite(sum(lps)):
         return None
-    return SampleResult(tokens.tolist(), lps, None)
+    return SampleResult(toks, lps, None)
 
 
 def raw_logprobs_of(logits: torch.Tensor, tokens: torch.Tensor, top_k: int = 0,

@@ -337,3 +337,24 @@ def test_sampled_frequencies_follow_the_distribution_across_blocks():
     assert set(torch.tensor(res.token_ids).unique().tolist()) == {10, 256, 300, 767}
     for tok, p in ((10, 0.3), (256, 0.1), (300, 0.2), (767, 0.4)):
         assert counts[tok] == pytest.approx(p, abs=0.02)
+
+
+@pytest.mark.parametrize("batch,vocab", [(1, 512), (5, 4096)])
+def test_greedy_sample_cpu_numpy_path_equals_the_torch_ops_exactly(batch, vocab):
+    # wave 7 (issue 12): on CPU the argmax and the gather read log_softmax's numpy view; the tokens
+    # and the logprobs must be the very numbers of torch.argmax + raw_logprobs_of (bitwise equal),
+    # for a strided view too (the runner may hand a row selection or a slice)
+    base = _logits(2 * batch, vocab, seed=batch + vocab).round()          # ties: first maximal index
+    for logits in (base[:batch], base[::2]):
+        tokens = logits.argmax(dim=-1)
+        ref, _, _ = raw_logprobs_of(logits, tokens, fused_log_softmax=True)
+        res = greedy_sample(logits)
+        assert res.token_ids == tokens.tolist()
+        assert res.logprobs == ref.tolist()
+        assert all(type(t) is int for t in res.token_ids) and all(type(v) is float for v in res.logprobs)
+    # a tensor that requires grad cannot be viewed through numpy: the torch ops serve it, same numbers
+    grad = base[:batch].clone().requires_grad_(True)
+    with torch.no_grad():
+        ref = greedy_sample(base[:batch])
+    res = greedy_sample(grad)
+    assert res.token_ids == ref.token_ids and res.logprobs == pytest.approx(ref.logprobs, abs=0, rel=0)
