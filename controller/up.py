@@ -324,13 +324,16 @@ def up_flags(positional: str | None, model: str | None, memory_budget: str | Non
 
 def up_config(cfg: ControllerConfig, *, from_file: bool, replicas: int = 1, model: str | None = None,
               memory_budget: str | None = None, engine_port: int | None = None,
-              engine_args: list[str] | None = None, controller_port: int | None = None) -> ControllerConfig:
+              engine_args: list[str] | None = None, controller_port: int | None = None,
+              cpus: int | None = None) -> ControllerConfig:
     """The configuration ``inferctl up`` runs: ``cfg`` (a file's, or the defaults) with its
     launched engines made from the flags. Without engines in ``cfg``: ``replicas`` bundled
     engines (:func:`replica_names`, ports ``engine_port`` (8000) + i); ``model``,
     ``memory_budget``, ``engine_args`` apply to each. With launched engines in ``cfg``: the flags
-    apply to the first (``replicas`` must be 1). Raises :class:`ConfigError` naming the flag or
-    field."""
+    apply to the first (``replicas`` must be 1). N > 1 replicas without ``--num-threads`` in
+    ``engine_args`` get ``--num-threads max(1, cpus // N)`` each (``cpus``: this process's usable
+    CPUs by default), so they split the cores instead of stalling on each other's threads
+    (docs/performance.md, wave 7). Raises :class:`ConfigError` naming the flag or field."""
     if not 1 <= replicas <= MAX_REPLICAS:
         raise ConfigError(f"--replicas: must be 1..{MAX_REPLICAS}, got {replicas}")
     data = cfg.model_dump()
@@ -355,6 +358,9 @@ def up_config(cfg: ControllerConfig, *, from_file: bool, replicas: int = 1, mode
                 e["launch"][key] = value
         if engine_args:
             e["launch"]["args"] = list(e["launch"].get("args") or []) + list(engine_args)
+        if replicas > 1 and not any(a.split("=")[0] == "--num-threads" for a in e["launch"].get("args") or []):
+            share = max(1, (cpus or len(os.sched_getaffinity(0))) // replicas)
+            e["launch"]["args"] = list(e["launch"].get("args") or []) + ["--num-threads", str(share)]
         if engine_port is not None or e.get("url") is None:
             e["url"] = None            # derived from launch.host/port again
     if controller_port is not None:

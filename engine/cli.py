@@ -236,6 +236,10 @@ def serve(
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=1),
     allow_long_max_model_len: bool = AllowLongOpt,
     max_num_seqs: int = typer.Option(64, "--max-num-seqs", min=1),
+    num_threads: Optional[int] = typer.Option(
+        None, "--num-threads", min=1, help="CPU threads of torch and the engine's kernels (torch.set_num_threads, "
+        "process-wide). Default: torch's ($OMP_NUM_THREADS, else the cores), 1 for models under 16 MiB. Engines "
+        "sharing a machine: give each its share of the cores (a busy core stalls every multi-threaded step)."),
     max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", min=1),
     block_size: int = typer.Option(16, "--block-size", min=1),
     num_kv_blocks: Optional[int] = typer.Option(None, "--num-kv-blocks", min=1),
@@ -352,7 +356,7 @@ def serve(
         light_util = gpu_memory_utilization * light_memory_fraction
 
     common = dict(max_model_len=max_model_len, allow_long_max_model_len=allow_long_max_model_len,
-                  max_num_seqs=max_num_seqs,
+                  max_num_seqs=max_num_seqs, num_threads=num_threads,
                   max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
                   kv_cache_dtype=kv_cache_dtype, enable_prefix_caching=enable_prefix_caching,
                   repetition_stop_default=repetition_stop, **oom)

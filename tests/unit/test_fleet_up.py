@@ -16,6 +16,16 @@ def test_replicas_get_names_and_consecutive_ports_and_the_model_each():
     assert {e.launch.model for e in cfg.engines} == {"/m.bin"}
 
 
+def test_replicas_split_the_cores_unless_the_threads_are_given():
+    cfg = up_config(parse_config({}), from_file=False, replicas=3, cpus=8)
+    assert [e.launch.args for e in cfg.engines] == [["--num-threads", "2"]] * 3
+    two_cores = up_config(parse_config({}), from_file=False, replicas=3, cpus=2)
+    assert {tuple(e.launch.args) for e in two_cores.engines} == {("--num-threads", "1")}
+    given = up_config(parse_config({}), from_file=False, replicas=2, cpus=8, engine_args=["--num-threads=3"])
+    assert [e.launch.args for e in given.engines] == [["--num-threads=3"]] * 2
+    assert up_config(parse_config({}), from_file=False, replicas=1, cpus=8).engines[0].launch.args == []
+
+
 def test_one_replica_keeps_the_engine_named_main():
     cfg = up_config(parse_config({}), from_file=False, replicas=1)
     assert [e.name for e in cfg.engines] == ["main"] and replica_names(1) == ["main"]
