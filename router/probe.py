@@ -50,6 +50,10 @@ def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+#: transport failures that mean "no engine answers there" (reason ``down``); any other httpx error is ``error``
+_DOWN_ERRORS = (httpx.NetworkError, httpx.TimeoutException, httpx.RemoteProtocolError)
+
+
 class Prober:
     """Refreshes a :class:`ReplicaSet` (and the ready gauges) from the replicas and the controller.
 
@@ -125,7 +129,9 @@ class Prober:
                 status = _json(resp).get("status")
                 return (False, "draining") if status == "draining" else (True, None)
         except httpx.HTTPError as exc:
-            return False, "down" if isinstance(exc, (httpx.ConnectError, httpx.TimeoutException)) else "error"
+            # refused, timed out, reset, or closed without an answer (a reused keep-alive connection
+            # to a process that was killed reads EOF: RemoteProtocolError): the replica is down
+            return False, "down" if isinstance(exc, _DOWN_ERRORS) else "error"
         if resp.status_code == 200:
             return True, None
         reason = _json(resp).get("reason")

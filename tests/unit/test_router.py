@@ -280,3 +280,22 @@ def test_probe_reads_ready_stats_and_falls_back_to_health():
     assert replicas["old"].routable
     assert (replicas["old_draining"].ready, replicas["old_draining"].reason) == (False, "draining")
     assert replicas["starting"].kv_usage_ratio is None                       # no reading, not 0
+
+
+@pytest.mark.parametrize("exc, reason", [(httpx.ConnectError("refused"), "down"),
+                                         (httpx.RemoteProtocolError("closed without a response"), "down"),
+                                         (httpx.ReadError("reset"), "down"), (httpx.ReadTimeout("slow"), "down"),
+                                         (httpx.DecodingError("bad gzip"), "error")])
+def test_a_replica_that_cannot_answer_is_down_whatever_the_transport_said(exc, reason):
+    def fail(request):
+        raise exc
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(fail)) as client:
+            replicas = ReplicaSet.from_specs((EngineSpec("gone", "http://gone.test"),))
+            _reg, metrics = build_router_registry()
+            await Prober(replicas, client, timeout=5, controller=None, metrics=metrics).round()
+            return replicas["gone"]
+
+    gone = asyncio.run(go())
+    assert (gone.ready, gone.reason, gone.routable) == (False, reason, False)
