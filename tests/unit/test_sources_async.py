@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
-import threading
 import time
 
 import pytest
@@ -18,6 +17,7 @@ from inferctl.controller.engines.promtext import PromTextEngineClient
 from inferctl.controller.scrape.aio import (INLINE_PARSE_BYTES, SCRAPE_ERRORS, AsyncPoller, BodyTooLarge,
                                            poll_client)
 from inferctl.controller.sources import AsyncSourceJob
+from tests.aiohttp_helpers import ThreadedAiohttpServer
 from tests.controller_helpers import FAST_INTERVALS, FakeClock, make_controller
 
 STATS = {"engine": {"model": "m", "precision": "full", "draining": False},
@@ -27,25 +27,18 @@ VLLM = ('# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model
         '# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name="m"} 0.25\n')
 
 
-class FakeFleet:
+class FakeFleet(ThreadedAiohttpServer):
     """One aiohttp server in its own thread; each engine is a path prefix (``/good``,
     ``/hang``, ...) whose ``/stats`` and ``/metrics`` behave as its name says."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
         self.hits: dict[str, int] = {}
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.port = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
+        super().__init__()
 
-    async def _start(self) -> int:
+    def make_app(self) -> web.Application:
         app = web.Application()
         app.router.add_route("GET", "/{engine}/{what}", self._handle)
-        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        return site._server.sockets[0].getsockname()[1]
+        return app
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         engine, what = request.match_info["engine"], request.match_info["what"]
@@ -84,17 +77,6 @@ class FakeFleet:
     def url(self, engine: str) -> str:
         return f"http://127.0.0.1:{self.port}/{engine}"
 
-    def close(self) -> None:
-        async def stop() -> None:
-            await self.runner.cleanup()
-            for task in asyncio.all_tasks():
-                if task is not asyncio.current_task():
-                    task.cancel()
-            await asyncio.sleep(0.05)
-
-        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
 
 
 @pytest.fixture(params=["curl", "aiohttp"], autouse=True)

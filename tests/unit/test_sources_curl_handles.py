@@ -5,28 +5,22 @@ handle keeps a DNS cache (libcurl pruned a cache of one entry per engine on ever
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import pycurl
 import pytest
 from aiohttp import web
 
 from inferctl.controller.scrape.aio import AsyncPoller, BodyTooLarge
+from tests.aiohttp_helpers import ThreadedAiohttpServer
 
 BODY = b"x" * 4096
 
 
-class Server:
+class Server(ThreadedAiohttpServer):
     """One aiohttp server in its own thread: ``/body`` answers :data:`BODY`, ``/slow`` after 2 s,
     ``/peer`` the client's port (one port per keep-alive connection)."""
 
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.port = asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
-
-    async def _start(self) -> int:
+    def make_app(self) -> web.Application:
         async def body(request: web.Request) -> web.Response:
             return web.Response(body=BODY)
 
@@ -41,26 +35,10 @@ class Server:
         app.router.add_get("/body", body)
         app.router.add_get("/slow", slow)
         app.router.add_get("/peer", peer)
-        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        return site._server.sockets[0].getsockname()[1]
+        return app
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
-
-    def close(self) -> None:
-        async def stop() -> None:
-            await self.runner.cleanup()
-            for task in asyncio.all_tasks():
-                if task is not asyncio.current_task():
-                    task.cancel()
-            await asyncio.sleep(0.05)
-
-        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
 
 
 @pytest.fixture(scope="module")
