@@ -4,7 +4,8 @@ The two completion routes (and the tokenizer API) skip Starlette's ``Request``, 
 ``Response`` header machinery (docs/router.md, "Cost per request"):
 
 * :func:`scope_headers` — the request's headers as one ``dict`` (lower-case name → Latin-1
-  value; a repeated name joined with ``", "``, RFC 9110 section 5.3), built once per request;
+  value; a repeated name counts by its first value, as on the engine: Starlette's
+  ``Headers.get`` and its API-key check read the first), built once per request;
 * :class:`AsgiBody` — the body source :func:`inferctl.contract.http.read_body` reads (``headers``
   and ``stream()``), straight over ASGI ``receive``; a client gone before its body ends raises
   Starlette's ``ClientDisconnect``, as ``Request.stream()`` does (the reader's 400 ``disconnected``);
@@ -38,13 +39,16 @@ _NOT_PRINTABLE = re.compile(rb"[^\t\x20-\x7e]")
 
 
 def scope_headers(scope: Scope) -> dict[str, str]:
-    """The request headers of ASGI ``scope`` as lower-case name → value (Latin-1; repeated names
-    joined with ``", "``). ASGI servers give names lower-case already (ASGI HTTP spec)."""
+    """The request headers of ASGI ``scope`` as lower-case name → value (Latin-1). A repeated
+    name keeps its FIRST value, the one the engine reads (``Content-Type``, ``Content-Length``,
+    ``X-Request-Id``, ``Authorization``): joined with ``", "`` the router refused what the engine
+    accepts (415, 400) or forwarded a value the engine refuses (``Bearer a, Bearer b``); the
+    later values are neither read nor forwarded. ASGI servers give names lower-case already."""
     out: dict[str, str] = {}
     for k, v in scope.get("headers") or ():
         name = k.decode("latin-1")
-        value = v.decode("latin-1")
-        out[name] = f"{out[name]}, {value}" if name in out else value
+        if name not in out:
+            out[name] = v.decode("latin-1")
     return out
 
 

@@ -24,10 +24,10 @@ def _receiver(messages):
     return receive
 
 
-def test_scope_headers_decode_latin1_and_join_repeated_names():
+def test_scope_headers_decode_latin1_and_keep_the_first_of_repeated_names():
     scope = {"headers": [(b"content-type", b"application/json"), (b"x-a", b"1"), (b"x-a", b"2"),
                          (b"x-session-id", "é".encode("latin-1"))]}
-    assert scope_headers(scope) == {"content-type": "application/json", "x-a": "1, 2", "x-session-id": "é"}
+    assert scope_headers(scope) == {"content-type": "application/json", "x-a": "1", "x-session-id": "é"}
     assert scope_headers({}) == {}
 
 

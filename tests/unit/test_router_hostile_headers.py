@@ -1,0 +1,82 @@
+"""Hostile request headers on the router's ASGI hot path (router/asgi.py), against a fake replica
+(raw ASGI, in process): a repeated singleton header counts by its FIRST value, as on the engine
+(Starlette's ``Headers.get``, :func:`inferctl.contract.client_key.api_key_refusal`), so the router
+neither refuses what the engine accepts nor forwards a joined value the engine would refuse."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+
+from inferctl.router.app import create_app
+from inferctl.router.config import EngineSpec, RouterConfig
+
+J = (b"content-type", b"application/json")
+OK = json.dumps({"model": "m", "prompt": "hi"}).encode()
+
+
+def _router():
+    seen: list[list[tuple[bytes, bytes]]] = []
+
+    async def replica(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        if scope["method"] == "GET":
+            body = b'{"object":"list","data":[{"id":"m"}]}' if scope["path"] == "/v1/models" else b'{"ready":true}'
+        else:
+            while (await receive()).get("more_body"):
+                pass
+            seen.append(scope["headers"])
+            body = b'{"ok":1}'
+        await send({"type": "http.response.start", "status": 200, "headers": [J]})
+        await send({"type": "http.response.body", "body": body})
+
+    client = httpx.AsyncClient(mounts={"http://a.test": httpx.ASGITransport(app=replica)})
+    return create_app(RouterConfig(engines=(EngineSpec("a", "http://a.test"),)), client=client), seen
+
+
+async def _post(app, headers) -> tuple[int, dict, bytes]:
+    await app.state.router.prober.round()
+    sent: list[dict] = []
+    messages = iter([{"type": "http.request", "body": OK}])
+
+    async def receive():
+        return next(messages, {"type": "http.disconnect"})
+
+    async def send(m):
+        sent.append(m)
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": headers, "query_string": b"",
+             "root_path": "", "scheme": "http", "server": ("r", 80), "client": ("c", 1), "http_version": "1.1",
+             "asgi": {"version": "3.0"}}
+    await app(scope, receive, send)
+    return sent[0]["status"], dict(sent[0]["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def test_a_repeated_content_type_counts_by_its_first_value_as_on_the_engine():
+    app, seen = _router()
+    status, _, body = asyncio.run(_post(app, [J, (b"content-type", b"text/plain")]))
+    assert (status, body) == (200, b'{"ok":1}')
+    assert [v for k, v in seen[0] if k == b"content-type"] == [b"application/json"]
+
+
+def test_a_repeated_content_length_counts_by_its_first_value():
+    app, _ = _router()
+    n = str(len(OK)).encode()
+    status, _, body = asyncio.run(_post(app, [J, (b"content-length", n), (b"content-length", n)]))
+    assert (status, body) == (200, b'{"ok":1}')
+
+
+def test_a_repeated_request_id_echoes_the_first_as_the_engine_does():
+    app, seen = _router()
+    status, headers, _ = asyncio.run(_post(app, [J, (b"x-request-id", b"abc"), (b"x-request-id", b"def")]))
+    assert status == 200 and headers[b"x-request-id"] == b"abc"
+    assert [v for k, v in seen[0] if k == b"x-request-id"] == [b"abc"]
+
+
+def test_a_repeated_authorization_is_forwarded_as_its_first_value_not_joined():
+    app, seen = _router()
+    status, _, _ = asyncio.run(_post(app, [J, (b"authorization", b"Bearer a"), (b"authorization", b"Bearer b")]))
+    assert status == 200
+    assert [v for k, v in seen[0] if k == b"authorization"] == [b"Bearer a"]
