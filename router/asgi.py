@@ -91,13 +91,19 @@ class AsgiBody:
 def response_headers(raw: Iterable[tuple[bytes, bytes]], request_id: bytes,
                      replica: bytes) -> list[tuple[bytes, bytes]]:
     """ASGI response headers from an upstream answer's raw ``(name, value)`` pairs (module
-    docstring): names lower-cased, :data:`DROPPED_RESPONSE_HEADERS` and values that are not
-    printable ASCII left out, then ``x-request-id`` and ``x-inferctl-replica``."""
+    docstring): names lower-cased, :data:`DROPPED_RESPONSE_HEADERS`, the fields the replica's
+    ``Connection`` header names and values that are not printable ASCII left out, then ``x-request-id`` and ``x-inferctl-replica``."""
     out = []
+    listed = None
     for k, v in raw:
         k = k.lower()
-        if k not in DROPPED_RESPONSE_HEADERS and (v.isascii() and _NOT_PRINTABLE.search(v) is None):
+        if k == b"connection":
+            listed = v if listed is None else listed + b"," + v
+        elif k not in DROPPED_RESPONSE_HEADERS and (v.isascii() and _NOT_PRINTABLE.search(v) is None):
             out.append((k, v))
+    if listed is not None:      # RFC 9110 section 7.6.1: the fields Connection names are hop-by-hop too
+        names = {t.strip().lower() for t in listed.split(b",")}
+        out = [(k, v) for k, v in out if k not in names]
     out.append((b"x-request-id", request_id))
     out.append((b"x-inferctl-replica", replica))
     return out

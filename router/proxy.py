@@ -54,13 +54,18 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
 
 
 def forward_headers(headers: "Mapping[str, str]", request_id: str) -> dict[str, str]:
-    """Client (or upstream) headers minus :data:`HOP_BY_HOP`, plus ``x-request-id``.
+    """Client (or upstream) headers minus :data:`HOP_BY_HOP` and the fields their ``Connection``
+    header names (RFC 9110 section 7.6.1), plus ``x-request-id``.
 
     A header whose value is not printable ASCII (RFC 9110 section 5.5 allows obs-text, but
     nothing the engine reads needs it, and the HTTP client refuses to send it) is left out
     rather than failing the request: the routing already used what it needed (e.g. a
     non-ASCII ``X-Session-Id`` still pins the session)."""
-    out = {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP and _printable_ascii(v)}
+    drop = HOP_BY_HOP
+    listed = headers.get("connection")
+    if listed:      # RFC 9110 section 7.6.1: the fields Connection names are hop-by-hop too
+        drop = HOP_BY_HOP | {t.strip().lower() for t in listed.split(",")}
+    out = {k: v for k, v in headers.items() if k.lower() not in drop and _printable_ascii(v)}
     out["x-request-id"] = request_id
     return out
 

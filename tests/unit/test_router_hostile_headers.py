@@ -11,6 +11,7 @@ import json
 import httpx
 
 from inferctl.router.app import create_app
+from inferctl.router.asgi import response_headers
 from inferctl.router.config import EngineSpec, RouterConfig
 
 J = (b"content-type", b"application/json")
@@ -80,3 +81,21 @@ def test_a_repeated_authorization_is_forwarded_as_its_first_value_not_joined():
     status, _, _ = asyncio.run(_post(app, [J, (b"authorization", b"Bearer a"), (b"authorization", b"Bearer b")]))
     assert status == 200
     assert [v for k, v in seen[0] if k == b"authorization"] == [b"Bearer a"]
+
+
+def test_headers_a_client_names_in_connection_are_not_forwarded():
+    """RFC 9110 section 7.6.1: a proxy removes the fields its ``Connection`` header lists."""
+    app, seen = _router()
+    status, _, _ = asyncio.run(_post(app, [J, (b"connection", b"X-Secret, x-other"), (b"x-secret", b"s"),
+                                           (b"x-other", b"o"), (b"x-kept", b"k")]))
+    assert status == 200
+    names = [k for k, _ in seen[0]]
+    assert b"x-secret" not in names and b"x-other" not in names and b"x-kept" in names
+
+
+def test_headers_a_replica_names_in_connection_are_not_passed_on():
+    raw = [(b"Content-Type", b"application/json"), (b"Connection", b"X-Hop, keep-alive"), (b"x-hop", b"1"),
+           (b"set-cookie", b"a=1"), (b"set-cookie", b"b=2")]
+    assert response_headers(raw, b"r1", b"a") == [(b"content-type", b"application/json"), (b"set-cookie", b"a=1"),
+                                                  (b"set-cookie", b"b=2"), (b"x-request-id", b"r1"),
+                                                  (b"x-inferctl-replica", b"a")]
