@@ -294,8 +294,9 @@ def _outstanding(r: Replica) -> int:
 
 
 def _event_stream(headers: list[tuple[bytes, bytes]]) -> bool:
-    """The answer is ``text/event-stream`` (its ``content-type`` among ASGI ``headers``)."""
-    return any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
+    """The answer is ``text/event-stream`` (its ``content-type`` among ASGI ``headers``; the media
+    type in any case, RFC 9110 section 8.3.1)."""
+    return any(k == b"content-type" and v[:17].lower() == b"text/event-stream" for k, v in headers)
 
 
 def _dumps(doc: dict) -> bytes:

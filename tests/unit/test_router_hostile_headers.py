@@ -99,3 +99,63 @@ def test_headers_a_replica_names_in_connection_are_not_passed_on():
     assert response_headers(raw, b"r1", b"a") == [(b"content-type", b"application/json"), (b"set-cookie", b"a=1"),
                                                   (b"set-cookie", b"b=2"), (b"x-request-id", b"r1"),
                                                   (b"x-inferctl-replica", b"a")]
+
+
+class _Stream:
+    """A replica's streamed answer (fake :class:`~inferctl.router.upstream.UpstreamResponse`) that
+    counts the chunks it gave out."""
+
+    def __init__(self, content_type: bytes, parts: list[bytes]) -> None:
+        self.status, self.raw_headers, self.headers = 200, [(b"content-type", content_type)], {}
+        self.parts, self.given, self.closed = parts, 0, 0
+
+    async def chunks(self):
+        for part in self.parts:
+            await asyncio.sleep(0.01)
+            self.given += 1
+            yield part
+
+    async def read(self) -> bytes:
+        return b"".join(self.parts)
+
+    async def close(self) -> None:
+        self.closed += 1
+
+
+def test_an_event_stream_in_upper_case_is_relayed_chunk_by_chunk():
+    """RFC 9110 section 8.3.1: a media type's type and subtype are case-insensitive; buffered
+    whole, a long stream reached the client at its end and a client gone never aborted it."""
+    parts = [b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"]
+    answer = _Stream(b"Text/Event-Stream; charset=utf-8", parts)
+
+    class Upstream:
+        async def send(self, method, url, *, content, headers):
+            return answer
+
+        async def aclose(self):
+            pass
+    app, _ = _router()
+    app = create_app(app.state.router.config, client=app.state.router.client, upstream=Upstream())
+    sent: list[tuple[dict, int]] = []
+
+    async def go():
+        await app.state.router.prober.round()
+        messages = iter([{"type": "http.request", "body": OK}])
+
+        async def receive():
+            msg = next(messages, None)
+            if msg is None:
+                await asyncio.sleep(3600)
+            return msg
+
+        async def send(m):
+            sent.append((m, answer.given))
+        scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [J], "query_string": b"",
+                 "root_path": "", "scheme": "http", "server": ("r", 80), "client": ("c", 1),
+                 "http_version": "1.1", "asgi": {"version": "3.0"}}
+        await asyncio.wait_for(app(scope, receive, send), 10)
+    asyncio.run(go())
+    bodies = [(m["body"], given) for m, given in sent if m["type"] == "http.response.body" and m["body"]]
+    assert [b for b, _ in bodies] == parts
+    assert bodies[0][1] == 1          # the first chunk went out before the replica gave the second
+    assert answer.closed == 1 and app.state.router.replicas["a"].outstanding == 0
