@@ -144,3 +144,23 @@ def test_the_tokenizer_routes_are_answered_alike(engine_app):
     router = create_app(RouterConfig(engines=(EngineSpec("a", "http://a.test"),)))
     assert {"/tokenize", "/detokenize"} <= {getattr(r, "path", None) for r in router.routes}
     assert {"/tokenize", "/detokenize"} <= set(router.openapi()["paths"])
+
+
+#: repeated request headers: the engine reads the first of each (Starlette's ``Headers.get``)
+REPEATED_HEADERS = [
+    ("Content-Type json then text", [("content-type", "application/json"), ("content-type", "text/plain")], 200),
+    ("Content-Type text then json", [("content-type", "text/plain"), ("content-type", "application/json")], 415),
+    ("X-Request-Id twice", [("content-type", "application/json"), ("x-request-id", "first-id"),
+                            ("x-request-id", "second-id")], 200),
+]
+
+
+@pytest.mark.parametrize("name, headers, status", REPEATED_HEADERS, ids=[c[0] for c in REPEATED_HEADERS])
+def test_a_repeated_header_counts_by_its_first_value_through_the_router_as_on_the_engine(engine_app, name, headers,
+                                                                                           status):
+    via, direct, posts = run(_both(engine_app, "/v1/completions", _j(BASE), headers))
+    assert direct.status_code == via.status_code == status, (direct.text[:300], via.text[:300])
+    if status != 200:
+        assert via.json() == direct.json() and posts == 0
+    if name.startswith("X-Request-Id"):
+        assert via.headers["x-request-id"] == direct.headers["x-request-id"] == "first-id"
