@@ -37,3 +37,16 @@ def test_no_generic_top_level_package_is_installed():
 def test_console_script_is_the_front_door():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     assert project["scripts"] == {"inferctl": "inferctl.cli:main"}
+
+
+def test_no_two_test_files_share_a_name_across_tiers():
+    """`pytest` alone collects every tier (testpaths = ["tests"]) with rootdir imports and no
+    `__init__.py`: two files of one basename in two tiers stop the collection ("import file mismatch")."""
+    tests = Path(__file__).resolve().parents[1]
+    seen: dict[str, str] = {}
+    clashes = []
+    for f in sorted(tests.glob("*/test_*.py")):
+        if f.name in seen:
+            clashes.append(f"{seen[f.name]} and {f.parent.name}/{f.name}")
+        seen.setdefault(f.name, f"{f.parent.name}/{f.name}")
+    assert clashes == []
