@@ -92,7 +92,8 @@ def response_headers(raw: Iterable[tuple[bytes, bytes]], request_id: bytes,
                      replica: bytes) -> list[tuple[bytes, bytes]]:
     """ASGI response headers from an upstream answer's raw ``(name, value)`` pairs (module
     docstring): names lower-cased, :data:`DROPPED_RESPONSE_HEADERS`, the fields the replica's
-    ``Connection`` header names and values that are not printable ASCII left out, then ``x-request-id`` and ``x-inferctl-replica``."""
+    ``Connection`` header names and values that are not printable ASCII left out, then
+    ``x-request-id`` and ``x-inferctl-replica``."""
     out = []
     listed = None
     for k, v in raw:
