@@ -60,3 +60,52 @@ def _cpu_kernels_built():
 
     cpu_kernels.ops_for("cpu", torch.float32)
     yield
+
+
+#: Every process a test starts inherits this variable (``os.environ`` at session start), and so do
+#: the processes those start (``inferctl up``'s engines, router and controller).
+SESSION_MARK = "INFERCTL_TEST_SESSION"
+
+
+def pytest_sessionstart(session) -> None:
+    # always a new mark: a pytest run by a test marks its own children, never its parent's
+    os.environ[SESSION_MARK] = f"{os.getpid()}-{os.urandom(6).hex()}"
+
+
+def _marked_pids(mark: str) -> list[int]:
+    """PIDs (not this one) whose environment holds ``SESSION_MARK=mark``, read from
+    ``/proc/PID/environ`` (Linux; none elsewhere)."""
+    needle = f"{SESSION_MARK}={mark}".encode()
+    found = []
+    for d in Path("/proc").glob("[0-9]*"):
+        pid = int(d.name)
+        if pid == os.getpid():
+            continue
+        try:
+            if needle in (d / "environ").read_bytes().split(b"\0"):
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """Stop what the tests left running. A test that fails while ``inferctl up`` runs kills ``up``
+    (SIGKILL), which cannot stop its engines, router and controller: they would keep their ports
+    and cores after the session (and slow down or break whatever runs next). SIGKILL every process
+    still carrying this session's mark, and say so."""
+    import signal
+
+    mark = os.environ.get(SESSION_MARK)
+    if not mark:
+        return
+    pids = _marked_pids(mark)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    if pids:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"conftest: killed {len(pids)} process(es) the tests left running: {pids}")
