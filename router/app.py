@@ -61,7 +61,7 @@ from inferctl.router.keys import affinity_prefix, request_id
 from inferctl.router.metrics import build_router_registry
 from inferctl.router.probe import Prober
 from inferctl.router.ratelimit import Admission, RateLimiter, bearer_key
-from inferctl.router.asgi import AsgiBody, scope_headers
+from inferctl.router.asgi import AsgiBody, ClientWatch, scope_headers
 from inferctl.router.proxy import Forwarder
 from inferctl.router.replicas import ReplicaSet
 from inferctl.router.upstream import AiohttpUpstream, HttpxUpstream, Upstream
@@ -201,9 +201,11 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
         app.host_ok = partial(_host_ok, allowed=lru_cache(maxsize=256)(
             partial(_host_allowed, bind_host=bind_host, allowed_hosts=tuple(allowed_hosts))))
 
-    async def serve(headers: Mapping[str, str], source: Any, cls: type, path: str) -> Any:
+    async def serve(headers: Mapping[str, str], source: Any, cls: type, path: str, receive: Receive) -> Any:
         """One completion-like request: ``headers`` (lower-case name → value), ``source`` (a body
-        source of :mod:`inferctl.contract.http`: ``headers`` and ``stream()``); a Starlette Response."""
+        source of :mod:`inferctl.contract.http`: ``headers`` and ``stream()``), ``receive`` (the
+        request's ASGI receive, watched for the client's disconnect while the replica answers:
+        :class:`~inferctl.router.asgi.ClientWatch`); a Starlette Response."""
         t0 = time.monotonic()
         rid = request_id(headers.get("x-request-id"))
         try:
@@ -228,13 +230,17 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
         charge = None
         if admission.name is not None:
             charge = lambda tokens, name=admission.name: state.limiter.charge(name, tokens)  # noqa: E731
-        return await state.forwarder.forward(headers, path, raw, model=req.model, session=session, prefix=prefix,
-                                             rid=rid, t0=t0, charge=charge)
+        watch = ClientWatch(receive)
+        try:
+            return await state.forwarder.forward(headers, path, raw, model=req.model, session=session, prefix=prefix,
+                                                 rid=rid, t0=t0, charge=charge, watch=watch)
+        finally:
+            watch.stop()
 
     def fast(cls: type, path: str):
         async def handler(scope: Scope, receive: Receive, send: Send) -> None:
             headers = scope_headers(scope)
-            response = await serve(headers, AsgiBody(headers, receive), cls, path)
+            response = await serve(headers, AsgiBody(headers, receive), cls, path, receive)
             await response(scope, receive, send)
         return handler
 
@@ -247,23 +253,23 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
     @app.post("/v1/completions", **route_doc(request=CompletionRequest, response=CompletionResponse,
                                              errors=(404, 429, 503), stream=True))
     async def completions(request: Request) -> Response:
-        return await serve(request.headers, request, CompletionRequest, "/v1/completions")
+        return await serve(request.headers, request, CompletionRequest, "/v1/completions", request.receive)
 
     @app.post("/v1/chat/completions", **route_doc(request=ChatCompletionRequest, response=ChatCompletionResponse,
                                                   errors=(404, 429, 503), stream=True))
     async def chat_completions(request: Request) -> Response:
-        return await serve(request.headers, request, ChatCompletionRequest, "/v1/chat/completions")
+        return await serve(request.headers, request, ChatCompletionRequest, "/v1/chat/completions", request.receive)
 
     # vLLM's tokenizer API, as the engine serves it (open like the engine's: not under /v1)
     @app.post("/tokenize", **route_doc(request=TokenizeRequest, response=TokenizeResponse,
                                        errors=(404, 413, 429, 503)))
     async def tokenize(request: Request) -> Response:
-        return await serve(request.headers, request, TokenizeRequest, "/tokenize")
+        return await serve(request.headers, request, TokenizeRequest, "/tokenize", request.receive)
 
     @app.post("/detokenize", **route_doc(request=DetokenizeRequest, response=DetokenizeResponse,
                                          errors=(404, 413, 429, 503)))
     async def detokenize(request: Request) -> Response:
-        return await serve(request.headers, request, DetokenizeRequest, "/detokenize")
+        return await serve(request.headers, request, DetokenizeRequest, "/detokenize", request.receive)
 
     @app.get("/v1/models", **route_doc(response=ModelList))
     async def models(request: Request) -> Response:

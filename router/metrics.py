@@ -22,7 +22,9 @@ from inferctl.contract.metrics import MetricSpec, build_registry
 #: (on a retry) the least-loaded replica not tried yet.
 DECISION_REASONS: tuple[str, ...] = ("session", "affinity", "spill", "least_load", "fallback")
 #: Why an attempt was retried on another replica.
-RETRY_REASONS: tuple[str, ...] = ("connect_error", "unavailable", "upstream_error")
+#: ``partial_body``: a non-streamed answer broke after some of its bytes arrived (none sent to the
+#: client yet): retried, the first replica's generation having run (docs/router.md, "Retries").
+RETRY_REASONS: tuple[str, ...] = ("connect_error", "unavailable", "upstream_error", "partial_body")
 
 #: Upstream time to first body byte (TTFB): seconds, from a few ms up to a minute-long answer.
 UPSTREAM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -39,7 +41,8 @@ ROUTER_METRICS: list[MetricSpec] = [
      "labels": ("reason",)},
     {"name": "inferctl_router_retries_total", "type": "counter", "unit": "retries",
      "help": "Attempts retried on another replica, by the replica that failed and the cause "
-             "(connect_error, unavailable = 503, upstream_error = failed before the first byte).",
+             "(connect_error, unavailable = 503, upstream_error = failed before the first body byte, "
+             "partial_body = a non-streamed answer broke after some bytes arrived, none sent to the client).",
      "labels": ("replica", "reason")},
     {"name": "inferctl_router_routing_decisions_total", "type": "counter", "unit": "decisions",
      "help": "Replica choices by reason (session, affinity, spill = a session or prefix key past its replica at "
@@ -49,7 +52,8 @@ ROUTER_METRICS: list[MetricSpec] = [
      "help": "Streams cut after their first byte reached the client (never retried), by replica.",
      "labels": ("replica",)},
     {"name": "inferctl_router_client_disconnects_total", "type": "counter", "unit": "requests",
-     "help": "Streams the client left before the end (the upstream stream is closed), by replica.",
+     "help": "Requests the client left before their answer's end (a stream cut short, or a wait for the "
+             "answer or its first chunk), by replica; the upstream connection is closed, the replica aborts.",
      "labels": ("replica",)},
     {"name": "inferctl_router_upstream_latency_seconds", "type": "histogram", "unit": "seconds",
      "help": "Upstream time to first byte: from sending the request to a replica to its first body "

@@ -6,11 +6,17 @@
 * a connect error or timeout marks the replica ``down`` until its next probe, and retries;
 * a 503 answer (the engine refuses: draining, overloaded, out of memory) retries; when every
   attempt got a 503 the last one is passed to the client unchanged (status, headers, body);
-* a transport error before the first body byte arrived retries (nothing was sent yet);
+* a transport error before the first body byte arrived retries (reason ``upstream_error``);
+* a non-streamed answer that breaks after some of its bytes arrived (none are sent to the client
+  before the whole body is in) retries too, under its own reason ``partial_body``: the client
+  loses nothing, but the first replica's generation ran to its end, so the retry runs it again;
 * any other answer (2xx, 4xx, other 5xx) is passed through unchanged: a non-streamed body
   whole, a ``text/event-stream`` body chunk by chunk as the replica sends it
-  (:class:`RelayResponse`); once a byte is sent there is no retry, and a client that goes
-  away closes the upstream stream (the engine sees the disconnect and aborts the request).
+  (:class:`RelayResponse`); once a byte is sent to the client there is no retry, and a client
+  that goes away closes the upstream stream (the engine sees the disconnect and aborts the request);
+* a client that goes away while the router still waits for the answer (a non-streamed one, or a
+  stream's first chunk) closes the upstream connection too (:class:`~inferctl.router.asgi.
+  ClientWatch` cancels the wait): the engine aborts the request instead of generating for nobody.
 
 No routable replica (or none left) → 503 ``no_ready_replica`` with ``Retry-After``.
 Response headers carry ``X-Request-Id`` and ``X-Inferctl-Replica`` (the replica that answered).
@@ -23,6 +29,7 @@ router without its own key never sends the replicas' key on a client's request.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
@@ -36,7 +43,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from inferctl.contract.errors import APIError
-from inferctl.router.asgi import PassThrough, response_headers
+from inferctl.router.asgi import ClientWatch, PassThrough, response_headers
 from inferctl.router.balancer import choose
 from inferctl.router.config import RouterConfig
 from inferctl.router.ratelimit import UsageMeter
@@ -144,10 +151,22 @@ class Forwarder:
     def _inc_outstanding(self, r: Replica, delta: int) -> None:
         r.outstanding += delta     # inferctl_router_outstanding_requests reads it at scrape time
 
-    def _retry(self, r: Replica, reason: str, rid: str, detail: str) -> None:
+    def _retry(self, r: Replica, reason: str, rid: str, detail: str,
+               what: str = "failed before the first byte") -> None:
         self._child("inferctl_router_retries_total", r.name, reason).inc()
-        log.warning("attempt on %s failed before the first byte (%s: %s)", r.name, reason, detail,
+        log.warning("attempt on %s %s (%s: %s); retrying on another replica", r.name, what, reason, detail,
                     extra={"request_id": rid, "replica": r.name, "reason": reason})
+
+    def _client_gone(self, r: Replica, rid_raw: bytes, rid: str, path: str, t0: float, attempts: int,
+                     reason: str | None) -> PassThrough:
+        """The client left while the router waited for ``r``'s answer: counted in
+        ``inferctl_router_client_disconnects_total{replica}`` and ``inferctl_router_requests_total
+        {replica, status="499"}`` (nginx's "client closed request", the engine's log status too),
+        logged with ``client_disconnect``; the 499 returned goes nowhere (the server drops it)."""
+        self._child("inferctl_router_client_disconnects_total", r.name).inc()
+        self._child("inferctl_router_requests_total", r.name, "499").inc()
+        self.access(rid, path, r.name, 499, t0, attempts, reason, client_disconnect=True)
+        return PassThrough(499, [(b"x-request-id", rid_raw), (b"x-inferctl-replica", r.name.encode("latin-1"))], b"")
 
     def access(self, rid: str, path: str, replica: str | None, status: int, t0: float, attempts: int,
                 reason: str | None, **extra) -> None:
@@ -160,10 +179,13 @@ class Forwarder:
 
     async def forward(self, client_headers: Mapping[str, str], path: str, body: bytes, *, model: str | None,
                       session: str | None, prefix: str | None, rid: str, t0: float,
-                      charge: Callable[[int], None] | None = None) -> Response:
+                      charge: Callable[[int], None] | None = None, watch: ClientWatch | None = None) -> Response:
         """Send ``body`` (the client's bytes, unchanged) with ``client_headers`` (lower-case name →
         value; :func:`forward_headers` picks what goes on) to ``path`` of a replica; the answer.
-        ``charge``: called once with the answer's tokens at its end (a per-key tokens limit)."""
+        ``charge``: called once with the answer's tokens at its end (a per-key tokens limit).
+        ``watch``: the client's :class:`~inferctl.router.asgi.ClientWatch`; when it cancels the wait
+        (the client left), the upstream connection is closed (the replica aborts the request) and
+        the answer is a 499 nobody receives (counted and logged, :meth:`_client_gone`)."""
         headers = forward_headers(client_headers, rid)
         rid_raw = rid.encode("latin-1")
         if self.upstream_authorization is not None:
@@ -183,6 +205,7 @@ class Forwarder:
             tried.add(r.name)
             self._inc_outstanding(r, +1)
             handed_off = False
+            resp = None
             try:
                 sent = time.monotonic()
                 try:
@@ -226,7 +249,10 @@ class Forwarder:
                 try:
                     rest = [chunk async for chunk in chunks]
                 except UpstreamError as exc:
-                    self._retry(r, "upstream_error", rid, str(exc))
+                    # nothing reached the client, so another replica may answer; but this one's
+                    # generation ran (its answer was being written): the retry runs it again
+                    self._retry(r, "partial_body", rid, f"{exc} after {len(first)}+ bytes of the answer",
+                                what="answer broke after some of its bytes arrived (none sent to the client)")
                     continue
                 finally:
                     await resp.close()
@@ -238,6 +264,13 @@ class Forwarder:
                     meter.feed(answer)
                     charge(meter.tokens)
                 return PassThrough(resp.status, out_headers, answer)
+            except asyncio.CancelledError:
+                if watch is None or not watch.gone:
+                    raise
+                asyncio.current_task().uncancel()      # our own cancel: the client left (ClientWatch)
+                if resp is not None:
+                    await resp.close()                 # not read to its end: the connection closes
+                return self._client_gone(r, rid_raw, rid, path, t0, attempt + 1, reason)
             finally:
                 if not handed_off:
                     self._inc_outstanding(r, -1)

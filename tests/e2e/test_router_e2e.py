@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 
 import httpx
@@ -159,6 +160,45 @@ def test_a_client_disconnect_closes_the_upstream_stream(fleet):
     assert stats["scheduler"]["running"] == 0 and gone >= 1
     # the replica aborted the request (it did not run the 480 tokens to the end)
     assert stats["requests"]["aborted_total"] == aborted[replica] + 1
+    assert _metric(fleet["base"], "inferctl_router_outstanding_requests", f'replica="{replica}"') == 0
+
+
+def test_a_client_that_leaves_a_non_streamed_request_aborts_it_on_the_replica(fleet):
+    """Issue 9, "client disconnects propagated to the replica", for a non-streamed request: the
+    router (uvicorn) sees the client's socket close while it waits for the answer and closes its
+    upstream connection, so the engine aborts the generation instead of running 480 tokens for
+    nobody (before: finish_reason length, no abort counted anywhere)."""
+    body = json.dumps({"model": STORIES, "prompt": PROMPT, "max_tokens": 480, "ignore_eos": True}).encode()
+    urls = {n: e["url"] for n, e in fleet["engines"].items()}
+    aborted = {n: httpx.get(u + "/stats", timeout=5).json()["requests"]["aborted_total"] for n, u in urls.items()}
+    host, port = fleet["base"].removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    try:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: " + host.encode() + b"\r\nContent-Type: application/json"
+                     b"\r\nX-Request-Id: e2e-left-9\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        deadline, replica = time.monotonic() + 10, None
+        while replica is None and time.monotonic() < deadline:
+            replica = next((n for n, u in urls.items()
+                            if httpx.get(u + "/stats", timeout=5).json()["scheduler"]["running"] == 1), None)
+    finally:
+        sock.close()                   # the client goes away mid-generation, no answer read
+    assert replica is not None
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        stats = httpx.get(urls[replica] + "/stats", timeout=5).json()
+        gone = _metric(fleet["base"], "inferctl_router_client_disconnects_total", f'replica="{replica}"')
+        if stats["scheduler"]["running"] == 0 and stats["requests"]["aborted_total"] > aborted[replica]:
+            break
+        time.sleep(0.05)
+    assert stats["scheduler"]["running"] == 0
+    assert stats["requests"]["aborted_total"] == aborted[replica] + 1
+    [mine] = [q for q in stats["requests"]["recent"] if q["x_request_id"] == "e2e-left-9"]
+    assert mine["finish_reason"] == "abort" and mine["completion_tokens"] < 480
+    [served] = _json_lines(fleet["engines"][replica]["log"], "e2e-left-9", "inferctl.engine.requests")
+    assert served["client_disconnect"] is True and served["stream"] is False
+    [routed] = _json_lines(fleet["log"], "e2e-left-9", "inferctl.router.access")
+    assert routed["status"] == 499 and routed["client_disconnect"] is True and routed["replica"] == replica
+    assert gone >= 1
     assert _metric(fleet["base"], "inferctl_router_outstanding_requests", f'replica="{replica}"') == 0
 
 

@@ -9,7 +9,7 @@ import pytest
 from starlette.requests import ClientDisconnect
 
 from inferctl.contract.http import BodyRejected, read_body
-from inferctl.router.asgi import AsgiBody, PassThrough, response_headers, scope_headers
+from inferctl.router.asgi import AsgiBody, ClientWatch, PassThrough, response_headers, scope_headers
 from inferctl.router.config import EngineSpec, RouterConfig
 from inferctl.router.metrics import build_router_registry
 from inferctl.router.proxy import Forwarder
@@ -81,3 +81,101 @@ def test_the_outstanding_gauge_reads_each_replica_when_scraped():
     got = {s.labels["replica"]: s.value for m in registry.collect() for s in m.samples
            if s.name == "inferctl_router_outstanding_requests"}
     assert got == {"a": 3.0, "b": 1.0}
+
+
+class _Cycle:
+    """uvicorn's per-request cycle as ClientWatch sees it (uvicorn/protocols/http/httptools_impl.py):
+    ``message_event`` set on a lost connection (``disconnected`` True) or a complete response."""
+
+    def __init__(self) -> None:
+        self.message_event = asyncio.Event()
+        self.disconnected = False
+        self.reads = 0
+
+    async def receive(self):
+        self.reads += 1
+        await self.message_event.wait()
+        self.message_event.clear()
+        return {"type": "http.disconnect"}
+
+
+async def _watched(receive, *, leave_after: float | None, stop_at: float = 1.0, on_leave=None):
+    """Wait ``stop_at`` s under a ClientWatch of ``receive``; ``on_leave`` (the client leaving) runs
+    after ``leave_after`` s. Returns (cancelled by the watch, watch.gone)."""
+    loop = asyncio.get_running_loop()
+    if leave_after is not None:
+        loop.call_later(leave_after, on_leave)
+    watch = ClientWatch(receive)
+    try:
+        await asyncio.sleep(stop_at)
+        return False, watch.gone
+    except asyncio.CancelledError:
+        asyncio.current_task().uncancel()
+        return True, watch.gone
+    finally:
+        watch.stop()
+
+
+def _lose(cycle: _Cycle) -> None:
+    cycle.disconnected = True
+    cycle.message_event.set()
+
+
+def test_client_watch_on_uvicorns_cycle_cancels_on_a_disconnect_and_runs_no_task():
+    async def go():
+        cycle = _Cycle()
+        gone = await _watched(cycle.receive, leave_after=0.01, on_leave=lambda: _lose(cycle))
+        tasks = len(asyncio.all_tasks())
+        quiet = _Cycle()
+        stays = await _watched(quiet.receive, leave_after=None, stop_at=0.02)
+        return gone, stays, cycle.reads + quiet.reads, tasks, quiet.message_event._waiters
+    gone, stays, reads, tasks, waiters = asyncio.run(go())
+    assert gone == (True, True) and stays == (False, False)
+    assert reads == 0 and tasks == 1 and not waiters     # no receive() call, no task, no waiter left
+
+
+def test_client_watch_keeps_watching_through_a_wakeup_that_is_not_a_disconnect():
+    async def go():
+        cycle = _Cycle()
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.01, cycle.message_event.set)       # e.g. a late body event
+        loop.call_later(0.02, cycle.message_event.clear)
+        return await _watched(cycle.receive, leave_after=0.05, on_leave=lambda: _lose(cycle))
+    assert asyncio.run(go()) == (True, True)
+
+
+def test_client_watch_after_stop_cancels_nothing():
+    async def go():
+        cycle = _Cycle()
+        watch = ClientWatch(cycle.receive)
+        watch.stop()
+        _lose(cycle)
+        await asyncio.sleep(0.01)
+        return watch.gone
+    assert asyncio.run(go()) is False
+
+
+def test_client_watch_over_another_servers_receive_uses_a_task_and_consumes_nothing_when_stopped():
+    async def go():
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def receive():          # a queue-based server (one message per call)
+            return await queue.get()
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.01, queue.put_nowait, {"type": "http.disconnect"})
+        left = await _watched(receive, leave_after=None, stop_at=1.0)
+        stopped = await _watched(receive, leave_after=None, stop_at=0.01)
+        queue.put_nowait({"type": "http.disconnect"})
+        await asyncio.sleep(0.01)
+        return left, stopped, queue.qsize()
+    left, stopped, left_in_queue = asyncio.run(go())
+    assert left == (True, True) and stopped == (False, False)
+    assert left_in_queue == 1          # the stopped watch took no message (a stream's listener gets it)
+
+
+def test_client_watch_survives_a_receive_that_fails():
+    async def go():
+        async def receive():
+            raise RuntimeError("receive after the response")
+        return await _watched(receive, leave_after=None, stop_at=0.01)
+    assert asyncio.run(go()) == (False, False)
