@@ -60,9 +60,18 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
                         "x-request-id"})
 
 
+#: End-to-end fields a client's ``Connection`` header cannot make hop-by-hop: the body's
+#: ``Content-Type`` (the router validated the body under it and forwards the same bytes; dropped,
+#: the engine answered 415 "got none" to a body the router had accepted) and ``Authorization``
+#: (credentials for the origin server, RFC 9110 section 11.6.2; dropped, a key-protected engine
+#: answered 401 to a request it accepts directly). RFC 9110 section 7.6.1 forbids a sender to name
+#: an end-to-end field in ``Connection``; the router answers such a request as the engine does.
+END_TO_END = frozenset({"content-type", "authorization"})
+
+
 def forward_headers(headers: "Mapping[str, str]", request_id: str) -> dict[str, str]:
     """Client (or upstream) headers minus :data:`HOP_BY_HOP` and the fields their ``Connection``
-    header names (RFC 9110 section 7.6.1), plus ``x-request-id``.
+    header names (RFC 9110 section 7.6.1) except :data:`END_TO_END`, plus ``x-request-id``.
 
     A header whose value is not printable ASCII (RFC 9110 section 5.5 allows obs-text, but
     nothing the engine reads needs it, and the HTTP client refuses to send it) is left out
@@ -71,7 +80,7 @@ def forward_headers(headers: "Mapping[str, str]", request_id: str) -> dict[str, 
     drop = HOP_BY_HOP
     listed = headers.get("connection")
     if listed:      # RFC 9110 section 7.6.1: the fields Connection names are hop-by-hop too
-        drop = HOP_BY_HOP | {t.strip().lower() for t in listed.split(",")}
+        drop = HOP_BY_HOP | ({t.strip().lower() for t in listed.split(",")} - END_TO_END)
     out = {k: v for k, v in headers.items() if k.lower() not in drop and _printable_ascii(v)}
     out["x-request-id"] = request_id
     return out

@@ -93,6 +93,20 @@ def test_headers_a_client_names_in_connection_are_not_forwarded():
     assert b"x-secret" not in names and b"x-other" not in names and b"x-kept" in names
 
 
+def test_a_connection_header_naming_content_type_or_authorization_does_not_strip_them():
+    """RFC 9110 section 7.6.1 forbids naming an end-to-end field in ``Connection``; the engine
+    ignores such a listing (200 straight to it), so the router forwards the ``Content-Type`` it
+    validated the body under and the client's ``Authorization`` (before: both dropped, and the
+    engine answered 415 "got none" / 401 to what it accepts directly)."""
+    app, seen = _router()
+    status, _, _ = asyncio.run(_post(app, [J, (b"connection", b"Content-Type, Authorization, x-hop"),
+                                           (b"authorization", b"Bearer k"), (b"x-hop", b"1")]))
+    assert status == 200
+    forwarded = dict(seen[0])
+    assert forwarded[b"content-type"] == b"application/json" and forwarded[b"authorization"] == b"Bearer k"
+    assert b"x-hop" not in forwarded
+
+
 def test_headers_a_replica_names_in_connection_are_not_passed_on():
     raw = [(b"Content-Type", b"application/json"), (b"Connection", b"X-Hop, keep-alive"), (b"x-hop", b"1"),
            (b"set-cookie", b"a=1"), (b"set-cookie", b"b=2")]
