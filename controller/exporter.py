@@ -8,6 +8,7 @@ that PromQL ``increase()``/``rate()`` see their first event.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any, Callable, Iterable, Mapping
 
@@ -16,6 +17,7 @@ from inferctl.controller import signals as sig
 from inferctl.controller.actions import RESTART_REASONS
 from inferctl.controller.events import EVENT_KINDS
 from inferctl.controller.metrics import CONTROLLER_METRICS
+from inferctl.controller.signals.batching import batch_window_values
 from inferctl.controller.signals.memo import QualityMemo
 from inferctl.controller.policies.hardware_state import STANDING_KINDS, standing_faults
 from inferctl.controller.reset import OUTCOMES as RESET_OUTCOMES
@@ -27,6 +29,8 @@ OOM_KINDS = ("fragmentation", "exhaustion", "impossible", "hardware", "unknown")
 _LABELS = {spec["name"]: tuple(spec["labels"]) for spec in CONTROLLER_METRICS}
 #: the metrics labelled by ``engine`` alone (:meth:`Exporter.engine_gauge`)
 _ENGINE_ONLY = frozenset(name for name, labels in _LABELS.items() if labels == ("engine",))
+#: the metrics labelled by ``gpu`` and ``uuid`` alone, in that order (:meth:`Exporter.gpu_gauge`)
+_GPU_ONLY = frozenset(name for name, labels in _LABELS.items() if labels == ("gpu", "uuid"))
 #: how many fault keys per engine are remembered before the ones no longer reported are dropped
 _MAX_SEEN_FAULTS = 10_000
 
@@ -98,6 +102,14 @@ class Exporter:
         else:
             self.gauge(name, value, engine=engine)
 
+    def gpu_gauge(self, name: str, gpu: str, uuid: str, value: float | None) -> None:
+        """:meth:`gauge` for a metric labelled by ``gpu`` and ``uuid`` alone (a GPU poll's gauges,
+        ~12 per GPU): the series key without the keyword dict and label-order pass."""
+        if name in _GPU_ONLY:
+            self._put(name, (name, (gpu, uuid)), value)
+        else:
+            self.gauge(name, value, gpu=gpu, uuid=uuid)
+
     def _put(self, name: str, key: tuple[str, tuple[str, ...]], value: float | None) -> None:
         """Set (or, for None, remove) the series ``key`` of metric ``name``; unchanged: a look-up."""
         if value is None:
@@ -158,27 +170,34 @@ class Exporter:
         if not snap.ok:
             return
         c = self.counter
-        self.engine_gauge("inferctl_kv_cache_usage_ratio", name,
-                          sig.validate_ratio(snap.kv_usage_ratio, "kv_cache_usage_ratio", c).value)
-        self.engine_gauge("inferctl_kv_cache_waste_ratio", name,
-                          sig.validate_ratio(snap.kv_waste_ratio, "kv_cache_waste_ratio", c).value)
-        self.engine_gauge("inferctl_fragmentation_ratio", name,
-                          sig.fragmentation_ratio(snap.memory_reserved_bytes, snap.memory_allocated_bytes, c).value)
-        window = sig.batch_window(prev, snap, c)
-        self.engine_gauge("inferctl_padding_ratio", name, window["padding_ratio"].value)
-        self.engine_gauge("inferctl_effective_batch_size", name, window["effective_batch_size"].value)
+        put = self._put
+        # the plain case of each value (a finite number in range) without its Signal; anything
+        # else through the signal function, which counts an invalid sample as before
+        kv = snap.kv_usage_ratio
+        put("inferctl_kv_cache_usage_ratio", ("inferctl_kv_cache_usage_ratio", (name,)),
+            kv if (type(kv) is float and 0.0 <= kv <= 1.0) or kv is None
+            else sig.validate_ratio(kv, "kv_cache_usage_ratio", c).value)
+        kw = snap.kv_waste_ratio
+        put("inferctl_kv_cache_waste_ratio", ("inferctl_kv_cache_waste_ratio", (name,)),
+            kw if (type(kw) is float and 0.0 <= kw <= 1.0) or kw is None
+            else sig.validate_ratio(kw, "kv_cache_waste_ratio", c).value)
+        put("inferctl_fragmentation_ratio", ("inferctl_fragmentation_ratio", (name,)),
+            _fragmentation(snap.memory_reserved_bytes, snap.memory_allocated_bytes, c))
+        padding, batch = batch_window_values(prev, snap, c)
+        put("inferctl_padding_ratio", ("inferctl_padding_ratio", (name,)), padding)
+        put("inferctl_effective_batch_size", ("inferctl_effective_batch_size", (name,)), batch)
         quality = self._quality.summaries(name, snap.recent_requests, c)   # recomputed when the window changes
         rep = quality.repetition
-        self.engine_gauge("inferctl_repetition_ratio", name, rep.mean_seq_rep.value)
+        put("inferctl_repetition_ratio", ("inferctl_repetition_ratio", (name,)), rep.mean_seq_rep.value)
         for bucket, rate in rep.by_bucket.items():
-            self.gauge("inferctl_degenerate_ratio", rate.rate, engine=name, prompt_len_bucket=bucket)
-        self.engine_gauge("inferctl_perplexity", name, quality.perplexity.value)
+            put("inferctl_degenerate_ratio", ("inferctl_degenerate_ratio", (name, bucket)), rate.rate)
+        put("inferctl_perplexity", ("inferctl_perplexity", (name,)), quality.perplexity.value)
         self._count_faults(name, snap)
 
     def _export_precision(self, name: str, snap: EngineSnapshot) -> None:
         for mode in PRECISION_MODES:
-            self.gauge("inferctl_precision_mode", 1.0 if mode == snap.precision else 0.0,
-                       engine=name, mode=mode)
+            self._put("inferctl_precision_mode", ("inferctl_precision_mode", (name, mode)),
+                      1.0 if mode == snap.precision else 0.0)
         now = snap.time or self.clock()
         if snap.precision == INT8:
             self._int8_since.setdefault(name, now)
@@ -217,7 +236,8 @@ class Exporter:
                 self._gpus_counted.add(lab["gpu"])
                 for outcome in RESET_OUTCOMES:
                     self.zero("inferctl_gpu_resets_total", gpu=lab["gpu"], outcome=outcome)
-            self.gauge("inferctl_gpu_lost", 1.0 if g.lost else 0.0, **lab)
+            gi, uuid = lab["gpu"], g.uuid
+            self.gpu_gauge("inferctl_gpu_lost", gi, uuid, 1.0 if g.lost else 0.0)
             for metric, value in (("inferctl_gpu_memory_total_bytes", g.memory_total_bytes),
                                   ("inferctl_gpu_memory_used_bytes", g.memory_used_bytes),
                                   ("inferctl_gpu_memory_free_bytes", g.memory_free_bytes),
@@ -227,7 +247,7 @@ class Exporter:
                                    g.memory_bandwidth_utilization_ratio),
                                   ("inferctl_gpu_temperature_celsius", g.temperature_celsius),
                                   ("inferctl_gpu_power_watts", g.power_watts)):
-                self.gauge(metric, None if g.lost else value, **lab)
+                self.gpu_gauge(metric, gi, uuid, None if g.lost else value)
             self.gauge("inferctl_gpu_ecc_errors", g.ecc_corrected, type="corrected", **lab)
             self.gauge("inferctl_gpu_ecc_errors", g.ecc_uncorrected, type="uncorrected", **lab)
             standing = standing_faults(g)
@@ -270,18 +290,21 @@ class Exporter:
             for g in reading.gpus.values():
                 state = judge.gpu_state(g.uuid) if judge is not None else None
                 healthy = (state == "healthy") if state is not None else not g.lost
-                self.gauge("inferctl_gpu_healthy", 1.0 if healthy else 0.0, gpu=str(g.index), uuid=g.uuid)
+                self.gpu_gauge("inferctl_gpu_healthy", str(g.index), g.uuid, 1.0 if healthy else 0.0)
             gstates = (judge.state().get("gpus", {}) if judge is not None and hasattr(judge, "state") else {})
             for g in reading.gpus.values():
                 rate = (gstates.get(g.uuid) or {}).get("ecc_corrected_per_second")
-                self.gauge("inferctl_gpu_ecc_corrected_errors_per_second", rate, gpu=str(g.index), uuid=g.uuid)
+                self.gpu_gauge("inferctl_gpu_ecc_corrected_errors_per_second", str(g.index), g.uuid, rate)
         for name, pols in policies.items():
             for pol in pols.values():
                 gauges = getattr(pol, "gauges", None)
                 if gauges is None:
                     continue
                 for gv in gauges(now):
-                    self.gauge(gv.name, gv.value, engine=name, **gv.labels)
+                    if gv.labels:
+                        self.gauge(gv.name, gv.value, engine=name, **gv.labels)
+                    else:
+                        self.engine_gauge(gv.name, name, gv.value)
 
     def count_entry(self, d: Decision, policy: Any) -> None:
         """A transition into a state that ``policy`` counts (``COUNTED_ENTRIES``, e.g. the
@@ -299,6 +322,26 @@ class Exporter:
             if count > done:
                 self.metrics["inferctl_invalid_samples_total"].labels(signal=signal).inc(count - done)
                 self._invalid_exported[signal] = count
+
+
+#: The largest finite float and the integer bound below which an int converts to a finite float.
+_FLOAT_MAX = sys.float_info.max
+_INT_FAST = 2 ** 63
+
+
+def _fragmentation(reserved: Any, allocated: Any, counter: Any) -> float | None:
+    """``signals.fragmentation_ratio(reserved, allocated, counter).value``: the plain case (two
+    finite numbers >= 0, reserved > 0, allocated <= reserved) computed here without its Signals,
+    the same float; every other case through the signal function (no data, invalid, counted)."""
+    if reserved is None and allocated is None:      # an engine that reports neither: no data
+        return None
+    tr, ta = type(reserved), type(allocated)
+    if ((tr is int and 0 < reserved < _INT_FAST) or (tr is float and 0.0 < reserved <= _FLOAT_MAX)) and (
+            (ta is int and 0 <= allocated < _INT_FAST) or (ta is float and 0.0 <= allocated <= _FLOAT_MAX)):
+        r, a = float(reserved), float(allocated)
+        if a <= r:
+            return (r - a) / r
+    return sig.fragmentation_ratio(reserved, allocated, counter).value
 
 
 def _hashable(value: Any) -> Any:

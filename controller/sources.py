@@ -473,7 +473,8 @@ class Sources:
         for key, snap in gpus.items():
             if not isinstance(snap, GpuSnapshot):
                 continue
-            copy = dataclasses.replace(snap)
+            copy = object.__new__(type(snap))          # dataclasses.replace(snap) without the __init__ call
+            copy.__dict__.update(snap.__dict__)
             clean_gpu_snapshot(copy, self.counter)
             clean[key] = copy
         return dataclasses.replace(reading, gpus=clean)

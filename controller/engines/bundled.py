@@ -278,6 +278,30 @@ class _Reader:
         v = self.num(*path)
         return None if v is None else int(v)
 
+    def num_at(self, sec: dict[str, Any] | None, where: str, key: str, ratio: bool = False) -> float | None:
+        """:meth:`num` of ``(where, key)`` with the section ``sec`` (``doc[where]`` when it is a
+        dict, else None) already looked up: the same value and the same ``invalid`` entry."""
+        v = None if sec is None else sec.get(key)
+        if type(v) is float:
+            if 0.0 <= v <= _FLOAT_MAX and (not ratio or v <= 1.0):
+                return v
+        elif type(v) is int:
+            if 0 <= v < _INT_FAST and (not ratio or v <= 1):
+                return float(v)
+        elif v is None:
+            return None
+        return self.num(where, key, ratio=ratio)
+
+    def int_at(self, sec: dict[str, Any] | None, where: str, key: str) -> int | None:
+        """:meth:`int_` of ``(where, key)`` with its section already looked up (:meth:`num_at`)."""
+        v = self.num_at(sec, where, key)
+        return None if v is None else int(v)
+
+    def section(self, key: str) -> dict[str, Any] | None:
+        """``doc[key]`` when it is a dict (what :meth:`raw` walks through), else None."""
+        node = self.doc.get(key)
+        return node if type(node) is dict or isinstance(node, dict) else None
+
     def list_of_dicts(self, *path: str) -> list[dict]:
         v = self.raw(*path)
         return [x for x in v if isinstance(x, dict)] if isinstance(v, list) else []
@@ -336,7 +360,7 @@ def _histogram(r: _Reader, *paths: tuple[str, ...]) -> dict[str, Any] | None:
         if isinstance(h, dict) and isinstance(h.get("buckets"), list):
             try:
                 buckets = [(float(le), float(c)) for le, c in h["buckets"]]
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 r.invalid.append(f"{'.'.join(path)}.buckets (not [le, count] pairs)")
                 return None
             return {"buckets": sorted(buckets), "sum": h.get("sum"), "count": h.get("count"),
@@ -354,7 +378,10 @@ def _increasing_counts(v: Any, strict: bool = False) -> bool:
     ~10x cheaper than a Python loop over the 27 buckets, for every bundled engine every tick."""
     if type(v) is not list or not v or not _NUMBER_TYPES.issuperset(map(type, v)):
         return False
-    if not math.isfinite(sum(v)):            # a NaN or an infinity makes the sum one (or overflows it)
+    try:
+        if not math.isfinite(sum(v)):        # a NaN or an infinity makes the sum one (or overflows it)
+            return False
+    except OverflowError:                    # an integer beyond float range (a 400-digit JSON number)
         return False
     if strict:
         return v == sorted(set(v))
@@ -362,7 +389,7 @@ def _increasing_counts(v: Any, strict: bool = False) -> bool:
 
 
 def _finite_nonneg(v: Any) -> bool:
-    return type(v) in _NUMBER_TYPES and math.isfinite(v) and v >= 0
+    return type(v) in _NUMBER_TYPES and _finite(v) is not None and v >= 0
 
 
 def stats_histograms(section: Any, where: str, invalid: list[str]) -> dict[str, dict[str, Any]] | None:
@@ -400,42 +427,48 @@ def snapshot_from_stats(doc: dict[str, Any], *, name: str, now: float = 0.0) -> 
     """Map a bundled engine ``/stats`` document (docs/architecture.md) to an EngineSnapshot."""
     r = _Reader(doc)
     s = EngineSnapshot(name=name, kind="bundled", ok=True, time=now, raw=doc)
-    prec = r.raw("engine", "precision")
-    s.precision = prec if isinstance(prec, str) else None
-    dr = r.raw("engine", "draining")
-    s.draining = dr if isinstance(dr, bool) else None
-    model = r.raw("engine", "model")
-    s.model = model if isinstance(model, str) else None
-    s.memory_budget_bytes = r.int_("memory", "budget_bytes")
-    s.memory_allocated_bytes = r.int_("memory", "allocated_bytes")
-    s.memory_reserved_bytes = r.int_("memory", "reserved_bytes")
-    s.memory_free_bytes = r.int_("memory", "free_bytes")
-    s.weights_bytes = r.int_("memory", "weights_bytes")
-    s.full_weights_bytes = r.int_("memory", "full_weights_bytes")
-    s.kv_usage_ratio = r.num("kv_cache", "usage_ratio", ratio=True)
-    s.kv_waste_ratio = r.num("kv_cache", "waste_ratio", ratio=True)
-    s.running = r.int_("scheduler", "running")
-    s.waiting = r.int_("scheduler", "waiting")
-    s.preemptions_total = r.num("scheduler", "preemptions_total")
-    s.steps_total = r.num("scheduler", "steps_total")
-    s.step_sequences_total = r.num("scheduler", "step_sequences_total")
-    s.real_tokens_total = r.num("scheduler", "real_tokens_total")
-    s.padded_tokens_total = r.num("scheduler", "padded_tokens_total")
-    s.finished_total = r.num("requests", "finished_total")
-    reasons = r.raw("requests", "by_finish_reason")
+    # each section looked up once (``_Reader.num_at``); the same values and invalid entries, in
+    # the same order, as reading every field by its full path
+    eng, mem, kv, sch, req = (r.section("engine"), r.section("memory"), r.section("kv_cache"),
+                              r.section("scheduler"), r.section("requests"))
+    if eng is not None:
+        prec, dr, model = eng.get("precision"), eng.get("draining"), eng.get("model")
+        s.precision = prec if isinstance(prec, str) else None
+        s.draining = dr if isinstance(dr, bool) else None
+        s.model = model if isinstance(model, str) else None
+    s.memory_budget_bytes = r.int_at(mem, "memory", "budget_bytes")
+    s.memory_allocated_bytes = r.int_at(mem, "memory", "allocated_bytes")
+    s.memory_reserved_bytes = r.int_at(mem, "memory", "reserved_bytes")
+    s.memory_free_bytes = r.int_at(mem, "memory", "free_bytes")
+    s.weights_bytes = r.int_at(mem, "memory", "weights_bytes")
+    s.full_weights_bytes = r.int_at(mem, "memory", "full_weights_bytes")
+    s.kv_usage_ratio = r.num_at(kv, "kv_cache", "usage_ratio", ratio=True)
+    s.kv_waste_ratio = r.num_at(kv, "kv_cache", "waste_ratio", ratio=True)
+    s.running = r.int_at(sch, "scheduler", "running")
+    s.waiting = r.int_at(sch, "scheduler", "waiting")
+    s.preemptions_total = r.num_at(sch, "scheduler", "preemptions_total")
+    s.steps_total = r.num_at(sch, "scheduler", "steps_total")
+    s.step_sequences_total = r.num_at(sch, "scheduler", "step_sequences_total")
+    s.real_tokens_total = r.num_at(sch, "scheduler", "real_tokens_total")
+    s.padded_tokens_total = r.num_at(sch, "scheduler", "padded_tokens_total")
+    s.finished_total = r.num_at(req, "requests", "finished_total")
+    reasons = None if req is None else req.get("by_finish_reason")
     if isinstance(reasons, dict):
         s.by_finish_reason = {str(k): f for k, v in reasons.items()
                               if isinstance(v, (int, float)) and not isinstance(v, bool)
                               and (f := _finite(v)) is not None and f >= 0}
-    s.prompt_tokens_total = r.num("requests", "prompt_tokens_total")
-    s.generation_tokens_total = r.num("requests", "completion_tokens_total")
-    s.recent_requests = r.list_of_dicts("requests", "recent")
-    s.ttft_histogram = _histogram(r, ("requests", "ttft_histogram"), ("requests", "ttft_seconds", "histogram"))
-    s.e2e_histogram = _histogram(r, ("requests", "e2e_histogram"), ("requests", "e2e_seconds", "histogram"))
-    s.itl_histogram = _histogram(r, ("requests", "itl_histogram"), ("requests", "itl_seconds", "histogram"))
-    _apply_stats_histograms(s, r)
-    s.oom_total = r.num("faults", "oom_total")
-    recent = r.raw("faults", "recent")
+    s.prompt_tokens_total = r.num_at(req, "requests", "prompt_tokens_total")
+    s.generation_tokens_total = r.num_at(req, "requests", "completion_tokens_total")
+    recent = None if req is None else req.get("recent")
+    s.recent_requests = [x for x in recent if isinstance(x, dict)] if isinstance(recent, list) else []
+    if req is not None:
+        s.ttft_histogram = _histogram(r, ("requests", "ttft_histogram"), ("requests", "ttft_seconds", "histogram"))
+        s.e2e_histogram = _histogram(r, ("requests", "e2e_histogram"), ("requests", "e2e_seconds", "histogram"))
+        s.itl_histogram = _histogram(r, ("requests", "itl_histogram"), ("requests", "itl_seconds", "histogram"))
+    _apply_stats_histograms(s, r, None if req is None else req.get("latency_histograms"))
+    faults = r.section("faults")
+    s.oom_total = r.num_at(faults, "faults", "oom_total")
+    recent = None if faults is None else faults.get("recent")
     s.faults = [_clean_fault(f, f"faults.recent[{i}]", r.invalid)
                 for i, f in enumerate(recent if isinstance(recent, list) else []) if isinstance(f, dict)]
     s.invalid = r.invalid
@@ -443,11 +476,12 @@ def snapshot_from_stats(doc: dict[str, Any], *, name: str, now: float = 0.0) -> 
     return s
 
 
-def _apply_stats_histograms(s: EngineSnapshot, r: _Reader) -> None:
-    """``requests.latency_histograms`` into the snapshot's histogram fields still missing, the
-    TTFT one also under ``ttft_histogram_by_model[model]``; the other served models' TTFT from
+def _apply_stats_histograms(s: EngineSnapshot, r: _Reader, section: Any) -> None:
+    """``requests.latency_histograms`` (``section``: that value, already looked up) into the
+    snapshot's histogram fields still missing, the TTFT one also under
+    ``ttft_histogram_by_model[model]``; the other served models' TTFT from
     ``latency_histograms_by_model``."""
-    own = stats_histograms(r.raw("requests", "latency_histograms"), "requests.latency_histograms", r.invalid)
+    own = stats_histograms(section, "requests.latency_histograms", r.invalid)
     for field, hist in (own or {}).items():
         if getattr(s, field) is None:
             setattr(s, field, hist)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from collections import defaultdict
 from typing import Any
 
@@ -44,6 +45,9 @@ from inferctl.controller.scrape.aio import SCRAPE_ERRORS, AsyncPoller
 from inferctl.controller.types import EngineSnapshot
 
 log = logging.getLogger(__name__)
+
+#: The largest finite float (``0 <= v <= _FLOAT_MAX`` is False for NaN, -v and +inf alike).
+_FLOAT_MAX = sys.float_info.max
 
 FLAVORS = ("vllm", "tgi", "llamacpp")
 
@@ -87,12 +91,11 @@ class _Builder:
 
     def _valid(self, s: PromSample, kind: str) -> bool:
         v = s.value
-        ok = not math.isnan(v) and not math.isinf(v) and v >= 0
-        if ok and kind == "ratio":
-            ok = v <= 1.0
-        if not ok:
-            self.invalid.append(_describe(s))
-        return ok
+        # finite and >= 0 (and <= 1 for a ratio) in one chained comparison: False for NaN and ±inf
+        if 0.0 <= v <= _FLOAT_MAX and (kind != "ratio" or v <= 1.0):
+            return True
+        self.invalid.append(_describe(s))
+        return False
 
     def count(self, field: str, *names: str, kind: str = "count") -> None:
         """Sum over engines (and other labels) of a gauge/counter; invalid samples skipped."""

@@ -322,9 +322,11 @@ class ReplayGpuSource(GpuSource):
             if events:
                 self.unmatched_events.extend(events)
             return down_reading(self.name, now, self._error or "replay has not started")
-        by_pci = {normalize_pci_bus_id(g.pci_bus_id): k for k, g in self._gpus.items() if g.pci_bus_id}
-        by_uuid = {g.uuid: k for k, g in self._gpus.items()}
         delivered: dict[str, list[XidEvent]] = {}
+        # the GPUs by bus id and UUID: built only for a poll that has Xid events to deliver
+        by_pci = ({normalize_pci_bus_id(g.pci_bus_id): k for k, g in self._gpus.items() if g.pci_bus_id}
+                  if events else {})
+        by_uuid = {g.uuid: k for k, g in self._gpus.items()} if events else {}
         for ev in events:
             key = by_uuid.get(ev.gpu_uuid or "") or by_pci.get(normalize_pci_bus_id(ev.pci_bus_id))
             if key is None:
@@ -341,11 +343,24 @@ class ReplayGpuSource(GpuSource):
                 snap = GpuSnapshot(uuid=g.uuid, index=g.index, name=g.name, pci_bus_id=g.pci_bus_id,
                                    lost=True, health="lost")
             else:
-                snap = copy.deepcopy(g)
+                snap = _copy_snapshot(g)
             snap.time = now
             snap.xid_events = delivered.get(key, [])
             gpus[key] = snap
         return GpuReading(source=self.name, ok=True, gpus=gpus, time=now)
+
+
+def _copy_snapshot(g: GpuSnapshot) -> GpuSnapshot:
+    """A copy of ``g`` that shares no mutable part with it, as ``copy.deepcopy`` made: the fields
+    are scalars (str, int, float, bool, None) and lists of flat dataclasses of scalars
+    (``processes``, ``mig_instances``, ``xid_events``), so a copy of the instance dict and of each
+    list's items is a deep copy; ~20x less CPU than ``deepcopy`` (256 GPUs a poll in the bench)."""
+    snap = object.__new__(type(g))
+    snap.__dict__.update(g.__dict__)
+    snap.processes = [copy.copy(p) for p in g.processes]
+    snap.mig_instances = [copy.copy(m) for m in g.mig_instances]
+    snap.xid_events = [copy.copy(x) for x in g.xid_events]
+    return snap
 
 
 #: The name the issue uses.

@@ -40,6 +40,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from inferctl.controller.policies.base import GpuPolicy
@@ -110,9 +111,20 @@ class LivenessConfig:
 
 
 def _engine_doc(snap: EngineSnapshot) -> Mapping[str, Any]:
-    raw = snap.raw if isinstance(snap.raw, Mapping) else {}
-    doc = raw.get("engine")
-    return doc if isinstance(doc, Mapping) else {}
+    raw = snap.raw
+    if type(raw) is dict:       # a parsed /stats (every bundled poll): no Mapping ABC check for it
+        doc = raw.get("engine")
+        if type(doc) is dict:
+            return doc
+    elif raw is None or not isinstance(raw, Mapping):
+        return _NO_DOC
+    else:
+        doc = raw.get("engine")
+    return doc if isinstance(doc, Mapping) else _NO_DOC
+
+
+#: What :func:`_engine_doc` answers for a snapshot without an ``engine`` section (read-only).
+_NO_DOC: Mapping[str, Any] = MappingProxyType({})
 
 
 def uptime_of(snap: EngineSnapshot) -> float | None:

@@ -22,13 +22,20 @@ from typing import Any, Iterable
 from prometheus_client.parser import text_string_to_metric_families
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class PromSample:
-    """One sample line: ``name{labels} value``."""
+    """One sample line: ``name{labels} value``.
+
+    Immutable like any frozen dataclass; its ``__init__`` fills the instance dict in one call
+    instead of the generated three ``object.__setattr__`` calls (one sample per kept line of
+    every scrape; as ``controller.signals.values.Signal`` does)."""
 
     name: str
     labels: dict[str, str]
     value: float
+
+    def __init__(self, name: str, labels: dict[str, str], value: float) -> None:
+        object.__setattr__(self, "__dict__", {"name": name, "labels": labels, "value": value})
 
 
 #: A plain sample line: metric name, optional label block, value, optional timestamp

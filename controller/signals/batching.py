@@ -122,3 +122,28 @@ def batch_window(prev: EngineSnapshot | None, curr: EngineSnapshot,
             or padding_ratio(real.value, pad.value, counter),
             "effective_batch_size": first_missing("effective_batch_size", {}, seqs, steps)
             or effective_batch_size(seqs.value, steps.value, counter)}
+
+
+def batch_window_values(prev: EngineSnapshot | None, curr: EngineSnapshot,
+                        counter: InvalidSampleCounter | None = None) -> tuple[float | None, float | None]:
+    """``(padding ratio, effective batch size)``: the values of :func:`batch_window`'s two
+    Signals (None: no data or invalid, counted in ``counter`` exactly as :func:`batch_window`
+    counts). The exporter's per-poll call: when every counter of both polls is plain (a healthy
+    bundled engine) or none is reported (vLLM, TGI, llama.cpp) the values are computed here
+    without a Signal (the same floats); any other case is :func:`batch_window` itself."""
+    if prev is not None:
+        p0, c0 = prev.real_tokens_total, curr.real_tokens_total
+        p1, c1 = prev.padded_tokens_total, curr.padded_tokens_total
+        p2, c2 = prev.step_sequences_total, curr.step_sequences_total
+        p3, c3 = prev.steps_total, curr.steps_total
+        if (_plain(p0) and _plain(c0) and _plain(p1) and _plain(c1) and _plain(p2) and _plain(c2)
+                and _plain(p3) and _plain(c3)):
+            real_d, pad_d = _delta(float(p0), float(c0)), _delta(float(p1), float(c1))
+            seqs_d, steps_d = _delta(float(p2), float(c2)), _delta(float(p3), float(c3))
+            total = real_d + pad_d
+            return (pad_d / total if total != 0 else None), (seqs_d / steps_d if steps_d != 0 else None)
+        if (p0 is None and c0 is None and p1 is None and c1 is None and p2 is None and c2 is None
+                and p3 is None and c3 is None):
+            return None, None
+    window = batch_window(prev, curr, counter)
+    return window["padding_ratio"].value, window["effective_batch_size"].value

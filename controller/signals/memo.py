@@ -49,14 +49,16 @@ class QualityMemo:
         """The summaries of ``records`` (the /stats ``requests.recent`` list of dicts):
         recomputed when the window differs from ``engine``'s last one, else the last result,
         with its invalid samples counted in ``counter`` again."""
-        # a copy of each record: the stored window cannot change under a later in-place edit
-        window = [r.copy() if isinstance(r, dict) else r for r in records]
         last = self._last.get(engine)
-        if last is not None and last[0] == window:
+        # compared with the stored window as given (``==`` on the records; a copy equals its
+        # original), copied only when it is stored
+        if last is not None and last[0] == records:
             for signal, reason in last[2]:
                 if counter is not None:
                     counter.record(signal, reason)
             return last[1]
+        # a copy of each record: the stored window cannot change under a later in-place edit
+        window = [r.copy() if isinstance(r, dict) else r for r in records]
         rec = _Recorder()
         result = QualityWindow(repetition_summary(window, counter=rec), perplexity_summary(window, counter=rec))
         if counter is not None:
