@@ -32,7 +32,7 @@ import torch
 from inferctl.engine.attention import AttentionMetadata, KVCache
 from inferctl.engine.memory import MemoryAccountant
 from inferctl.engine.memory_plan import estimate_step_activation_bytes
-from inferctl.engine.sampler import Sampler, SampleResult
+from inferctl.engine.sampler import GREEDY_TEMPERATURE_EPS, Sampler, SampleResult, greedy_sample
 from inferctl.engine.sequence import Logprob, PromptLogprobEntry, Sequence
 
 #: Steps of at most this many tokens reuse persistent CPU input tensors (one pair per size).
@@ -63,6 +63,29 @@ class StepResult:
     verify: list[tuple[Sequence, torch.Tensor]] = field(default_factory=list)
 
 
+@dataclass
+class _DecodeBatch:
+    """The sampler's per-row inputs of a running set (the decode fast path): each sequence's
+    params, generator, token list (the same list object, so it grows with the sequence) and
+    prompt length, all fixed for a sequence's life; ``plain_greedy``: every row is greedy without
+    logprobs or penalties (:func:`greedy_sample` serves it, as the sampler's first branch does)."""
+
+    seqs: list[Sequence]
+    params: list
+    generators: list
+    histories: list[list[int]]
+    prompt_lens: list[int]
+    plain_greedy: bool
+
+    @classmethod
+    def of(cls, seqs: list[Sequence]) -> "_DecodeBatch":
+        params = [s.params for s in seqs]
+        greedy = all(p.temperature < GREEDY_TEMPERATURE_EPS and p.logprobs is None and not p.has_penalties
+                     for p in params)
+        return cls(seqs, params, [s.generator for s in seqs], [s.token_ids for s in seqs],
+                   [len(s.prompt_token_ids) for s in seqs], greedy)
+
+
 class ModelRunner:
     """Runs steps of ``model`` over ``kv_cache``.
 
@@ -88,6 +111,11 @@ class ModelRunner:
                           act_bytes=torch.empty((), dtype=model.dtype).element_size())
         # T -> (input_ids [T], positions [T], their numpy views): filled in place each step (CPU)
         self._input_buffers: dict[int, tuple] = {}
+        # the last step's AttentionMetadata, overwritten in place by the next build of its sizes
+        self._meta: AttentionMetadata | None = None
+        # decode fast path: the running set of the last all-decode step and its sampler inputs
+        self._decode: _DecodeBatch | None = None
+        self._decode_act: dict[int, tuple[int, int]] = {}   # B -> (base, slope) of the decode estimate
 
     def estimate_activation_bytes(self, num_tokens: int, num_logits: int, sum_q_ctx: int,
                                   sum_ctx: int, num_logprob_rows: int = 0) -> int:
@@ -107,6 +135,10 @@ class ModelRunner:
         Raises ``torch.OutOfMemoryError`` (budget, injected or CUDA) and whatever the model
         raises; the caller decides what to do with the step's sequences.
         """
+        if not drafts:
+            res = self._execute_decode(scheduled)
+            if res is not None:
+                return res
         ids: list[int] = []
         positions: list[int] = []
         chunks: list[tuple[list[int], int, int, bool]] = []
@@ -157,7 +189,7 @@ class ModelRunner:
         handle = self.accountant.reserve_activations(act)
         try:
             dev = self.device
-            meta = AttentionMetadata.build(chunks, self.block_size, dev)
+            meta = self._meta = AttentionMetadata.build(chunks, self.block_size, dev, reuse=self._meta)
             with torch.inference_mode():
                 input_ids, input_pos = self._inputs(ids, positions)
                 logits = self.model(input_ids, input_pos, self.kv_cache, meta)
@@ -175,6 +207,59 @@ class ModelRunner:
         finally:
             self.accountant.release_activations(handle)
         return StepResult(sampled, sample, T, act, prompt_lps, ver)
+
+    def _execute_decode(self, scheduled: list[tuple[Sequence, int]]) -> StepResult | None:
+        """The decode fast path: a step whose every sequence is a decode (one new token, its
+        last, so it is sampled and scores no prompt token), else None (the general path runs).
+
+        The same inputs, metadata, activation estimate, forward and sampler as the general path,
+        with less Python around them: the sampler's per-sequence lists are kept while the running
+        set is unchanged (the same sequences in the same order; rebuilt when one finishes, is
+        preempted or aborted, or a new one arrives: its prefill is not a decode step), the
+        metadata is rewritten in place (``AttentionMetadata.build(..., reuse=)``), and an all-greedy
+        batch without logprobs or penalties goes to :func:`greedy_sample` directly (the sampler's
+        own first branch). Measured in docs/performance.md (issue 12, wave 8).
+        """
+        st = self._decode
+        if st is None or len(st.seqs) != len(scheduled) or any(
+                seq is not s for (seq, _), s in zip(scheduled, st.seqs)):
+            st = None
+        ids: list[int] = []
+        positions: list[int] = []
+        chunks: list[tuple[list[int], int, int, bool]] = []
+        sum_ctx = 0
+        for seq, n in scheduled:
+            c = seq.num_computed_tokens
+            toks = seq.token_ids
+            if n != 1 or c + 1 != len(toks):
+                self._decode = None
+                return None
+            ids.append(toks[c])
+            positions.append(c)
+            chunks.append((seq.block_table, c, 1, False))
+            sum_ctx += c + 1
+        if st is None:
+            st = self._decode = _DecodeBatch.of([seq for seq, _ in scheduled])
+        B = len(ids)
+        # the estimate of a decode step is affine in the summed context (integer arithmetic, so
+        # base + slope·Σctx is the estimate exactly); the pair is made once per batch size
+        lin = self._decode_act.get(B)
+        if lin is None:
+            base = self.estimate_activation_bytes(B, B, 0, 0, 0)
+            lin = self._decode_act[B] = (base, self.estimate_activation_bytes(B, B, 1, 1, 0) - base)
+        act = lin[0] + lin[1] * sum_ctx
+        handle = self.accountant.reserve_activations(act)
+        try:
+            meta = self._meta = AttentionMetadata.build(chunks, self.block_size, self.device, reuse=self._meta)
+            with torch.inference_mode():
+                input_ids, input_pos = self._inputs(ids, positions)
+                logits = self.model(input_ids, input_pos, self.kv_cache, meta)
+                sample = greedy_sample(logits) if st.plain_greedy and logits.dtype == torch.float32 else None
+                if sample is None:
+                    sample = self.sampler(logits, st.params, st.generators, st.histories, st.prompt_lens)
+        finally:
+            self.accountant.release_activations(handle)
+        return StepResult(st.seqs, sample, B, act)
 
     def _inputs(self, ids: list[int], positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """``input_ids`` and ``positions`` ([T] int64 each) of a step. On CPU a step of at most
