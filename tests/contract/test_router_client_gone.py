@@ -50,16 +50,21 @@ async def until(engine_app, ok, seconds: float = 30.0) -> dict:
         await asyncio.sleep(0.01)
 
 
-def test_a_client_that_leaves_a_non_streamed_request_aborts_it_on_the_replica(engine):
+@pytest.mark.parametrize("stream", [False, True], ids=["non-streamed", "stream-before-its-first-chunk"])
+def test_a_client_that_leaves_while_the_router_waits_aborts_the_request_on_the_replica(engine, stream):
     """Before the ClientWatch the router waited for the whole answer (480 tokens generated for
-    nobody): the engine finished the request with ``length``, nothing counted the disconnect."""
+    nobody): the engine finished the request with ``length``, nothing counted the disconnect.
+    (Over httpx's ASGITransport the router gets a stream's head and first chunk only when the
+    engine app returns, so a stream is still waited for here: the case of a stream whose first
+    token has not come yet.)"""
     engine_app = make_app({STORIES: engine})
     body = json.dumps({"model": STORIES, "prompt": PROMPT, "max_tokens": 480, "ignore_eos": True,
-                       "temperature": 0}).encode()
+                       "temperature": 0, "stream": stream}).encode()
+    rid = f"gone-{'stream' if stream else 'whole'}-1"
     scope = {"type": "http", "method": "POST", "path": "/v1/completions", "query_string": b"", "root_path": "",
              "http_version": "1.1", "scheme": "http",
              "headers": [(b"host", b"router.test"), (b"content-type", b"application/json"),
-                         (b"x-request-id", b"gone-nonstream-1")]}
+                         (b"x-request-id", rid.encode())]}
 
     async def go():
         app, st = build_router({"a": httpx.ASGITransport(app=engine_app)})
@@ -88,7 +93,7 @@ def test_a_client_that_leaves_a_non_streamed_request_aborts_it_on_the_replica(en
     assert running["scheduler"]["running"] == 1
     assert after["scheduler"]["running"] == 0
     assert after["requests"]["aborted_total"] == before["aborted_total"] + 1
-    [mine] = [q for q in after["requests"]["recent"] if q["x_request_id"] == "gone-nonstream-1"]
+    [mine] = [q for q in after["requests"]["recent"] if q["x_request_id"] == rid]
     assert mine["finish_reason"] == "abort" and mine["completion_tokens"] < 480
     # the router counted it, and answered nobody (a server drops what is sent after a disconnect)
     assert st.registry.get_sample_value("inferctl_router_client_disconnects_total", {"replica": "a"}) == 1
