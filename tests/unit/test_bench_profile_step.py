@@ -29,3 +29,19 @@ def test_profile_of_a_real_engine(mixed, capsys):
         assert "'steps':" in first        # the run's steps and mean batch are printed
     assert "function calls" in out
     assert "engine.py" in out          # the profile reaches the engine's step
+
+
+def test_parts_times_each_part_of_real_steps_and_unwraps(capsys):
+    from inferctl.engine.engine import LLMEngine
+    from inferctl.engine.runner import ModelRunner
+
+    step, execute = LLMEngine.step, ModelRunner.execute
+    assert profile_step.main(["--model", "synthetic-tiny", "--threads", "1", "--parts", "--requests", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("synthetic-tiny full batch 1, 1 threads")
+    rows = {ln.split()[0]: ln.split() for ln in lines[1:]}
+    assert int(rows["LLMEngine.step"][1]) >= 2 * 64      # every step of both requests was timed
+    assert float(rows["LLMEngine.step"][4]) >= float(rows["ModelRunner.execute"][4]) > 0   # nested: step ⊇ execute
+    assert LLMEngine.step is step and ModelRunner.execute is execute   # the wrappers are gone
+    with pytest.raises(SystemExit):
+        profile_step.main(["--parts", "--requests", "0"])
