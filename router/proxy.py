@@ -166,6 +166,11 @@ class Forwarder:
         log.warning("attempt on %s %s (%s: %s); retrying on another replica", r.name, what, reason, detail,
                     extra={"request_id": rid, "replica": r.name, "reason": reason})
 
+    def _observe(self, r: Replica, ttfb: float, overhead: float) -> None:
+        """The successful attempt's upstream time to first byte and the router's overhead (s)."""
+        self._child("inferctl_router_upstream_latency_seconds", r.name).observe(ttfb)
+        self.metrics["inferctl_router_overhead_seconds"].observe(max(0.0, overhead))
+
     def _client_gone(self, r: Replica, rid_raw: bytes, rid: str, path: str, t0: float, attempts: int,
                      reason: str | None) -> PassThrough:
         """The client left while the router waited for ``r``'s answer: counted in
@@ -244,11 +249,11 @@ class Forwarder:
                     await resp.close()
                     self._retry(r, "upstream_error", rid, str(exc))
                     continue
-                ttfb = time.monotonic() - sent
-                self._child("inferctl_router_upstream_latency_seconds", r.name).observe(ttfb)
-                self.metrics["inferctl_router_overhead_seconds"].observe(max(0.0, time.monotonic() - t0 - ttfb))
+                first_at = time.monotonic()
+                ttfb = first_at - sent
                 out_headers = response_headers(resp.raw_headers, rid_raw, r.name.encode("latin-1"))
                 if _event_stream(out_headers):
+                    self._observe(r, ttfb, first_at - t0 - ttfb)
                     handed_off = True
                     relay = self._relay(r, resp, chunks, first, rid=rid, path=path, t0=t0,
                                         attempts=attempt + 1, reason=reason, charge=charge)
@@ -265,6 +270,8 @@ class Forwarder:
                     continue
                 finally:
                     await resp.close()
+                # observed once the attempt succeeded (an answer broken mid-way is not the answer)
+                self._observe(r, ttfb, first_at - t0 - ttfb)
                 self._child("inferctl_router_requests_total", r.name, str(resp.status)).inc()
                 self.access(rid, path, r.name, resp.status, t0, attempt + 1, reason)
                 answer = first + b"".join(rest)

@@ -153,3 +153,8 @@ def test_a_non_streamed_answer_broken_after_some_bytes_is_retried_as_partial_bod
     assert "broke after some of its bytes arrived (none sent to the client)" in line
     assert "before the first byte" not in line and "retrying on another replica" in line
     assert st.replicas["f"].outstanding == 0 and st.replicas["b"].outstanding == 0
+    # one request, one observation: the broken attempt is not the answer (before: f's time to first
+    # byte was observed as a success and the overhead histogram counted the request twice)
+    assert st.registry.get_sample_value("inferctl_router_upstream_latency_seconds_count", {"replica": "f"}) is None
+    assert st.registry.get_sample_value("inferctl_router_upstream_latency_seconds_count", {"replica": "b"}) == 1
+    assert st.registry.get_sample_value("inferctl_router_overhead_seconds_count", {}) == 1
