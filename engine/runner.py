@@ -10,7 +10,11 @@ the last token) are sampled. Tiny models are bound by per-step Python work (docs
 so the loop builds plain lists and converts each to a tensor once; on CPU a step of at most
 ``_MAX_BUFFERED_TOKENS`` tokens (every decode step of a normal batch) copies them into persistent
 ``input_ids``/``positions`` tensors of its size through their numpy views (~1 µs against ~12 µs
-for ``torch.tensor`` plus two slices), reused every step of that size.
+for ``torch.tensor`` plus two slices), reused every step of that size. A decode-only step takes a
+shorter path (:meth:`ModelRunner._execute_decode`: the same inputs, metadata, estimate and sampling,
+with the sampler's per-sequence lists kept while the running set is unchanged), and every step's
+metadata is rewritten in place when its sizes match the last step's (``AttentionMetadata.build``'s
+``reuse``).
 
 Prompt logprobs (vLLM semantics). A prefill chunk of a sequence that asked for them and has
 prompt tokens left to score is built with ``all_logits=True``: row ``r`` (position ``r``)
