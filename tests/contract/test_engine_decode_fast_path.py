@@ -142,3 +142,32 @@ def test_int8_greedy_is_the_same_with_and_without_it(bundle, precision):
         engine.request_precision("full")
         engine.step()
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("event", ["finish", "abort", "preempt", "arrival"])
+def test_each_change_of_the_running_set_replaces_the_kept_batch(bundle, event):
+    engine = _engine(bundle, True)      # 8 blocks of 16: a and b (76 tokens, 5 blocks each) cannot both finish
+    n_b = 10 if event == "finish" else 60
+    engine.add_request("a", list(range(3, 19)), SamplingParams(max_tokens=60, **G))
+    engine.add_request("b", list(range(5, 21)), SamplingParams(max_tokens=n_b, **G))
+    for _ in range(4):
+        engine.step()
+    kept = engine.runner._decode
+    assert [s.request_id for s in kept.seqs] == ["a", "b"]
+    if event == "finish":
+        while "b" in engine._seqs:
+            engine.step()
+    elif event == "abort":
+        engine.abort_request("b")
+    elif event == "arrival":
+        engine.add_request("c", list(range(7, 23)), SamplingParams(max_tokens=20, **G))
+        engine.step()                                      # c's prefill: the general path
+    else:
+        while engine.scheduler.preemptions_total == 0:
+            engine.step()
+    while not all(s.output_token_ids and s.num_computed_tokens + 1 == s.num_tokens for s in engine.scheduler.running):
+        engine.step()                                      # until the next decode-only step is due
+    running = [s.request_id for s in engine.scheduler.running]
+    engine.step()
+    now = engine.runner._decode
+    assert now is not kept and [s.request_id for s in now.seqs] == running != ["a", "b"]
