@@ -84,10 +84,11 @@ def _assert_within_q8_bound(y, x, qw, scales):
 
 @needs_ops
 @pytest.mark.parametrize("n,k,b", [(2048, 384, 1), (384, 1024, 5), (33, 41, 2), (640, 384, 64), (33, 41, 17),
-                                   (32000, 384, 33)])
+                                   (32000, 384, 33), (384, 1024, 3), (640, 384, 6), (35, 41, 7)])
 def test_gemv_int8_is_the_q8_0_product(n, k, b, threads):
     """(32000, 384) spans several of the kernel's 192 KiB weight panels per thread; 17 and 33 rows
-    end in a partial group of 4."""
+    end in a partial group of 4 (the kernel runs activation rows in groups of 4, then 1-3: 3, 6 and 7
+    rows reach its 3- and 2-row passes, 35 weight rows its rows past the last whole step of 4 streams)."""
     # The kernel's sums are llama.cpp's Q8_0 x int8 product: x rounded per block of 32 to
     # absmax/127 steps (round half to even), summed exactly, then scaled; tail columns in fp32.
     g = _g(n + k + b + 11)
