@@ -256,15 +256,9 @@ class _Reader:
 
     def num(self, *path: str, ratio: bool = False) -> float | None:
         v = self.raw(*path)
-        # the common case first: a JSON float or int in range (same result as the checks below)
-        if type(v) is float:
-            if 0.0 <= v <= _FLOAT_MAX and (not ratio or v <= 1.0):
-                return v
-        elif type(v) is int:
-            if 0 <= v < _INT_FAST and (not ratio or v <= 1):
-                return float(v)
-        elif v is None:
-            return None
+        f = _plain_num(v, ratio)            # the common case first (same result as the checks below)
+        if f is not _NOT_PLAIN:
+            return f
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             self.invalid.append(f"{'.'.join(path)}={repr(v)[:80]} (not a number)")
             return None
@@ -281,16 +275,8 @@ class _Reader:
     def num_at(self, sec: dict[str, Any] | None, where: str, key: str, ratio: bool = False) -> float | None:
         """:meth:`num` of ``(where, key)`` with the section ``sec`` (``doc[where]`` when it is a
         dict, else None) already looked up: the same value and the same ``invalid`` entry."""
-        v = None if sec is None else sec.get(key)
-        if type(v) is float:
-            if 0.0 <= v <= _FLOAT_MAX and (not ratio or v <= 1.0):
-                return v
-        elif type(v) is int:
-            if 0 <= v < _INT_FAST and (not ratio or v <= 1):
-                return float(v)
-        elif v is None:
-            return None
-        return self.num(where, key, ratio=ratio)
+        f = _plain_num(None if sec is None else sec.get(key), ratio)
+        return self.num(where, key, ratio=ratio) if f is _NOT_PLAIN else f
 
     def int_at(self, sec: dict[str, Any] | None, where: str, key: str) -> int | None:
         """:meth:`int_` of ``(where, key)`` with its section already looked up (:meth:`num_at`)."""
@@ -311,6 +297,23 @@ class _Reader:
 #: below which an int converts to a finite float without an OverflowError: :meth:`_Reader.num`'s fast path.
 _FLOAT_MAX = sys.float_info.max
 _INT_FAST = 2 ** 63
+#: :func:`_plain_num`'s answer for a value its fast path does not decide.
+_NOT_PLAIN = object()
+
+
+def _plain_num(v: Any, ratio: bool) -> Any:
+    """The common case of :meth:`_Reader.num`: a JSON float or int in range (``[0, 1]`` with
+    ``ratio``) as a float, None for None, else ``_NOT_PLAIN`` (the full checks decide, and record
+    what is invalid)."""
+    if type(v) is float:
+        if 0.0 <= v <= _FLOAT_MAX and (not ratio or v <= 1.0):
+            return v
+    elif type(v) is int:
+        if 0 <= v < _INT_FAST and (not ratio or v <= 1):
+            return float(v)
+    elif v is None:
+        return None
+    return _NOT_PLAIN
 
 
 def _finite(v: Any) -> float | None:

@@ -15,13 +15,6 @@ KEY = "sk-test-parity-key"
 PROMPT = "Once upon a time"
 
 
-@pytest.fixture(scope="module")
-def engine(stories_dir):
-    eng = stories_engine(stories_dir)
-    with engines_running(eng):
-        yield eng
-
-
 def oai(app, api_key: str = "unused") -> openai.AsyncOpenAI:
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://engine.test")
     return openai.AsyncOpenAI(base_url="http://engine.test/v1", api_key=api_key, http_client=http, max_retries=0)

@@ -15,16 +15,9 @@ import pytest
 
 from inferctl.router.app import create_app
 from inferctl.router.config import EngineSpec, RouterConfig
-from tests.server_helpers import STORIES, engines_running, make_app, run, stories_engine
+from tests.server_helpers import STORIES, make_app, run
 
 PROMPT = "Once upon a time"
-
-
-@pytest.fixture(scope="module")
-def engine(stories_dir):
-    eng = stories_engine(stories_dir)
-    with engines_running(eng):
-        yield eng
 
 
 def build_router(transports: dict, **config):
