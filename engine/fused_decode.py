@@ -41,6 +41,16 @@ if TYPE_CHECKING:
 #: ``rope_style`` → the op's integer code
 ROPE_CODES = {"interleaved": 0, "half": 1}
 
+#: bumped by :func:`weights_changed`; a model's cached plan (:func:`layer_weights`) built at an older
+#: value is rebuilt
+_generation = [0]
+
+
+def weights_changed() -> None:
+    """Invalidate every model's cached fused-decode plan: called by ``engine.model.Linear`` whenever
+    its ``weight`` or ``q`` attribute is assigned (quantize, restore, int4 start, construction)."""
+    _generation[0] += 1
+
 
 def _linear_tensors(lin: Any, no_scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(weight, scales) the op takes for one ``engine.model.Linear`` (``no_scales``, an empty
@@ -64,26 +74,25 @@ def layer_weights(model: Any, kv_cache: "KVCache", meta: "AttentionMetadata",
     """``(attn_norm, ffn_norm, weights, scales)`` lists for :func:`decode_layers` when this step
     can run fused (see the module docstring), else None. ``model``: an engine.model.LlamaModel
     (typed Any: model.py imports this module, and the import graph stays without a circle).
-    ``meta`` must be prepared."""
+    ``meta`` must be prepared. The lists are built once and cached on the model until
+    :func:`weights_changed` runs (any Linear weight replaced)."""
     ops = model.kernel_ops
     if (ops is None or not meta.all_decode or num_tokens != meta.num_seqs or num_tokens > cpu_kernels.MAX_DECODE_BATCH
             or meta.logits_indices.shape[0] != num_tokens or kv_cache.kv_int8 or kv_cache.k.dtype != torch.float32
             or not (kv_cache.k.is_contiguous() and kv_cache.v.is_contiguous())
             or model.dtype != torch.float32 or model.device.type != "cpu" or not hasattr(ops, "decode_layers")):
         return None
-    # the lists are cached on the model, keyed by the identity of every linear's weight tensor (a
-    # precision switch replaces them): building them walked ~4 module attributes per linear per step
+    # the lists are cached on the model and rebuilt when any Linear's ``weight`` or ``q`` was assigned
+    # since (engine.model.Linear calls weights_changed: a precision switch both ways, the int4 start,
+    # a new Linear); checking 21 linears' weight identities every step cost ~13 µs
     plan = model.__dict__.get("_fused_decode_plan")
-    if plan is None:
-        lins = [lin for blk in model.layers for lin in (blk.wqkv, blk.wo, blk.w13, blk.w2)] + [model.output]
-        plan = model.__dict__["_fused_decode_plan"] = [lins, None, None, None]
-    lins, key = plan[0], plan[1]
-    now = [lin.weight if lin.q is None else lin.q for lin in lins]
-    if key is None or any(a is not b for a, b in zip(now, key)):
-        plan[1], plan[2] = now, _build_lists(model, lins[:-1])
+    if plan is None or plan[0] != _generation[0]:
+        lins = [lin for blk in model.layers for lin in (blk.wqkv, blk.wo, blk.w13, blk.w2)]
+        lists = _build_lists(model, lins)
         head = _linear_tensors(model.output, torch.empty(0, dtype=torch.float32))
-        plan[3] = None if head is None or plan[2] is None else (model.norm, *head)
-    return plan[2]
+        plan = model.__dict__["_fused_decode_plan"] = [
+            _generation[0], lists, None if head is None or lists is None else (model.norm, *head), {}]
+    return plan[1]
 
 
 def head_tensors(model: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -92,7 +101,7 @@ def head_tensors(model: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] 
     blocks, like the layer linears), else None (the model then runs it itself). Valid right after
     :func:`layer_weights` returned lists for this model (the same cached plan)."""
     plan = model.__dict__.get("_fused_decode_plan")
-    return None if plan is None else plan[3]
+    return None if plan is None else plan[2]
 
 
 def _build_lists(model: Any, lins: list[Any]) -> tuple[list[torch.Tensor], ...] | None:
@@ -115,15 +124,28 @@ def decode_layers(model: Any, lists: tuple[list[torch.Tensor], ...], x: torch.Te
     norm), or with ``head`` (:func:`head_tensors`) the logits [B, vocab] float32 (final RMSNorm and
     classifier in the same call); writes each token's K/V into ``kv_cache`` at ``meta.slot_mapping``.
     ``cos``/``sin`` [B, 1, head_dim]: the model's RoPE table rows (``LlamaModel.rope_at``). ``lists``:
-    what :func:`layer_weights` returned. Raises RuntimeError (from the op) on inconsistent input."""
+    what :func:`layer_weights` returned. ``meta``'s ``slot_mapping``/``block_tables``/``seq_lens`` are
+    passed as they are (contiguous int64, as ``AttentionMetadata.build`` makes them). Raises
+    RuntimeError (from the op) on inconsistent input, a non-contiguous metadata field included."""
     a = model.args
     attn_norm, ffn_norm, weights, scales = lists
-    wins = cpu_kernels.f32_kernel_wins(x.shape[0])
-    torch_mm_mask = 0 if wins else 0b1111   # the four linears of a layer
+    B = x.shape[0]
     norm, out_w, out_s = head if head is not None else (None, None, None)
-    head_mm = out_w is not None and not cpu_kernels.f32_kernel_wins(x.shape[0], out_w.numel() * out_w.element_size())
+    # (torch_mm_mask, head_mm) per batch size, kept in the plan (its weights fixed) and keyed by the
+    # thread count too (f32_kernel_wins reads it)
+    cache = model.__dict__.get("_fused_decode_plan", (None,) * 4)[3]
+    key = (B, torch.get_num_threads(), out_w is not None)
+    flags = None if cache is None else cache.get(key)
+    if flags is None:
+        torch_mm_mask = 0 if cpu_kernels.f32_kernel_wins(B) else 0b1111   # the four linears of a layer
+        head_mm = out_w is not None and not cpu_kernels.f32_kernel_wins(B, out_w.numel() * out_w.element_size())
+        flags = (torch_mm_mask, head_mm)
+        if cache is not None:
+            cache[key] = flags
+    # the metadata's contract fields are views of one contiguous int64 buffer (AttentionMetadata.build),
+    # so only x (an embedding or a caller's inputs_embeds) may need a copy; the op checks every input
     return model.kernel_ops.decode_layers(
-        x.contiguous(), cos, sin, kv_cache.k, kv_cache.v, meta.slot_mapping.contiguous(),
-        meta.block_tables.contiguous(), meta.seq_lens.contiguous(),
+        x if x.is_contiguous() else x.contiguous(), cos, sin, kv_cache.k, kv_cache.v, meta.slot_mapping,
+        meta.block_tables, meta.seq_lens,
         attn_norm, ffn_norm, weights, scales, a.n_heads, a.n_kv_heads, ROPE_CODES[a.rope_style], a.norm_eps,
-        model.scale, torch_mm_mask, norm, out_w, out_s, head_mm)
+        model.scale, flags[0], norm, out_w, out_s, flags[1])

@@ -115,3 +115,32 @@ def test_kv_quantization_round_trip():
     assert q.dtype == torch.int8 and s.shape == (7, 4)
     back = dequantize_kv(q, s, torch.float32)
     assert torch.all((back - x).abs() <= s[..., None] / 2 + 1e-7)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("dim", [64, 52])   # 52: the int8 rows are padded to 64 columns
+def test_int8_embed_equals_the_five_op_form(tied, dim):
+    """LlamaModel.embed in int8 (one token: cached numpy views; more: index_select + one multiply)
+    is bit-identical to converting the int8 rows to float32 and multiplying by the scales."""
+    from inferctl.engine.model import LlamaModel, ModelArgs, canonical_weight_names
+    args = ModelArgs(dim=dim, n_layers=1, n_heads=2, n_kv_heads=2, vocab_size=97, hidden_dim=96,
+                     max_seq_len=64, tie_embeddings=tied)
+    g = torch.Generator().manual_seed(5)
+    model = LlamaModel(args, {n: torch.randn(s, generator=g) for n, s in canonical_weight_names(args).items()})
+    model.set_precision("int8")
+    q = model.tok_embeddings_q if not tied else model.output.q
+    assert q.qweight.shape[1] == 64
+    for ids in ([0], [96], [41], [3, 96, 3, 0], list(range(97))):
+        t = torch.tensor(ids)
+        ref = q.qweight.index_select(0, t)[:, :dim].to(torch.float32) * q.scales.index_select(0, t)[:, None]
+        got = model.embed(t)
+        assert got.dtype == torch.float32 and got.shape == (len(ids), dim) and got.is_contiguous()
+        assert torch.equal(got, ref)
+    for bad in (97, -1):
+        with pytest.raises((IndexError, RuntimeError)):
+            model.embed(torch.tensor([bad]))
+    model.set_precision("full")   # the cached numpy views are dropped (not kept alive in full precision)
+    assert "_embed_np" not in model.__dict__
+    model.set_precision("int8")
+    q = model.tok_embeddings_q if not tied else model.output.q
+    assert torch.equal(model.embed(torch.tensor([5])), q.qweight[5:6, :dim].float() * q.scales[5])
