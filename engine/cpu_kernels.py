@@ -46,6 +46,7 @@ import functools
 import hashlib
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -114,9 +115,12 @@ def enabled() -> bool:
 
 
 def _cpu_tag(flags_used: tuple[str, ...] = CFLAGS + LDFLAGS) -> str:
-    """8 hex digits of sha256 over the CPU's flags line, the torch version, the compiler flags and the bytes of
-    :data:`SOURCES` and :data:`HEADERS` (the build-cache key: a changed kernel or header builds
-    under a new name, never over a library another process may have loaded)."""
+    """8 hex digits of sha256 over the CPU's flags line, the torch version, the compiler flags, the bytes of
+    :data:`SOURCES` and :data:`HEADERS` and the sources' paths (the build-cache key: a changed kernel or
+    header builds under a new name, never over a library another process may have loaded; two installs
+    of the same code — a checkout and a venv, two venvs — get one build each: with one shared name the
+    source paths in torch's ``build.ninja`` differed, so each load by one rebuilt over the other's, ~45 s
+    under the build lock, and an engine starting meanwhile waited for it)."""
     flags = ""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as fh:
@@ -128,11 +132,37 @@ def _cpu_tag(flags_used: tuple[str, ...] = CFLAGS + LDFLAGS) -> str:
         pass
     h = hashlib.sha256((flags + torch.__version__ + " ".join(flags_used)).encode())
     for f in SOURCES + HEADERS:
+        h.update(str(f).encode())
         try:
             h.update(f.read_bytes())
         except OSError:
             pass   # a missing file fails the build itself, with its own message
     return h.hexdigest()[:8]
+
+
+#: A build lock (torch's ``FileBaton``: a ``lock`` file in the build directory, created with
+#: ``O_EXCL``, removed when the build ends) older than this is stale: its holder was killed (SIGKILL,
+#: the OOM killer) mid-build, and torch would wait for it forever — every later engine start hung.
+#: A first build takes ~45 s on the 2-core project machine; 10 minutes leaves a wide margin.
+STALE_LOCK_SECONDS = 600.0
+
+
+def clear_stale_lock(build_dir: Path, now: float, max_age: float = STALE_LOCK_SECONDS) -> bool:
+    """Remove ``build_dir/lock`` when its mtime is more than ``max_age`` seconds before ``now``
+    (seconds since the epoch); True when it removed one (logged as a warning). A younger lock (a
+    build in progress) or none: False. Never raises (a lock that vanished or cannot be read or removed
+    is left to torch)."""
+    lock = build_dir / "lock"
+    try:
+        age = now - lock.stat().st_mtime
+        if age <= max_age:
+            return False
+        lock.unlink()
+    except OSError:
+        return False
+    log.warning("removed a stale build lock %s (%.0f s old: its build was killed; torch would wait for it "
+                "forever)", lock, age)
+    return True
 
 
 @functools.cache
@@ -145,9 +175,16 @@ def load_ops() -> Any | None:
     err: Exception | None = None
     for cflags, ldflags in ((CFLAGS, LDFLAGS), (CFLAGS_SERIAL, ())):
         try:
-            from torch.utils.cpp_extension import load
+            from torch.utils.cpp_extension import _get_build_directory, load
 
-            load(name=f"inferctl_cpu_kernels_{_cpu_tag(cflags + ldflags)}", sources=[str(f) for f in SOURCES],
+            name = f"inferctl_cpu_kernels_{_cpu_tag(cflags + ldflags)}"
+            try:
+                build_dir = Path(_get_build_directory(name, False))
+            except Exception:  # noqa: BLE001 - a torch without this helper: no stale-lock check, the build goes on
+                build_dir = None
+            if build_dir is not None:
+                clear_stale_lock(build_dir, time.time())
+            load(name=name, sources=[str(f) for f in SOURCES],
                  extra_cflags=list(cflags), extra_ldflags=list(ldflags), is_python_module=False, verbose=False)
             ops = torch.ops.inferctl_cpu
             ops.has_avx2()  # the library answers
