@@ -21,8 +21,10 @@ small ops that do not:
 Build: ``torch.utils.cpp_extension.load`` with ``-O3 -march=native`` at the first call of
 :func:`load_ops` in a process (never at ``pip install``), cached by torch in
 ``$TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``) under a name that includes the
-CPU's flags and the torch version, so a cache shared by different machines never loads code
-built for another CPU. The ops register as ``torch.ops.inferctl_cpu.*`` (no pybind: that
+CPU's flags, the torch version, the compiler flags and the sources (bytes and paths), so a cache
+shared by different machines never loads code built for another CPU and two installs never rebuild
+over each other (:func:`_cpu_tag`); a build lock left by a build that was killed is removed after
+:data:`STALE_LOCK_SECONDS`. The ops register as ``torch.ops.inferctl_cpu.*`` (no pybind: that
 doubled the compile time). First build measured at 44 s wall / 20 s CPU on the 2-core
 project machine under load; later processes load the cached library in well under a second.
 Threads: ``at::parallel_for`` over output rows on torch's own OpenMP pool (built with ``-fopenmp``,
