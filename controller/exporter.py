@@ -8,7 +8,6 @@ that PromQL ``increase()``/``rate()`` see their first event.
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any, Callable, Iterable, Mapping
 
@@ -19,6 +18,7 @@ from inferctl.controller.events import EVENT_KINDS
 from inferctl.controller.metrics import CONTROLLER_METRICS
 from inferctl.controller.signals.batching import batch_window_values
 from inferctl.controller.signals.memo import QualityMemo
+from inferctl.controller.signals.validation import plain_number
 from inferctl.controller.policies.hardware_state import STANDING_KINDS, standing_faults
 from inferctl.controller.reset import OUTCOMES as RESET_OUTCOMES
 from inferctl.controller.types import Decision, EngineSnapshot, GpuReading
@@ -173,14 +173,10 @@ class Exporter:
         put = self._put
         # the plain case of each value (a finite number in range) without its Signal; anything
         # else through the signal function, which counts an invalid sample as before
-        kv = snap.kv_usage_ratio
         put("inferctl_kv_cache_usage_ratio", ("inferctl_kv_cache_usage_ratio", (name,)),
-            kv if (type(kv) is float and 0.0 <= kv <= 1.0) or kv is None
-            else sig.validate_ratio(kv, "kv_cache_usage_ratio", c).value)
-        kw = snap.kv_waste_ratio
+            _ratio(snap.kv_usage_ratio, "kv_cache_usage_ratio", c))
         put("inferctl_kv_cache_waste_ratio", ("inferctl_kv_cache_waste_ratio", (name,)),
-            kw if (type(kw) is float and 0.0 <= kw <= 1.0) or kw is None
-            else sig.validate_ratio(kw, "kv_cache_waste_ratio", c).value)
+            _ratio(snap.kv_waste_ratio, "kv_cache_waste_ratio", c))
         put("inferctl_fragmentation_ratio", ("inferctl_fragmentation_ratio", (name,)),
             _fragmentation(snap.memory_reserved_bytes, snap.memory_allocated_bytes, c))
         padding, batch = batch_window_values(prev, snap, c)
@@ -324,9 +320,15 @@ class Exporter:
                 self._invalid_exported[signal] = count
 
 
-#: The largest finite float and the integer bound below which an int converts to a finite float.
-_FLOAT_MAX = sys.float_info.max
-_INT_FAST = 2 ** 63
+def _ratio(v: Any, name: str, counter: Any) -> float | None:
+    """``signals.validate_ratio(v, name, counter).value``: a plain ratio (a float or int in
+    [0, 1], as a float) or None without its Signal; every other case through the signal function
+    (invalid, counted)."""
+    if v is None:
+        return None
+    if plain_number(v, 1.0):
+        return float(v)
+    return sig.validate_ratio(v, name, counter).value
 
 
 def _fragmentation(reserved: Any, allocated: Any, counter: Any) -> float | None:
@@ -335,9 +337,7 @@ def _fragmentation(reserved: Any, allocated: Any, counter: Any) -> float | None:
     the same float; every other case through the signal function (no data, invalid, counted)."""
     if reserved is None and allocated is None:      # an engine that reports neither: no data
         return None
-    tr, ta = type(reserved), type(allocated)
-    if ((tr is int and 0 < reserved < _INT_FAST) or (tr is float and 0.0 < reserved <= _FLOAT_MAX)) and (
-            (ta is int and 0 <= allocated < _INT_FAST) or (ta is float and 0.0 <= allocated <= _FLOAT_MAX)):
+    if plain_number(reserved) and reserved > 0 and plain_number(allocated):
         r, a = float(reserved), float(allocated)
         if a <= r:
             return (r - a) / r

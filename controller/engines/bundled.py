@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import sys
 import time
 from typing import Any
 
@@ -24,6 +23,7 @@ from inferctl.controller.engines.base import EngineAdminError, EngineClient, des
 from inferctl.controller.engines.promtext import CORE_FIELDS, histogram_from_samples, parse_prometheus_text
 from inferctl.controller.scrape.promtext import family_filter
 from inferctl.controller.scrape.aio import SCRAPE_ERRORS, AsyncPoller
+from inferctl.controller.signals.validation import plain_number
 from inferctl.controller.types import EngineSnapshot
 
 log = logging.getLogger(__name__)
@@ -293,10 +293,6 @@ class _Reader:
         return [x for x in v if isinstance(x, dict)] if isinstance(v, list) else []
 
 
-#: The largest finite float (``0 <= x <= _FLOAT_MAX`` is False for NaN and ±inf) and the bound
-#: below which an int converts to a finite float without an OverflowError: :meth:`_Reader.num`'s fast path.
-_FLOAT_MAX = sys.float_info.max
-_INT_FAST = 2 ** 63
 #: :func:`_plain_num`'s answer for a value its fast path does not decide.
 _NOT_PLAIN = object()
 
@@ -305,15 +301,9 @@ def _plain_num(v: Any, ratio: bool) -> Any:
     """The common case of :meth:`_Reader.num`: a JSON float or int in range (``[0, 1]`` with
     ``ratio``) as a float, None for None, else ``_NOT_PLAIN`` (the full checks decide, and record
     what is invalid)."""
-    if type(v) is float:
-        if 0.0 <= v <= _FLOAT_MAX and (not ratio or v <= 1.0):
-            return v
-    elif type(v) is int:
-        if 0 <= v < _INT_FAST and (not ratio or v <= 1):
-            return float(v)
-    elif v is None:
+    if v is None:
         return None
-    return _NOT_PLAIN
+    return float(v) if plain_number(v, 1.0 if ratio else None) else _NOT_PLAIN
 
 
 def _finite(v: Any) -> float | None:

@@ -8,24 +8,11 @@ adjusted for" (https://prometheus.io/docs/prometheus/latest/querying/functions/#
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
-from inferctl.controller.signals.validation import validate_nonneg
+from inferctl.controller.signals.validation import plain_number, validate_nonneg
 from inferctl.controller.signals.values import InvalidSampleCounter, Signal, first_missing, no_data
 from inferctl.controller.types import EngineSnapshot
-
-
-#: The largest finite float and the integer bound of :func:`_plain` (validation.check_number's fast path).
-_FLOAT_MAX = sys.float_info.max
-_INT_FAST = 2 ** 63
-
-
-def _plain(x: Any) -> bool:
-    """``x`` is what ``validate_nonneg`` accepts without a check of its own: a finite float >= 0
-    or an int in [0, 2**63)."""
-    t = type(x)
-    return (t is float and 0.0 <= x <= _FLOAT_MAX) or (t is int and 0 <= x < _INT_FAST)
 
 
 #: The reason counter_delta gives when both samples are None, as first_missing carries it.
@@ -102,7 +89,7 @@ def batch_window(prev: EngineSnapshot | None, curr: EngineSnapshot,
                 "effective_batch_size": no_data("effective_batch_size", why)}
     pairs = ((prev.real_tokens_total, curr.real_tokens_total), (prev.padded_tokens_total, curr.padded_tokens_total),
              (prev.step_sequences_total, curr.step_sequences_total), (prev.steps_total, curr.steps_total))
-    if all(_plain(p) and _plain(c) for p, c in pairs):
+    if all(plain_number(p) and plain_number(c) for p, c in pairs):
         # every counter a plain finite number >= 0 (every poll of a healthy engine): the deltas
         # of counter_delta (a reset: the new value) without its four intermediate Signals
         real_d, pad_d, seqs_d, steps_d = (_delta(float(p), float(c)) for p, c in pairs)
@@ -136,8 +123,7 @@ def batch_window_values(prev: EngineSnapshot | None, curr: EngineSnapshot,
         p1, c1 = prev.padded_tokens_total, curr.padded_tokens_total
         p2, c2 = prev.step_sequences_total, curr.step_sequences_total
         p3, c3 = prev.steps_total, curr.steps_total
-        if (_plain(p0) and _plain(c0) and _plain(p1) and _plain(c1) and _plain(p2) and _plain(c2)
-                and _plain(p3) and _plain(c3)):
+        if all(map(plain_number, (p0, c0, p1, c1, p2, c2, p3, c3))):
             real_d, pad_d = _delta(float(p0), float(c0)), _delta(float(p1), float(c1))
             seqs_d, steps_d = _delta(float(p2), float(c2)), _delta(float(p3), float(c3))
             total = real_d + pad_d

@@ -22,6 +22,17 @@ _INF_BELOW = sys.float_info.max
 _INT_FAST = 2 ** 63
 
 
+def plain_number(v: Any, upper: float | None = None) -> bool:
+    """``v`` is a plain float or int that :func:`check_number` accepts (finite, >= 0, <= ``upper``
+    when given), decided without building its Signal: the fast path of the controller's per-poll
+    readers (GPU fields, the batch window, the exporter's gauges, the bundled ``/stats`` reader)."""
+    if type(v) is float:
+        return 0.0 <= v <= _INF_BELOW and (upper is None or v <= upper)
+    if type(v) is int:
+        return 0 <= v < _INT_FAST and (upper is None or v <= upper)
+    return False
+
+
 def check_number(x: Any, name: str, counter: InvalidSampleCounter | None,
                  upper: float | None) -> Signal:
     """Accept ``x`` as a finite number >= 0 and, when ``upper`` is given, <= ``upper``.
