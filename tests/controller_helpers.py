@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from inferctl.controller.types import EngineSnapshot, GpuReading, GpuSnapshot
+from inferctl.tools.drill.fleet import free_block
 
 FAKE_BIN = Path(__file__).resolve().parent / "fake_bin"
 GIB = 1024 ** 3
@@ -90,9 +91,8 @@ class FakeClock:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free on 127.0.0.1 now, outside the ephemeral range (see ``free_block``)."""
+    return free_block(1)
 
 
 def port_is_free(port: int) -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -22,13 +21,12 @@ from typing import Any, Callable
 
 import httpx
 import yaml
+from inferctl.tools.drill.fleet import free_block
 
 
 def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free on 127.0.0.1 now, outside the ephemeral range (see ``free_block``)."""
+    return free_block(1)
 
 
 def wait_until(pred: Callable[[], Any], timeout: float, interval: float = 0.25, what: str = "condition") -> Any:

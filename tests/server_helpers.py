@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +23,7 @@ from inferctl.engine.config import EngineConfig
 from inferctl.engine.engine import LLMEngine
 from inferctl.engine.loader import build_demo_model, load_model
 from inferctl.engine.entrypoints.app import create_app
+from inferctl.tools.drill.fleet import free_block
 
 STORIES = "stories260K"
 ADMIN_TOKEN = "test-admin-token"
@@ -158,10 +158,8 @@ async def wait_for(predicate, timeout: float = 10.0, interval: float = 0.01):
 
 
 def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free on 127.0.0.1 now, outside the ephemeral range (see ``free_block``)."""
+    return free_block(1)
 
 
 def metric_series(text: str) -> list[str]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -47,14 +48,33 @@ class FleetStack(Stack):
     replicas: int = 0
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range of source ports for outgoing connections
+    (``/proc/sys/net/ipv4/ip_local_port_range``; Linux's default 32768–60999 where unreadable)."""
+    try:
+        lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_block(n: int) -> int:
-    """A base port with ``n`` consecutive free ports on 127.0.0.1. Raises DrillError if none."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n > 65535:
-            continue
+    """A base port with ``n`` consecutive ports free on 127.0.0.1 now, chosen outside the kernel's
+    ephemeral range: a port the OS handed out for ``bind(0)`` is also what it hands to the next
+    outgoing connection as its source port, so under load (64 clients through a router) a port
+    picked that way was taken before the server bound it ("port … is in use"). Ports 20000 and
+    up below the ephemeral range (or above it, where it starts lower) are never given to clients.
+
+    Raises:
+        DrillError: no block of ``n`` free ports found in 200 random tries.
+    """
+    lo, hi = _ephemeral_range()
+    start, end = (20000, lo - n) if lo - n > 21000 else (hi + 1, 65535 - n)
+    if end <= start:
+        start, end = 1024, 65535 - n
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randint(start, end)
         socks = []
         try:
             for i in range(n):
@@ -67,7 +87,7 @@ def free_block(n: int) -> int:
         finally:
             for t in socks:
                 t.close()
-    raise DrillError(f"no block of {n} free ports")
+    raise DrillError(f"no block of {n} free ports on 127.0.0.1 in {start}–{end + n}")
 
 
 def start_fleet(model: str, replicas: int, workdir: Path, engine_args: list[str], token: str,
