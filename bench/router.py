@@ -4,8 +4,10 @@
 serve``) and four routers (``inferctl router``, subprocesses) on loopback, then measures:
 
 1. **Overhead**: the same closed-loop load — 64 clients, each sending non-streamed
-   ``/v1/completions`` (``max_tokens`` 4) one at a time, 4 each — straight to engine main-0 and through
-   a router in front of main-0 alone, alternated, 3 rounds; the added latency is the router's
+   ``/v1/completions`` (``max_tokens`` 4) one at a time, 16 each — straight to engine main-0 and through
+   a router in front of main-0 alone, alternated, 5 rounds after a warm-up of both at full concurrency
+   (a round of 4 each, ~0.5 s, swung by tens of ms; the first round through the router opened its
+   upstream connections); the added latency is the router's
    p50 (p99) minus the direct p50 (p99) of the same round; the verdict is the median of the
    rounds' added p50 (the best round is shown too). The router's own
    ``inferctl_router_overhead_seconds`` (arrival → first byte to the client minus the
@@ -151,8 +153,8 @@ def _pin(pid: int, cpus: set[int] | None) -> None:
             pass
 
 
-def measure_overhead(engine: str, router: str, engine_pid: int, router_pid: int, *, rounds: int = 3,
-                     clients: int = 64, per_client: int = 4, pin: bool = True) -> dict:
+def measure_overhead(engine: str, router: str, engine_pid: int, router_pid: int, *, rounds: int = 5,
+                     clients: int = 64, per_client: int = 16, pin: bool = True) -> dict:
     """Part 1 (module docstring) against a running ``engine`` (URL, process ``engine_pid``) and a
     ``router`` in front of it alone (URL, ``router_pid``): ``overhead`` (a dict per round),
     ``sequential`` (one client, per round), ``pinned`` (the two CPU sets, or None), ``clients``,
@@ -211,7 +213,7 @@ def measure_overhead(engine: str, router: str, engine_pid: int, router_pid: int,
             "pinned": None if not pinned else [sorted(pinned[0]), sorted(pinned[1])]}
 
 
-def run_overhead(rounds: int = 3, clients: int = 64, per_client: int = 4, pin: bool = True) -> dict:
+def run_overhead(rounds: int = 5, clients: int = 64, per_client: int = 16, pin: bool = True) -> dict:
     """``--overhead-only``: start one engine (main-0) and one router in front of it, warm them up,
     :func:`measure_overhead`, stop them."""
     workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-router-{os.getpid()}"
@@ -228,15 +230,15 @@ def run_overhead(rounds: int = 3, clients: int = 64, per_client: int = 4, pin: b
         router = f"http://127.0.0.1:{port}"
         _wait(engine + "/ready")
         _wait(router + "/ready")
-        asyncio.run(_closed_loop(engine, 8, n_per_client=4))              # warm-up
-        asyncio.run(_closed_loop(router, 8, n_per_client=4))
+        for url in (engine, router, engine, router):            # warm-up, at the rounds' concurrency
+            asyncio.run(_closed_loop(url, clients, n_per_client=2))
         return measure_overhead(engine, router, procs[0].pid, procs[1].pid, rounds=rounds, clients=clients,
                                 per_client=per_client, pin=pin)
     finally:
         _stop(procs)
 
 
-def run(rounds: int = 3, clients: int = 64, per_client: int = 4, tp_seconds: float = 6.0, chats: int = 6,
+def run(rounds: int = 5, clients: int = 64, per_client: int = 16, tp_seconds: float = 6.0, chats: int = 6,
         groups: int = 3, turns: int = 3, system_chars: int = 6000, aff_runs: int = 1, pin: bool = True,
         chat_memory_budget: str = CHAT_MEMORY_BUDGET) -> dict:
     """Start the servers, measure (module docstring), stop them; the results as a dict. ``pin``: the
@@ -264,8 +266,8 @@ def run(rounds: int = 3, clients: int = 64, per_client: int = 4, tp_seconds: flo
             _wait(url + "/ready")
         for url in routers.values():
             _wait(url + "/ready")
-        asyncio.run(_closed_loop(engines[0], 8, n_per_client=4))              # warm-up
-        asyncio.run(_closed_loop(routers["r1"], 8, n_per_client=4))
+        for url in (engines[0], routers["r1"], engines[0], routers["r1"]):   # warm-up, at the rounds' concurrency
+            asyncio.run(_closed_loop(url, clients, n_per_client=2))
         ov = measure_overhead(engines[0], routers["r1"], procs[0].pid, procs[3].pid, rounds=rounds, clients=clients,
                               per_client=per_client, pin=pin)
         tp = {}
@@ -474,9 +476,9 @@ def render(res: dict, uptime: str, facts: dict | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--clients", type=int, default=64)
-    ap.add_argument("--per-client", type=int, default=4)
+    ap.add_argument("--per-client", type=int, default=16)
     ap.add_argument("--tp-seconds", type=float, default=6.0)
     ap.add_argument("--chats", type=int, default=6, help="Concurrent chats of the affinity runs.")
     ap.add_argument("--groups", type=int, default=3, help="System prompts (chat groups) of the affinity runs.")
