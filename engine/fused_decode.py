@@ -21,6 +21,13 @@ The model's output head (final RMSNorm + classifier) runs in the same call when 
 stored like the layer linears (:func:`head_tensors`; wave 7): the op then returns the logits, so the
 step's largest GEMV (half the weights of the 99.5 MB model) shares the kernels and threads.
 
+The step's token ids and positions go into the op too (:func:`decode_tokens`, ``decode_tokens`` in
+C++; wave 9): it reads each token's embedding row (:func:`embed_tensors`: the float32 table or tied
+classifier in either layout, or the int8 rows and their scales, the values ``LlamaModel.embed``
+computes) and the RoPE rows of each position (``LlamaModel.rope_table``) itself, instead of the
+step running ``embed`` and ``rope_at``'s two ``index_select`` first (~25-30 µs of a ~250 µs batch-1
+step of stories260K, docs/performance.md). A caller's ``inputs_embeds`` keeps :func:`decode_layers`.
+
 Numerics: the same math as the per-op path with a different summation order (8-lane partial
 sums in the dot products and GEMVs); tests/unit/test_fused_decode.py bounds the logits' difference.
 """
@@ -91,8 +98,34 @@ def layer_weights(model: Any, kv_cache: "KVCache", meta: "AttentionMetadata",
         lists = _build_lists(model, lins)
         head = _linear_tensors(model.output, torch.empty(0, dtype=torch.float32))
         plan = model.__dict__["_fused_decode_plan"] = [
-            _generation[0], lists, None if head is None or lists is None else (model.norm, *head), {}]
+            _generation[0], lists, None if head is None or lists is None else (model.norm, *head), {},
+            _embed_source(model)]
     return plan[1]
+
+
+def embed_tensors(model: Any) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """``(table, scales)`` for :func:`decode_tokens`: the model's embedding rows as a [vocab, dim] float32
+    tensor of any strides (the untied table, or the tied classifier in its "out_in" layout or the
+    transposed view of its "in_out" one) with ``scales`` None, or int8 rows [vocab, >= dim] with their
+    float32 scales [vocab] (the untied int8 table or the tied int8 classifier: row × scale is what
+    ``LlamaModel.embed`` returns); None when the rows are stored otherwise (torch's int4 layout, another
+    dtype). Valid right after :func:`layer_weights` returned lists for this model (the same cached plan)."""
+    plan = model.__dict__.get("_fused_decode_plan")
+    return None if plan is None else plan[4]
+
+
+def _embed_source(model: Any) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    if model.tok_embeddings is not None:
+        t = model.tok_embeddings
+        return (t, None) if t.dtype == torch.float32 and t.device.type == "cpu" else None
+    q = model.tok_embeddings_q if model.tok_embeddings_q is not None else model.output.q
+    if q is not None:
+        ok = type(q) is Int8Weight and q.qweight.device.type == "cpu" and q.qweight.is_contiguous()
+        return (q.qweight, q.scales) if ok else None
+    w = model.output.weight
+    if w is None or w.dtype != torch.float32 or w.device.type != "cpu":
+        return None
+    return (w, None) if model.output.layout == "out_in" else (w.t(), None)
 
 
 def head_tensors(model: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -129,10 +162,42 @@ def decode_layers(model: Any, lists: tuple[list[torch.Tensor], ...], x: torch.Te
     RuntimeError (from the op) on inconsistent input, a non-contiguous metadata field included."""
     a = model.args
     attn_norm, ffn_norm, weights, scales = lists
-    B = x.shape[0]
     norm, out_w, out_s = head if head is not None else (None, None, None)
-    # (torch_mm_mask, head_mm) per batch size, kept in the plan (its weights fixed) and keyed by the
-    # thread count too (f32_kernel_wins reads it)
+    flags = _mm_flags(model, x.shape[0], out_w)
+    # the metadata's contract fields are views of one contiguous int64 buffer (AttentionMetadata.build),
+    # so only x (an embedding or a caller's inputs_embeds) may need a copy; the op checks every input
+    return model.kernel_ops.decode_layers(
+        x if x.is_contiguous() else x.contiguous(), cos, sin, kv_cache.k, kv_cache.v, meta.slot_mapping,
+        meta.block_tables, meta.seq_lens,
+        attn_norm, ffn_norm, weights, scales, a.n_heads, a.n_kv_heads, ROPE_CODES[a.rope_style], a.norm_eps,
+        model.scale, flags[0], norm, out_w, out_s, flags[1])
+
+
+def decode_tokens(model: Any, lists: tuple[list[torch.Tensor], ...], input_ids: torch.Tensor,
+                  positions: torch.Tensor, emb: tuple[torch.Tensor, torch.Tensor | None],
+                  rope: tuple[torch.Tensor, torch.Tensor], kv_cache: "KVCache", meta: "AttentionMetadata",
+                  head: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """:func:`decode_layers` from the step's ``input_ids`` and ``positions`` ([B] int64, contiguous) instead
+    of their embeddings and RoPE rows: the op reads row ``input_ids[b]`` of ``emb`` (:func:`embed_tensors`)
+    and rows ``positions[b]`` of ``rope`` (``LlamaModel.rope_table``: cos/sin [n, 1, head_dim] covering
+    every position of the step) itself. Same result as :func:`decode_layers` over ``LlamaModel.embed``
+    and ``LlamaModel.rope_at`` of the same ids and positions, bit for bit (the same row values reach the
+    same core). Raises IndexError (from the op) for a token id outside the table or a position outside
+    the RoPE table, RuntimeError on other inconsistent input."""
+    a = model.args
+    attn_norm, ffn_norm, weights, scales = lists
+    norm, out_w, out_s = head if head is not None else (None, None, None)
+    flags = _mm_flags(model, input_ids.shape[0], out_w)
+    return model.kernel_ops.decode_tokens(
+        input_ids, positions, emb[0], emb[1], rope[0], rope[1], kv_cache.k, kv_cache.v, meta.slot_mapping,
+        meta.block_tables, meta.seq_lens,
+        attn_norm, ffn_norm, weights, scales, a.n_heads, a.n_kv_heads, ROPE_CODES[a.rope_style], a.norm_eps,
+        model.scale, flags[0], norm, out_w, out_s, flags[1])
+
+
+def _mm_flags(model: Any, B: int, out_w: torch.Tensor | None) -> tuple[int, bool]:
+    """(torch_mm_mask, head_mm) for a batch of ``B``, kept in the plan (its weights fixed) and keyed by
+    the thread count too (f32_kernel_wins reads it)."""
     cache = model.__dict__.get("_fused_decode_plan", (None,) * 4)[3]
     key = (B, torch.get_num_threads(), out_w is not None)
     flags = None if cache is None else cache.get(key)
@@ -142,10 +207,4 @@ def decode_layers(model: Any, lists: tuple[list[torch.Tensor], ...], x: torch.Te
         flags = (torch_mm_mask, head_mm)
         if cache is not None:
             cache[key] = flags
-    # the metadata's contract fields are views of one contiguous int64 buffer (AttentionMetadata.build),
-    # so only x (an embedding or a caller's inputs_embeds) may need a copy; the op checks every input
-    return model.kernel_ops.decode_layers(
-        x if x.is_contiguous() else x.contiguous(), cos, sin, kv_cache.k, kv_cache.v, meta.slot_mapping,
-        meta.block_tables, meta.seq_lens,
-        attn_norm, ffn_norm, weights, scales, a.n_heads, a.n_kv_heads, ROPE_CODES[a.rope_style], a.norm_eps,
-        model.scale, flags[0], norm, out_w, out_s, flags[1])
+    return flags

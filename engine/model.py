@@ -373,6 +373,7 @@ class LlamaModel(torch.nn.Module):
         if mode == self.precision:
             return
         self.__dict__.pop("_embed_np", None)   # embed's numpy views of the old int8 rows: not kept alive
+        fused_decode.weights_changed()   # the fused op's plan holds the embedding rows too (an untied table)
         if "int4" in (mode, self.precision):  # start-time only, no way back (engine.quant_int4)
             int4_weights(self, getattr(self, "q4_sources", None), self.precision)
             self.q4_sources, self.precision = None, "int4"
@@ -494,21 +495,26 @@ class LlamaModel(torch.nn.Module):
             return torch.mul(rows, q.scales.index_select(0, input_ids).unsqueeze(1)).to(self.dtype)
         return self.output.out_rows(input_ids)
 
-    def rope_at(self, positions: torch.Tensor, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The :func:`rope_tables` rows of ``positions`` [T] (each < ``num_positions``):
-        ``(cos_full, sin_signed)`` [T, 1, D], two ``index_select`` from a table of positions
-        ``0 … n-1`` built once (n: a power of two >= ``num_positions``, at least 256; rebuilt
-        twice as large when a longer context comes, so it never holds more than twice the
-        longest context seen). The table rows are bit-identical to computing the angles of
-        the step's positions (the same elementwise float32 ops; checked by a unit test).
-        Raises IndexError (from torch) for a position >= the table's length."""
+    def rope_table(self, num_positions: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The :func:`rope_tables` of positions ``0 … n-1`` on ``device``: ``(cos_full, sin_signed)``
+        [n, 1, D] float32, contiguous, built once (n: a power of two >= ``num_positions``, at least 256;
+        rebuilt twice as large when a longer context comes, so it never holds more than twice the
+        longest context seen). Its rows are bit-identical to computing the angles of a step's positions
+        (the same elementwise float32 ops; checked by a unit test)."""
         tab = self._rope_table
-        if tab is None or tab[0].shape[0] < num_positions or tab[0].device != positions.device:
+        if tab is None or tab[0].shape[0] < num_positions or tab[0].device != device:
             a = self.args
             n = max(256, 1 << max(0, num_positions - 1).bit_length())
-            tab = rope_tables(*_rope_cos_sin(torch.arange(n, device=positions.device), a.head_dim,
-                                             a.rope_theta, a), a.rope_style)
+            tab = rope_tables(*_rope_cos_sin(torch.arange(n, device=device), a.head_dim, a.rope_theta, a),
+                              a.rope_style)
             self._rope_table = tab
+        return tab
+
+    def rope_at(self, positions: torch.Tensor, num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The :meth:`rope_table` rows of ``positions`` [T] (each < ``num_positions``):
+        ``(cos_full, sin_signed)`` [T, 1, D], two ``index_select``. Raises IndexError (from torch)
+        for a position >= the table's length."""
+        tab = self.rope_table(num_positions, positions.device)
         return tab[0].index_select(0, positions), tab[1].index_select(0, positions)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
@@ -525,12 +531,20 @@ class LlamaModel(torch.nn.Module):
             raise ValueError(f"kv_cache has {kv_cache.n_layers} layers, model has {a.n_layers}")
         H, Hkv, D = a.n_heads, a.n_kv_heads, a.head_dim
         meta.prepare(kv_cache.block_size)
-        cos, sin = self.rope_at(positions, meta.max_context)
-        x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds.to(self.dtype)
         eps = a.norm_eps
         fused = fused_decode.layer_weights(self, kv_cache, meta, T)   # None: the per-op path below
-        if fused is not None:
+        emb = None if fused is None or inputs_embeds is not None else fused_decode.embed_tensors(self)
+        if emb is not None:   # the op reads the embedding and RoPE rows of the ids and positions itself
             head = fused_decode.head_tensors(self)   # not None: the op returns the logits
+            x = fused_decode.decode_tokens(self, fused, input_ids, positions, emb,
+                                           self.rope_table(meta.max_context, positions.device), kv_cache, meta, head)
+            if head is not None:
+                return x
+        else:
+            cos, sin = self.rope_at(positions, meta.max_context)
+            x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds.to(self.dtype)
+        if fused is not None and emb is None:
+            head = fused_decode.head_tensors(self)
             x = fused_decode.decode_layers(self, fused, x, cos, sin, kv_cache, meta, head)
             if head is not None:
                 return x

@@ -120,6 +120,9 @@ class ModelRunner:
         # decode fast path: the running set of the last all-decode step and its sampler inputs
         self._decode: _DecodeBatch | None = None
         self._decode_act: dict[int, tuple[int, int]] = {}   # B -> (base, slope) of the decode estimate
+        # the C++ greedy pick (argmax + its log_softmax value) for the fast path, where the kernels run
+        ops = getattr(model, "kernel_ops", None)
+        self._greedy_ops = ops if ops is not None and hasattr(ops, "greedy_logprobs") else None
 
     def estimate_activation_bytes(self, num_tokens: int, num_logits: int, sum_q_ctx: int,
                                   sum_ctx: int, num_logprob_rows: int = 0) -> int:
@@ -258,7 +261,8 @@ class ModelRunner:
             with torch.inference_mode():
                 input_ids, input_pos = self._inputs(ids, positions)
                 logits = self.model(input_ids, input_pos, self.kv_cache, meta)
-                sample = greedy_sample(logits) if st.plain_greedy and logits.dtype == torch.float32 else None
+                sample = (greedy_sample(logits, self._greedy_ops) if st.plain_greedy and logits.dtype == torch.float32
+                          else None)
                 if sample is None:
                     sample = self.sampler(logits, st.params, st.generators, st.histories, st.prompt_lens)
         finally:

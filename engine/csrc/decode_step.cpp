@@ -5,6 +5,15 @@
 //               n_heads, n_kv_heads, rope_style, eps, scale, torch_mm_mask
 //               [, final_norm[dim], out_w, out_s, out_torch_mm]) -> x'[B, dim], or logits[B, vocab] with final_norm
 //
+// decode_tokens(ids[B], positions[B], emb[vocab, dim'], emb_scales, cos_table[n, D], sin_table[n, D], <the same
+//               arguments from k_pool on>) -> the same result, with x = the embedding rows of `ids` (float32 rows of
+//               any stride, or int8 rows times their float32 scale: the float32 product engine.model.LlamaModel.embed
+//               computes, bit for bit) and cos/sin = the rows `positions` of the model's RoPE tables (rope_table):
+//               the embedding lookup and the two RoPE index_selects read inside the op (issue 12, wave 9).
+// greedy_logprobs(logits[B, V]) -> float64 [2B]: (argmax token, its log_softmax) per row, the argmax the first
+//               maximal index (a NaN counts as the maximum, as torch.argmax), the logprob read from ATen's own
+//               log_softmax (the value torch.log_softmax gives, bit for bit): engine.sampler.greedy_sample.
+//
 // Every sequence contributes exactly one token (B = T <= 64). Per layer, the same math as
 // engine.model.LlamaModel.forward's per-op path (fp32 throughout):
 //   h = rms_norm(x) ; qkv = h @ Wqkv^T ; RoPE on q and k (x*cos + partner(x)*sin, the model's
@@ -30,6 +39,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_log_softmax.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 #include <torch/library.h>
@@ -143,26 +153,33 @@ inline void rope_head(float* x, const float* c, const float* s, int64_t D, bool 
   }
 }
 
-at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_pool,
-                         const at::Tensor& v_pool, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
-                         const at::Tensor& seq_lens, at::TensorList attn_norm, at::TensorList ffn_norm,
-                         at::TensorList weights, at::TensorList scales, int64_t H, int64_t Hkv, int64_t rope_style,
-                         double eps_d, double scale_d, int64_t torch_mm_mask,
-                         const std::optional<at::Tensor>& final_norm, const std::optional<at::Tensor>& out_w,
-                         const std::optional<at::Tensor>& out_s, bool out_torch_mm) {
-  auto f32cpu = [](const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(); };
-  TORCH_CHECK(f32cpu(x_in) && x_in.dim() == 2, "x must be a contiguous float32 CPU tensor [B, dim]");
-  const int64_t B = x_in.size(0), dim = x_in.size(1);
-  TORCH_CHECK(B >= 1 && B <= MAX_B, "decode_layers takes 1..", MAX_B, " sequences, got ", B);
+bool f32cpu(const at::Tensor& t) {
+  return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous();
+}
+
+// the pool's head_dim, checked (both entry points need it before the core's checks)
+int64_t pool_head_dim(const at::Tensor& k_pool, const at::Tensor& v_pool) {
   TORCH_CHECK(f32cpu(k_pool) && f32cpu(v_pool) && k_pool.dim() == 5 && k_pool.sizes() == v_pool.sizes(),
               "k_pool/v_pool must be contiguous float32 CPU tensors [layers, kv_heads, blocks, block_size, head_dim]");
+  const int64_t D = k_pool.size(4);
+  TORCH_CHECK(D >= 2 && D % 2 == 0 && D <= MAX_HEAD_DIM, "head_dim must be even and <= ", MAX_HEAD_DIM, ", got ", D);
+  return D;
+}
+
+// The layers (and the head) over x [B, dim] (owned: updated in place), with row b's RoPE cos/sin [D] at
+// crow[b]/srow[b]; every other input is checked here.
+at::Tensor run_layers(at::Tensor x, const float* const* crow, const float* const* srow, const at::Tensor& k_pool,
+                      const at::Tensor& v_pool, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                      const at::Tensor& seq_lens, at::TensorList attn_norm, at::TensorList ffn_norm,
+                      at::TensorList weights, at::TensorList scales, int64_t H, int64_t Hkv, int64_t rope_style,
+                      double eps_d, double scale_d, int64_t torch_mm_mask,
+                      const std::optional<at::Tensor>& final_norm, const std::optional<at::Tensor>& out_w,
+                      const std::optional<at::Tensor>& out_s, bool out_torch_mm) {
+  const int64_t B = x.size(0), dim = x.size(1);
   const int64_t L = k_pool.size(0), NB = k_pool.size(2), bs = k_pool.size(3), D = k_pool.size(4);
   TORCH_CHECK(H >= 1 && Hkv >= 1 && H % Hkv == 0 && k_pool.size(1) == Hkv, "n_heads ", H, " / n_kv_heads ", Hkv,
               " do not match the pool's ", k_pool.size(1), " kv heads");
-  TORCH_CHECK(D >= 2 && D % 2 == 0 && D <= MAX_HEAD_DIM, "head_dim must be even and <= ", MAX_HEAD_DIM, ", got ", D);
   TORCH_CHECK(rope_style == 0 || rope_style == 1, "rope_style must be 0 (interleaved) or 1 (half)");
-  TORCH_CHECK(f32cpu(cos) && f32cpu(sin) && cos.numel() == B * D && sin.numel() == B * D,
-              "cos/sin must be contiguous float32 [B, head_dim] = [", B, ", ", D, "]");
   TORCH_CHECK(attn_norm.size() == static_cast<size_t>(L) && ffn_norm.size() == static_cast<size_t>(L) &&
                   weights.size() == static_cast<size_t>(4 * L) && scales.size() == weights.size(),
               "expected ", L, " attn_norm/ffn_norm tensors and ", 4 * L, " weights/scales (pool has ", L, " layers)");
@@ -205,7 +222,7 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at
   }
 
   const bool head = final_norm.has_value() && final_norm->defined();
-  at::Tensor head_s = out_s.has_value() && out_s->defined() ? *out_s : at::empty({0}, x_in.options());
+  at::Tensor head_s = out_s.has_value() && out_s->defined() ? *out_s : at::empty({0}, x.options());
   if (head) {
     TORCH_CHECK(f32cpu(*final_norm) && final_norm->numel() == dim, "final_norm must be contiguous float32 [", dim, "]");
     TORCH_CHECK(out_w.has_value() && out_w->defined() && out_w->dim() == 2, "out_w must be given with final_norm");
@@ -214,7 +231,6 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at
 
   const float eps = static_cast<float>(eps_d), scale = static_cast<float>(scale_d);
   const bool half = rope_style == 1;
-  at::Tensor x = x_in.clone();
   at::Tensor h = at::empty({B, dim}, x.options());
   at::Tensor o = at::empty({B, H * D}, x.options());
   at::Tensor act = at::empty({B, hidden}, x.options());
@@ -224,8 +240,6 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at
   float* op = o.data_ptr<float>();
   float* ap = act.data_ptr<float>();
   float* pp = probs.data_ptr<float>();
-  const float* cp = cos.data_ptr<float>();
-  const float* sp = sin.data_ptr<float>();
   const int64_t layer_elems = Hkv * slots * D;
   const int64_t grain = std::max<int64_t>(1, ATTN_GRAIN / std::max<int64_t>(1, max_len * D));
 
@@ -237,7 +251,7 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at
     float* qp = qkv.data_ptr<float>();
     for (int64_t b = 0; b < B; ++b) {
       float* row = qp + b * qkv_out;
-      for (int64_t hh = 0; hh < H + Hkv; ++hh) rope_head(row + hh * D, cp + b * D, sp + b * D, D, half);
+      for (int64_t hh = 0; hh < H + Hkv; ++hh) rope_head(row + hh * D, crow[b], srow[b], D, half);
       for (int64_t kh = 0; kh < Hkv; ++kh) {
         const int64_t dst = (kh * slots + slot_p[b]) * D;
         std::memcpy(kl + dst, row + (H + kh) * D, sizeof(float) * D);
@@ -295,6 +309,168 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at
   return x;
 }
 
+at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& k_pool,
+                         const at::Tensor& v_pool, const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                         const at::Tensor& seq_lens, at::TensorList attn_norm, at::TensorList ffn_norm,
+                         at::TensorList weights, at::TensorList scales, int64_t H, int64_t Hkv, int64_t rope_style,
+                         double eps, double scale, int64_t torch_mm_mask,
+                         const std::optional<at::Tensor>& final_norm, const std::optional<at::Tensor>& out_w,
+                         const std::optional<at::Tensor>& out_s, bool out_torch_mm) {
+  TORCH_CHECK(f32cpu(x_in) && x_in.dim() == 2, "x must be a contiguous float32 CPU tensor [B, dim]");
+  const int64_t B = x_in.size(0);
+  TORCH_CHECK(B >= 1 && B <= MAX_B, "decode_layers takes 1..", MAX_B, " sequences, got ", B);
+  const int64_t D = pool_head_dim(k_pool, v_pool);
+  TORCH_CHECK(f32cpu(cos) && f32cpu(sin) && cos.numel() == B * D && sin.numel() == B * D,
+              "cos/sin must be contiguous float32 [B, head_dim] = [", B, ", ", D, "]");
+  const float* crow[MAX_B];
+  const float* srow[MAX_B];
+  for (int64_t b = 0; b < B; ++b) {
+    crow[b] = cos.data_ptr<float>() + b * D;
+    srow[b] = sin.data_ptr<float>() + b * D;
+  }
+  return run_layers(x_in.clone(), crow, srow, k_pool, v_pool, slot_mapping, block_tables, seq_lens, attn_norm,
+                    ffn_norm, weights, scales, H, Hkv, rope_style, eps, scale, torch_mm_mask, final_norm, out_w,
+                    out_s, out_torch_mm);
+}
+
+at::Tensor decode_tokens(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& emb,
+                         const std::optional<at::Tensor>& emb_scales, const at::Tensor& cos_table,
+                         const at::Tensor& sin_table, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                         const at::Tensor& slot_mapping, const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                         at::TensorList attn_norm, at::TensorList ffn_norm, at::TensorList weights,
+                         at::TensorList scales, int64_t H, int64_t Hkv, int64_t rope_style, double eps, double scale,
+                         int64_t torch_mm_mask, const std::optional<at::Tensor>& final_norm,
+                         const std::optional<at::Tensor>& out_w, const std::optional<at::Tensor>& out_s,
+                         bool out_torch_mm) {
+  const int64_t B = ids.numel();
+  TORCH_CHECK(B >= 1 && B <= MAX_B, "decode_tokens takes 1..", MAX_B, " sequences, got ", B);
+  for (const auto* t : {&ids, &positions}) {
+    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kLong && t->dim() == 1 && t->is_contiguous() &&
+                    t->numel() == B,
+                "ids and positions must be contiguous int64 [", B, "]");
+  }
+  const int64_t D = pool_head_dim(k_pool, v_pool);
+  TORCH_CHECK(!attn_norm.empty() && attn_norm[0].dim() == 1, "attn_norm must hold a [dim] tensor per layer");
+  const int64_t dim = attn_norm[0].numel();
+  TORCH_CHECK(f32cpu(cos_table) && f32cpu(sin_table) && cos_table.size(0) == sin_table.size(0) &&
+                  cos_table.numel() == cos_table.size(0) * D && sin_table.numel() == cos_table.numel(),
+              "cos_table/sin_table must be contiguous float32 [positions, (1,) head_dim = ", D, "]");
+  const bool q8 = emb.scalar_type() == at::kChar;
+  TORCH_CHECK(emb.device().is_cpu() && emb.dim() == 2 && (emb.scalar_type() == at::kFloat || q8),
+              "emb must be a float32 or int8 CPU tensor [vocab, dim]");
+  const int64_t vocab = emb.size(0), es0 = emb.stride(0), es1 = emb.stride(1);
+  const float* sc = nullptr;
+  if (q8) {
+    TORCH_CHECK(emb_scales.has_value() && f32cpu(*emb_scales) && emb_scales->numel() == vocab && es1 == 1 &&
+                    emb.size(1) >= dim,
+                "int8 emb must be [", vocab, ", >=", dim, "] with unit column stride and float32 scales [", vocab,
+                "]");
+    sc = emb_scales->data_ptr<float>();
+  } else {
+    TORCH_CHECK(emb.size(1) == dim, "float32 emb must be [vocab, ", dim, "], got [", vocab, ", ", emb.size(1), "]");
+  }
+  const int64_t* idp = ids.data_ptr<int64_t>();
+  const int64_t* pp = positions.data_ptr<int64_t>();
+  const int64_t n_pos = cos_table.size(0);
+  at::Tensor x = at::empty({B, dim}, cos_table.options());
+  float* xp = x.data_ptr<float>();
+  const float* crow[MAX_B];
+  const float* srow[MAX_B];
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t id = idp[b], pos = pp[b];
+    TORCH_CHECK_INDEX(id >= 0 && id < vocab, "token id ", id, " outside 0..", vocab - 1);
+    TORCH_CHECK_INDEX(pos >= 0 && pos < n_pos, "position ", pos, " outside the RoPE table's 0..", n_pos - 1);
+    crow[b] = cos_table.data_ptr<float>() + pos * D;
+    srow[b] = sin_table.data_ptr<float>() + pos * D;
+    float* xr = xp + b * dim;
+    if (q8) {
+      // int8 -> float32 is exact, then one float32 product: the value LlamaModel.embed computes
+      const int8_t* r = emb.data_ptr<int8_t>() + id * es0;
+      const float s = sc[id];
+      for (int64_t d = 0; d < dim; ++d) xr[d] = static_cast<float>(r[d]) * s;
+    } else {
+      const float* r = emb.data_ptr<float>() + id * es0;
+      if (es1 == 1) {
+        std::memcpy(xr, r, sizeof(float) * dim);
+      } else {
+        for (int64_t d = 0; d < dim; ++d) xr[d] = r[d * es1];
+      }
+    }
+  }
+  return run_layers(x, crow, srow, k_pool, v_pool, slot_mapping, block_tables, seq_lens, attn_norm, ffn_norm,
+                    weights, scales, H, Hkv, rope_style, eps, scale, torch_mm_mask, final_norm, out_w, out_s,
+                    out_torch_mm);
+}
+
+// the first maximal index of r[0..n) as torch.argmax gives it: the first NaN when there is one, else the
+// first element equal to the maximum (all -inf: 0). AVX2: one pass for the maximum and NaN test, one for
+// the first index equal to it (both 8 lanes at a time); the scalar loop elsewhere.
+int64_t first_argmax(const float* r, int64_t n) {
+#if INFERCTL_DS_AVX2
+  if (n >= 8) {
+    __m256 mx = _mm256_loadu_ps(r), un = _mm256_cmp_ps(mx, mx, _CMP_UNORD_Q);
+    int64_t i = 8;
+    for (; i + 8 <= n; i += 8) {
+      const __m256 v = _mm256_loadu_ps(r + i);
+      un = _mm256_or_ps(un, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+      mx = _mm256_max_ps(mx, v);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, mx);
+    float m = lanes[0];
+    for (int k = 1; k < 8; ++k) m = std::max(m, lanes[k]);
+    bool nan = _mm256_movemask_ps(un) != 0;
+    for (int64_t j = i; j < n; ++j) {
+      nan = nan || std::isnan(r[j]);
+      m = std::max(m, r[j]);
+    }
+    if (!nan) {
+      const __m256 mv = _mm256_set1_ps(m);
+      int64_t j = 0;
+      for (; j + 8 <= n; j += 8) {
+        const int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(r + j), mv, _CMP_EQ_OQ));
+        if (mask != 0) return j + __builtin_ctz(static_cast<unsigned>(mask));
+      }
+      for (; j < n; ++j) {
+        if (r[j] == m) return j;
+      }
+      return 0;   // not reached: the maximum is an element
+    }
+    // a NaN: the scalar scan below finds the first one
+  }
+#endif
+  int64_t best = 0;
+  float m = r[0];
+  if (std::isnan(m)) return 0;
+  for (int64_t j = 1; j < n; ++j) {
+    if (std::isnan(r[j])) return j;   // torch.argmax: a NaN is the maximum, the first one wins
+    if (r[j] > m) {                   // strict: the first of equal maxima wins
+      m = r[j];
+      best = j;
+    }
+  }
+  return best;
+}
+
+at::Tensor greedy_logprobs(const at::Tensor& logits_in) {
+  TORCH_CHECK(logits_in.device().is_cpu() && logits_in.scalar_type() == at::kFloat && logits_in.dim() == 2 &&
+                  logits_in.size(1) >= 1,
+              "logits must be a float32 CPU tensor [B, V >= 1]");
+  const at::Tensor logits = logits_in.contiguous();
+  const int64_t B = logits.size(0), V = logits.size(1);
+  const at::Tensor lp = at::_log_softmax(logits, 1, false);   // torch.log_softmax's kernel: its values exactly
+  at::Tensor out = at::empty({2 * B}, logits.options().dtype(at::kDouble));
+  double* o = out.data_ptr<double>();
+  const float* xp = logits.data_ptr<float>();
+  const float* lpp = lp.data_ptr<float>();
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t best = first_argmax(xp + b * V, V);
+    o[2 * b] = static_cast<double>(best);
+    o[2 * b + 1] = static_cast<double>(lpp[b * V + best]);
+  }
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(inferctl_cpu, m) {
@@ -304,4 +480,12 @@ TORCH_LIBRARY_FRAGMENT(inferctl_cpu, m) {
       "Tensor[] scales, int n_heads, int n_kv_heads, int rope_style, float eps, float scale, int torch_mm_mask, "
       "Tensor? final_norm=None, Tensor? out_w=None, Tensor? out_s=None, bool out_torch_mm=False) -> Tensor",
       &decode_layers);
+  m.def(
+      "decode_tokens(Tensor ids, Tensor positions, Tensor emb, Tensor? emb_scales, Tensor cos_table, "
+      "Tensor sin_table, Tensor k_pool, Tensor v_pool, Tensor slot_mapping, Tensor block_tables, Tensor seq_lens, "
+      "Tensor[] attn_norm, Tensor[] ffn_norm, Tensor[] weights, Tensor[] scales, int n_heads, int n_kv_heads, "
+      "int rope_style, float eps, float scale, int torch_mm_mask, Tensor? final_norm=None, Tensor? out_w=None, "
+      "Tensor? out_s=None, bool out_torch_mm=False) -> Tensor",
+      &decode_tokens);
+  m.def("greedy_logprobs(Tensor logits) -> Tensor", &greedy_logprobs);
 }

@@ -32,10 +32,10 @@ def stories(stories_dir):
     return load_llama2c(stories_dir / "stories260K.bin")
 
 
-def _random_model(rope_style: str, seed: int = 0) -> LlamaModel:
+def _random_model(rope_style: str, seed: int = 0, tie: bool = True) -> LlamaModel:
     """A small GQA model (4 query heads over 2 KV heads, head_dim 16) with N(0, 0.3²) weights."""
     args = ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=97, hidden_dim=96,
-                     max_seq_len=256, rope_style=rope_style)
+                     max_seq_len=256, rope_style=rope_style, tie_embeddings=tie)
     g = torch.Generator().manual_seed(seed)
     w = {n: torch.randn(s, generator=g) * (1.0 if n.endswith("norm.weight") else 0.3)
          for n, s in canonical_weight_names(args).items()}
@@ -43,17 +43,21 @@ def _random_model(rope_style: str, seed: int = 0) -> LlamaModel:
 
 
 class _Spy:
-    """Counts the fused op's calls (wraps fused_decode.decode_layers)."""
+    """Counts the fused op's calls (wraps fused_decode.decode_layers and decode_tokens, its two entries:
+    ``by_ids`` counts the calls that passed token ids and positions)."""
 
     def __init__(self, monkeypatch):
         self.calls = 0
-        real = fused_decode.decode_layers
+        self.by_ids = 0
+        for name in ("decode_layers", "decode_tokens"):
+            monkeypatch.setattr(fused_decode, name, self._wrap(getattr(fused_decode, name), name == "decode_tokens"))
 
+    def _wrap(self, real, by_ids):
         def spy(*a, **k):
             self.calls += 1
+            self.by_ids += by_ids
             return real(*a, **k)
-
-        monkeypatch.setattr(fused_decode, "decode_layers", spy)
+        return spy
 
 
 def _run(model, fused: bool, monkeypatch, prompts, n_decode, block_size, together=True):
@@ -100,6 +104,7 @@ def test_stories260k_fused_equals_per_op(stories, stories_dir, monkeypatch, prec
         spy = _Spy(monkeypatch)
         fused, ft, hf = _run(model, True, monkeypatch, prompts, 12, block_size=5)
         assert spy.calls == 12      # every decode step took the fused op, no prefill did
+        assert spy.by_ids == 12     # with the token ids and positions (the op reads embedding and RoPE rows)
         plain, pt, hp = _run(model, False, monkeypatch, prompts, 12, block_size=5)
         assert spy.calls == 12
         assert ft == pt             # greedy tokens identical
@@ -310,3 +315,143 @@ def test_the_output_head_runs_inside_the_op(stories, monkeypatch, precision):
             OPS.decode_layers(*args, model.norm[:-1].contiguous(), head[1], head[2], False)
     finally:
         model.set_precision("full")
+
+
+def _in_out_classifier(model: LlamaModel) -> LlamaModel:
+    """The tied classifier moved to the "in_out" layout (a large one's, engine.model.Linear): the embedding
+    rows are then the columns of its [dim, vocab] weight (a strided view for the op)."""
+    wt = model.output.weight_t.clone()
+    model.output.layout = "in_out"
+    model.output.weight_t = wt
+    return model
+
+
+_VARIANTS = {
+    "tied full": lambda: _random_model("interleaved", seed=5),
+    "tied int8": lambda: _random_model("half", seed=5),
+    "untied full": lambda: _random_model("half", seed=6, tie=False),
+    "untied int8": lambda: _random_model("interleaved", seed=6, tie=False),
+    "tied full in_out": lambda: _in_out_classifier(_random_model("half", seed=7)),
+    "int4": lambda: _random_model("interleaved", seed=8),
+}
+
+
+@needs_ops
+@pytest.mark.parametrize("variant", list(_VARIANTS))
+def test_ids_entry_equals_embed_and_rope_rows(variant):
+    """decode_tokens (ids + positions, rows read in the op) gives decode_layers' result over LlamaModel.embed
+    and rope_at of the same ids and positions bit for bit: logits (or hidden states) and the K/V written."""
+    model = _VARIANTS[variant]()
+    for mode in ("int8", "int4"):
+        if mode in variant:
+            model.set_precision(mode)
+    h = Harness(model, block_size=4, num_blocks=16)
+    meta = AttentionMetadata.build([([0, 1], 5, 1, False), ([2], 3, 1, False), ([3, 4, 5], 9, 1, False)], 4)
+    meta.prepare(4)
+    lists = fused_decode.layer_weights(model, h.cache, meta, 3)
+    emb = fused_decode.embed_tensors(model)
+    assert lists is not None and emb is not None
+    head = fused_decode.head_tensors(model)
+    assert (head is None) == variant.endswith("in_out")   # an in_out classifier runs outside the op
+    a = model.args
+    ids, pos = torch.tensor([96, 0, 41]), torch.tensor([5, 3, 9])
+    x = model.embed(ids)
+    if emb[1] is None:
+        assert torch.equal(emb[0].index_select(0, ids), x)
+    else:   # int8 rows times their scales: the products LlamaModel.embed returns
+        assert torch.equal(emb[0].index_select(0, ids)[:, : a.dim].float() * emb[1].index_select(0, ids)[:, None], x)
+    tab = model.rope_table(10, ids.device)
+    rest = (meta.slot_mapping, meta.block_tables, meta.seq_lens, *lists, a.n_heads, a.n_kv_heads,
+            fused_decode.ROPE_CODES[a.rope_style], a.norm_eps, model.scale, 0, *(head or ()))
+    pools = [(h.cache.k.clone(), h.cache.v.clone()) for _ in range(2)]
+    by_ids = OPS.decode_tokens(ids, pos, *emb, *tab, *pools[0], *rest)
+    by_rows = OPS.decode_layers(x.contiguous(), *model.rope_at(pos, 10), *pools[1], *rest)
+    assert by_ids.shape == ((3, a.vocab_size) if head else (3, a.dim))
+    assert torch.equal(by_ids, by_rows)
+    assert torch.equal(pools[0][0], pools[1][0]) and torch.equal(pools[0][1], pools[1][1])
+
+
+@needs_ops
+@pytest.mark.parametrize("variant", ["untied int8", "tied full in_out"])
+def test_model_steps_through_the_ids_entry_equal_per_op(variant, monkeypatch):
+    """Whole decode steps of an untied int8 model and of a model whose classifier is in the "in_out" layout
+    (the op returns hidden states, the model applies the head) take decode_tokens and match the per-op path."""
+    model = _VARIANTS[variant]()
+    if "int8" in variant:
+        model.set_precision("int8")
+    spy = _Spy(monkeypatch)
+    fused, ft, _ = _run(model, True, monkeypatch, [[1, 2, 3, 4, 5], [7, 8]], 6, block_size=4)
+    assert spy.calls == spy.by_ids == 6
+    plain, pt, _ = _run(model, False, monkeypatch, [[1, 2, 3, 4, 5], [7, 8]], 6, block_size=4)
+    assert ft == pt
+    _assert_close(fused, plain, TOL_INT8 if "int8" in variant else TOL_REL)
+
+
+@needs_ops
+def test_untied_table_follows_precision_switches():
+    """The plan's embedding source is the table the model holds after every switch (int8 rows, then back)."""
+    model = _random_model("half", seed=9, tie=False)
+    h = Harness(model, block_size=4)
+    meta = AttentionMetadata.build([([0, 1], 5, 1, False)], 4)
+    meta.prepare(4)
+    for mode in ("full", "int8", "full", "int8"):
+        model.set_precision(mode)
+        assert fused_decode.layer_weights(model, h.cache, meta, 1) is not None
+        emb = fused_decode.embed_tensors(model)
+        if mode == "full":
+            assert emb[0] is model.tok_embeddings and emb[1] is None
+        else:
+            assert emb[0] is model.tok_embeddings_q.qweight and emb[1] is model.tok_embeddings_q.scales
+
+
+@needs_ops
+def test_inputs_embeds_keeps_the_rows_entry(stories, monkeypatch):
+    """A caller's inputs_embeds goes through decode_layers (not the ids); the same embeddings give the same
+    logits bit for bit."""
+    model = stories.model
+    spy = _Spy(monkeypatch)
+    outs = []
+    for embeds in (False, True):
+        h = Harness(model, block_size=4)
+        h.step([(0, [1, 50, 60, 70], False)])
+        meta = AttentionMetadata.build([(h._ensure(0, 5), 4, 1, False)], 4)
+        ids, pos = torch.tensor([80]), torch.tensor([4])
+        with torch.inference_mode():
+            outs.append(model(ids, pos, h.cache, meta, inputs_embeds=model.embed(ids) if embeds else None))
+    assert spy.calls == 2 and spy.by_ids == 1
+    assert torch.equal(outs[0], outs[1])
+
+
+@needs_ops
+def test_ids_entry_bad_input(stories):
+    """A token id outside the table or a position outside the RoPE table raises IndexError (as
+    index_select did), from the op and through the model; other bad input a RuntimeError."""
+    model = stories.model
+    a = model.args
+    h = Harness(model, block_size=4, num_blocks=8)
+    meta = AttentionMetadata.build([([0, 1], 5, 1, False)], 4)
+    meta.prepare(4)
+    lists = fused_decode.layer_weights(model, h.cache, meta, 1)
+    emb = fused_decode.embed_tensors(model)
+    tab = model.rope_table(6, torch.device("cpu"))
+
+    def call(ids=torch.tensor([3]), pos=torch.tensor([5]), emb=emb, tab=tab):
+        return OPS.decode_tokens(ids, pos, *emb, *tab, h.cache.k, h.cache.v, meta.slot_mapping, meta.block_tables,
+                                 meta.seq_lens, *lists, a.n_heads, a.n_kv_heads, 0, a.norm_eps, model.scale, 0)
+
+    assert call().shape == (1, a.dim)
+    for kw in (dict(ids=torch.tensor([a.vocab_size])), dict(ids=torch.tensor([-1])),
+               dict(pos=torch.tensor([tab[0].shape[0]]))):
+        with pytest.raises(IndexError):
+            call(**kw)
+    q = model.output.weight.to(torch.int8)
+    for needle, kw in {"ids and positions": dict(ids=torch.tensor([3], dtype=torch.int32)),
+                       "emb must be": dict(emb=(emb[0].double(), None)),
+                       "int8 emb": dict(emb=(q, None)),
+                       "cos_table": dict(tab=(tab[0], tab[1][:-1]))}.items():
+        with pytest.raises(RuntimeError, match=needle):
+            call(**kw)
+    hh = Harness(model, block_size=4)
+    hh.step([(0, [1, 2], False)])
+    with pytest.raises(IndexError):
+        hh.step([(0, [a.vocab_size], False)])   # a decode step: the ids entry
