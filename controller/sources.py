@@ -5,9 +5,10 @@ Engines whose client speaks HTTP itself (``supports_async``: the bundled, vLLM, 
 llama.cpp clients) are polled all at once on ONE event loop and ONE aiohttp connection pool
 (:class:`~inferctl.controller.scrape.aio.AsyncPoller`, :class:`AsyncSourceJob`): at most
 :data:`POLL_CONCURRENCY` workers take the calls in turn, each call bounded by
-``asyncio.timeout(call_timeout_seconds)`` from when a worker takes it, and each result is stored as soon as
-it arrives (:meth:`Sources.poll_engines`). Other sources (the GPU source, test doubles) run in
-their own worker thread and are waited for at most ``call_timeout_seconds``
+``call_timeout_seconds`` from when a worker takes it (one deadline timer for the round,
+:class:`~inferctl.controller.scrape.deadlines.RoundDeadlines`), and each result is stored as
+soon as it arrives (:meth:`Sources.poll_engines`). Other sources (the GPU source, test doubles) run in their own
+worker thread and are waited for at most ``call_timeout_seconds``
 (:class:`SourceJob`). Either way the timeout is shorter than the interval, so a slow or hung
 source never delays another. A failed or timed-out poll backs off exponentially (interval × 2^failures, capped at
 ``max_backoff_seconds``) and counts as a poll error; the first good poll clears the backoff. An engine
@@ -28,9 +29,10 @@ from typing import Any, Awaitable, Callable
 from inferctl.controller.exporter import Exporter
 from inferctl.controller.reset import lost_evidence
 from inferctl.controller.scrape.aio import AsyncPoller
+from inferctl.controller.scrape.deadlines import DeadlineSlot, RoundDeadlines
 from inferctl.controller.signals import clean_gpu_snapshot
 from inferctl.controller.state import ControllerState
-from inferctl.controller.types import EngineSnapshot, GpuReading, GpuSnapshot
+from inferctl.controller.types import EngineSnapshot, GpuReading, GpuSnapshot, engine_snapshot
 
 
 def duration_poller(job: str) -> str:
@@ -157,7 +159,10 @@ class SourceJob:
 
 class AsyncSourceJob(SourceJob):
     """A :class:`SourceJob` whose call is a coroutine ``afn(now)`` run on ``poller``'s loop,
-    bounded by ``asyncio.timeout(timeout)`` (the timed-out call is cancelled, not left running).
+    bounded by ``timeout`` from its start (the timed-out call is cancelled, not left running): by
+    ``asyncio.timeout(timeout)``, or in a round of :meth:`Sources.poll_engines` by the round's one
+    deadline timer (:class:`~inferctl.controller.scrape.deadlines.RoundDeadlines`; the same
+    deadline and the same failure).
 
     :meth:`arun` is the loop-side entry (one call at a time: a scheduled caller skips while a
     call is in flight, a forced one waits for it, at most ``2 × timeout``); :meth:`run` is the
@@ -184,8 +189,11 @@ class AsyncSourceJob(SourceJob):
             fut.cancel()
             return None
 
-    async def arun(self, now: float, force: bool = False) -> Any | None:
-        """Poll once on the loop unless backing off; the result, a failed one, or None (skipped)."""
+    async def arun(self, now: float, force: bool = False, slot: DeadlineSlot | None = None) -> Any | None:
+        """Poll once on the loop unless backing off; the result, a failed one, or None (skipped).
+        ``slot``: the calling worker's slot in the round's deadline timer
+        (:class:`~inferctl.controller.scrape.deadlines.RoundDeadlines`), which bounds the call
+        instead of an ``asyncio.timeout`` of its own (same deadline, same failure)."""
         if not force and not self.due(now):
             return None
         if self._idle is None:
@@ -204,9 +212,20 @@ class AsyncSourceJob(SourceJob):
         self._idle.clear()
         t0 = time.monotonic()
         try:
-            # asyncio.timeout, not wait_for: no extra task per call (measurable at 1,024 engines)
-            async with asyncio.timeout(self.timeout):
-                result = await self.afn(now)
+            if slot is not None:        # the round's one timer bounds the call (RoundDeadlines)
+                slot.arm(self.timeout)
+                try:
+                    result = await self.afn(now)
+                except asyncio.CancelledError as exc:
+                    if slot.ours():
+                        raise TimeoutError from exc
+                    raise
+                finally:
+                    slot.disarm()
+            else:
+                # asyncio.timeout, not wait_for: no extra task per call (measurable at 1,024 engines)
+                async with asyncio.timeout(self.timeout):
+                    result = await self.afn(now)
         except TimeoutError:
             self._observe(time.monotonic() - t0)
             return self._fail(now, f"timed out after {self.timeout:g} s")
@@ -235,11 +254,13 @@ async def _round(jobs: list[tuple[str, "AsyncSourceJob"]], now: float, force: bo
     host, loaded). A slow job holds one worker for at most its timeout; the others go on with
     the queue."""
     queue = iter(jobs)      # shared by the workers: each ``next`` hands out one job (one loop thread)
+    deadlines = RoundDeadlines(asyncio.get_running_loop())
 
     async def worker() -> None:
+        slot = deadlines.slot(asyncio.current_task())
         for name, job in queue:
             try:
-                result = await job.arun(now, force)
+                result = await job.arun(now, force, slot)
             except Exception:
                 result = None
             out.append((name, result))
@@ -254,6 +275,8 @@ async def _round(jobs: list[tuple[str, "AsyncSourceJob"]], now: float, force: bo
             first.set_result(None)
         await asyncio.wait(tasks)
     finally:
+        if all(t.done() for t in tasks):   # else (the round cancelled) its workers' calls stay bounded
+            deadlines.close()
         if not first.done():
             first.set_result(None)
 
@@ -326,7 +349,7 @@ class Sources:
 
     def _failed_engine(self, name: str) -> Callable[[float, str], EngineSnapshot]:
         kind = getattr(self.engines[name], "kind", "engine")
-        return lambda now, error: EngineSnapshot(name=name, kind=kind, ok=False, time=now, error=error)
+        return lambda now, error: engine_snapshot(name, kind, False, now, error=error)
 
     def _failed_gpu(self, now: float, error: str) -> GpuReading:
         return GpuReading(source=getattr(self.gpu_source, "name", "gpu"), ok=False, error=error, time=now)

@@ -20,7 +20,7 @@ import httpx
 
 from inferctl.controller.scrape.aio import AsyncPoller
 from inferctl.controller.scrape.http import bounded_request
-from inferctl.controller.types import EngineSnapshot
+from inferctl.controller.types import EngineSnapshot, engine_snapshot
 
 __all__ = ["EngineAdminError", "EngineClient", "describe_error", "failed_snapshot"]
 
@@ -147,4 +147,4 @@ def describe_error(exc: BaseException, deadline_s: float) -> str:
 
 def failed_snapshot(client: EngineClient, now: float, error: str) -> EngineSnapshot:
     """``ok=False`` with every number None (no data, never 0)."""
-    return EngineSnapshot(name=client.name, kind=client.kind, ok=False, time=now, error=error)
+    return engine_snapshot(client.name, client.kind, False, now, error=error)

@@ -24,7 +24,7 @@ from inferctl.controller.engines.promtext import CORE_FIELDS, histogram_from_sam
 from inferctl.controller.scrape.promtext import family_filter
 from inferctl.controller.scrape.aio import SCRAPE_ERRORS, AsyncPoller
 from inferctl.controller.signals.validation import plain_number
-from inferctl.controller.types import EngineSnapshot
+from inferctl.controller.types import EngineSnapshot, engine_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -419,7 +419,7 @@ def stats_histograms(section: Any, where: str, invalid: list[str]) -> dict[str, 
 def snapshot_from_stats(doc: dict[str, Any], *, name: str, now: float = 0.0) -> EngineSnapshot:
     """Map a bundled engine ``/stats`` document (docs/architecture.md) to an EngineSnapshot."""
     r = _Reader(doc)
-    s = EngineSnapshot(name=name, kind="bundled", ok=True, time=now, raw=doc)
+    s = engine_snapshot(name, "bundled", True, now, raw=doc)
     # each section looked up once (``_Reader.num_at``); the same values and invalid entries, in
     # the same order, as reading every field by its full path
     eng, mem, kv, sch, req = (r.section("engine"), r.section("memory"), r.section("kv_cache"),

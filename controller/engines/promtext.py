@@ -42,7 +42,7 @@ from inferctl.controller.engines.base import EngineClient, describe_error, faile
 # PromSample and parse_prometheus_text are re-exported (bundled.py and tests import them here).
 from inferctl.controller.scrape.promtext import PromSample, family_filter, parse_prometheus_text
 from inferctl.controller.scrape.aio import SCRAPE_ERRORS, AsyncPoller
-from inferctl.controller.types import EngineSnapshot
+from inferctl.controller.types import EngineSnapshot, engine_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +103,12 @@ class _Builder:
         if not samples:
             return
         total, any_valid = 0.0, False
+        per_engine = self.per_engine
         for s in samples:
-            per = self.per_engine[_engine_of(s)]
-            if self._valid(s, kind):
+            per = per_engine[s.labels.get("engine", "0")]       # _engine_of, inline
+            v = s.value
+            # _valid's plain case inline (a finite number >= 0; <= 1 for a ratio), else _valid
+            if (0.0 <= v <= _FLOAT_MAX and (kind != "ratio" or v <= 1.0)) or self._valid(s, kind):
                 total += s.value
                 any_valid = True
                 per[field] = per.get(field, 0.0) + s.value
@@ -156,6 +159,10 @@ class _Builder:
                 le = float(s.labels.get("le", "nan"))
             except ValueError:
                 le = math.nan
+            v = s.value
+            if le == le and 0.0 <= v <= _FLOAT_MAX:    # the plain case (le not NaN, value valid) inline
+                buckets[le] += v
+                continue
             if math.isnan(le) or not self._valid(s, "count"):
                 if math.isnan(le):
                     self.invalid.append(_describe(s))
@@ -284,16 +291,17 @@ def snapshot_from_metrics_text(text: str, *, name: str, flavor: str, now: float 
         raise ValueError(f"flavor {flavor!r} is not one of {', '.join(FLAVORS)}")
     samples, bad = parse_prometheus_text(text, keep=_KEEP[flavor])
     b = _MAPPERS[flavor](_Index(samples))
-    snap = EngineSnapshot(name=name, kind=flavor, ok=True, time=now)
-    for k, v in b.fields.items():
-        setattr(snap, k, v)
+    snap = engine_snapshot(name, flavor, True, now)
+    d = snap.__dict__     # the mapper's fields are snapshot fields: one update, not a setattr each
+    d.update(b.fields)
     for k in ("running", "waiting"):
-        v = getattr(snap, k)
+        v = d[k]
         if v is not None:
-            setattr(snap, k, int(round(v)))
-    snap.per_engine = {e: dict(v) for e, v in sorted(b.per_engine.items())} if flavor == "vllm" else {}
-    snap.invalid = b.invalid + [f"unparsed: {line}" for line in bad]
-    snap.missing = [f for f in CORE_FIELDS if getattr(snap, f) is None]
+            d[k] = int(round(v))
+    if flavor == "vllm":  # the builder's own per-engine dicts (nothing else holds them): no copies
+        d["per_engine"] = dict(sorted(b.per_engine.items()))
+    d["invalid"] = b.invalid + [f"unparsed: {line}" for line in bad] if bad else b.invalid
+    d["missing"] = [f for f in CORE_FIELDS if d[f] is None]
     return snap
 
 

@@ -38,6 +38,13 @@ class CurlTransportError(OSError):
         super().__init__(f"curl error {code}: {message}")
 
 
+_POLL_IN, _POLL_OUT, _POLL_REMOVE = pycurl.POLL_IN, pycurl.POLL_OUT, pycurl.POLL_REMOVE
+_CSELECT_IN, _CSELECT_OUT = pycurl.CSELECT_IN, pycurl.CSELECT_OUT
+_SOCKET_TIMEOUT, _E_CALL_MULTI_PERFORM = pycurl.SOCKET_TIMEOUT, pycurl.E_CALL_MULTI_PERFORM
+#: Two timer requests within this many seconds are the same expiry (libcurl gives milliseconds
+#: relative to its own clock reading; the loop's ``time()`` is read a moment later).
+_SAME_TIMER_S = 0.001
+
 #: Idle easy handles kept per (URL, headers); more concurrent calls to one URL make more.
 _IDLE_PER_KEY = 2
 #: Size of libcurl's connection cache (``CURLMOPT_MAXCONNECTS``). Its default is 4 × the easy
@@ -97,7 +104,9 @@ class CurlTransport:
         self._multi.setopt(pycurl.M_TIMERFUNCTION, self._on_timer)
         self._multi.setopt(pycurl.M_MAXCONNECTS, MAX_CONNECTIONS)
         self._watch: dict[int, int] = {}          # fd -> POLL_IN | POLL_OUT bits watched on the loop
-        self._timer: asyncio.Handle | None = None
+        self._timer: asyncio.TimerHandle | None = None   # libcurl's timer, armed at self._timer_when
+        self._timer_when = 0.0
+        self._soon = False                                # a "0 ms" run is scheduled (call_soon)
         self._active: dict[Any, _Call] = {}        # easy handle -> its call
         self._idle: dict[tuple, list[tuple[Any, _Call]]] = {}   # (url, headers) -> idle (handle, call)
         self._closed = False
@@ -110,36 +119,63 @@ class CurlTransport:
     # libcurl -> loop ------------------------------------------------------------------------
     def _on_socket(self, what: int, fd: int, multi: Any, socketp: Any) -> None:
         old = self._watch.get(fd, 0)
-        new = 0 if what == pycurl.POLL_REMOVE else what
+        new = 0 if what == _POLL_REMOVE else what
         loop = self._loop
-        if old & pycurl.POLL_IN and not new & pycurl.POLL_IN:
+        if old == new:
+            return
+        if old & _POLL_IN and not new & _POLL_IN:
             loop.remove_reader(fd)
-        if old & pycurl.POLL_OUT and not new & pycurl.POLL_OUT:
+        if old & _POLL_OUT and not new & _POLL_OUT:
             loop.remove_writer(fd)
-        if new & pycurl.POLL_IN and not old & pycurl.POLL_IN:
-            loop.add_reader(fd, self._action, fd, pycurl.CSELECT_IN)
-        if new & pycurl.POLL_OUT and not old & pycurl.POLL_OUT:
-            loop.add_writer(fd, self._action, fd, pycurl.CSELECT_OUT)
+        if new & _POLL_IN and not old & _POLL_IN:
+            loop.add_reader(fd, self._action, fd, _CSELECT_IN)
+        if new & _POLL_OUT and not old & _POLL_OUT:
+            loop.add_writer(fd, self._action, fd, _CSELECT_OUT)
         if new:
             self._watch[fd] = new
         else:
             self._watch.pop(fd, None)
 
     def _on_timer(self, timeout_ms: int) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if timeout_ms >= 0:   # -1: no timeout wanted; never call socket_action from inside this callback
-            self._timer = self._loop.call_later(timeout_ms / 1000.0, self._action, pycurl.SOCKET_TIMEOUT, 0)
+        """libcurl's one timer, each call replacing the last (never call ``socket_action`` from
+        here). ``0`` (after every ``add_handle``: "act now") is a ``call_soon`` that leaves the
+        armed timer alone, and a request for the time the armed timer already has (libcurl asks
+        for it again once the "now" is served) keeps it: a GET used to cancel and re-arm a
+        loop timer twice."""
+        if timeout_ms == 0:
+            if not self._soon:
+                self._soon = True
+                self._loop.call_soon(self._run_soon)
+            return
+        timer = self._timer
+        if timeout_ms < 0:       # -1: no timeout wanted
+            if timer is not None:
+                timer.cancel()
+                self._timer = None
+            return
+        when = self._loop.time() + timeout_ms / 1000.0
+        if timer is not None:
+            if abs(when - self._timer_when) < _SAME_TIMER_S:
+                return
+            timer.cancel()
+        self._timer_when = when
+        self._timer = self._loop.call_at(when, self._run_timer)
+
+    def _run_soon(self) -> None:
+        self._soon = False
+        self._action(_SOCKET_TIMEOUT, 0)
+
+    def _run_timer(self) -> None:
+        self._timer = None
+        self._action(_SOCKET_TIMEOUT, 0)
 
     def _action(self, fd: int, event: int) -> None:
         if self._closed:
             return
-        if fd == pycurl.SOCKET_TIMEOUT:
-            self._timer = None
+        multi = self._multi
         while True:
-            ret, _running = self._multi.socket_action(fd, event)
-            if ret != pycurl.E_CALL_MULTI_PERFORM:
+            ret, _running = multi.socket_action(fd, event)
+            if ret != _E_CALL_MULTI_PERFORM:
                 break
         self._finish_done()
 
