@@ -55,8 +55,8 @@ from inferctl.controller.policies.common import (HoldClock, PerEnginePolicy, Pol
                                                  check_number, config_from_mapping)
 from inferctl.controller.policies.precision_flap import FlapGuard, size_class
 from inferctl.controller.policies.precision_inputs import BENIGN_XIDS, HARDWARE_RECOVERY_ACTIONS  # noqa: F401
-from inferctl.controller.policies.precision_inputs import (fault_inputs, fault_numbers,
-                                                           hardware_evidence, memory_sample)
+from inferctl.controller.policies.precision_inputs import (fault_inputs, fault_numbers, hardware_evidence,
+                                                           memory_sample, queue_backlog, rollback_reason)
 from inferctl.controller.signals import (InvalidSampleCounter, classify_oom, format_bytes,
                                          hardware_fault_evidence, validate_nonneg)
 from inferctl.controller.types import Decision, EngineSnapshot, GpuSnapshot
@@ -192,6 +192,7 @@ class PrecisionPolicy(PerEnginePolicy):
         self._last_fault: dict[str, Any] | None = None
         self._last_now: float | None = None
         self._last_threshold: dict[str, Any] | None = None
+        self._backlog_noted = False                 # a 'rollback deferred: queue' note was emitted
         c = self.config
         self._flap = FlapGuard(c.max_switches_per_window, c.switch_window_seconds, c.pin_after_class_relapses,
                                c.hold_seconds, c.hold_growth, c.max_hold_seconds)
@@ -323,18 +324,15 @@ class PrecisionPolicy(PerEnginePolicy):
         the hold clock and the last rollback threshold."""
         now = self._last_now if now is None else now
         self._trim(now)
-        return {
-            "policy": POLICY, "engine": self.engine, "state": self._state.value,
-            "since": self._since, "hold_seconds": self._hold_seconds,
-            "hold_started": self._hold.since,
-            "held_seconds": None if now is None else self._hold.held(now),
-            "relapses": self._relapses, "switches_last_hour": len(self._degrades),
-            "max_switches_per_hour": self.config.max_switches_per_hour,
-            "pinned": self._state is PrecisionState.PINNED_INT8,
-            "last_fault": self._last_fault, "last_hold_reset": self._hold.last_reset,
-            "threshold": self._last_threshold, "pinned_by": self._pinned_by,
-            **({} if now is None else self._flap.state(now)),
-        }
+        return {"policy": POLICY, "engine": self.engine, "state": self._state.value, "since": self._since,
+                "hold_seconds": self._hold_seconds, "hold_started": self._hold.since,
+                "held_seconds": None if now is None else self._hold.held(now),
+                "relapses": self._relapses, "switches_last_hour": len(self._degrades),
+                "max_switches_per_hour": self.config.max_switches_per_hour,
+                "pinned": self._state is PrecisionState.PINNED_INT8,
+                "last_fault": self._last_fault, "last_hold_reset": self._hold.last_reset,
+                "threshold": self._last_threshold, "pinned_by": self._pinned_by,
+                **({} if now is None else self._flap.state(now))}
 
     def gauges(self, now: float) -> list[Gauge]:
         """``inferctl_precision_pinned`` (1 while pinned in int8, else 0) and
@@ -554,7 +552,15 @@ class PrecisionPolicy(PerEnginePolicy):
                           f"{format_bytes(sample['reclaimable_bytes'])} < threshold {sample['threshold']}")
         held = self._hold.held(now)
         if not ok or held < self._hold_seconds:
+            self._backlog_noted = False
             return []
+        backlog = queue_backlog(engine)
+        if backlog is not None:     # the hold stands; the rollback waits for the queue to empty
+            first, self._backlog_noted = not self._backlog_noted, True
+            why = (f"rollback deferred: {backlog} requests waiting in the engine's queue (they may be the prompts "
+                   "that ran out of memory in full precision); switch back when it is empty")
+            return [self._note(now, None, why, {**sample, "waiting": backlog})] if first else []
+        self._backlog_noted = False
         if not self._flap.rollback_room(now):
             if self._flap.deferred_since is not None:
                 return []
@@ -566,21 +572,14 @@ class PrecisionPolicy(PerEnginePolicy):
         self._flap.record(now)
         self._last_command = now
         inputs = {**sample, "held_seconds": held, "hold_seconds": self._hold_seconds,
-                  "relapses": self._relapses}
-        return [self._transition(
-            now, PrecisionState.ROLLING_BACK, "rollback",
-            f"free memory {sample['free']} (+ {format_bytes(sample['reclaimable_bytes'])} reusable allocator "
-            f"cache) has stayed >= {sample['threshold']} (full-precision "
-            f"weights' extra {format_bytes(sample['extra_weights_bytes'])} + margin "
-            f"{format_bytes(sample['margin_bytes'])}) for {held:g} s >= hold "
-            f"{self._hold_seconds:g} s with no new OOM: switch back to full precision", inputs,
-            event="memory_recovered")]
+                  "relapses": self._relapses, "waiting": engine.waiting}
+        return [self._transition(now, PrecisionState.ROLLING_BACK, "rollback",
+                                 rollback_reason(sample, held, self._hold_seconds), inputs,
+                                 event="memory_recovered")]
 
     # ------------------------------------------------------------------ helpers
     def _trim(self, now: float | None) -> None:
-        if now is None:
-            return
-        while self._degrades and now - self._degrades[0] >= HOUR:
+        while now is not None and self._degrades and now - self._degrades[0] >= HOUR:
             self._degrades.popleft()
 
     def _transition(self, now: float, to: PrecisionState, action: str | None, reason: str,
@@ -595,5 +594,5 @@ class PrecisionPolicy(PerEnginePolicy):
 
     def _note(self, now: float, action: str | None, reason: str, inputs: dict[str, Any],
               severity: str = "info") -> Decision:
-        s = self._state.value
-        return Decision(POLICY, self.engine or "", action, s, s, reason, dict(inputs), severity)
+        return Decision(POLICY, self.engine or "", action, self._state.value, self._state.value, reason,
+                        dict(inputs), severity)

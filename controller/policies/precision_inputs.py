@@ -171,3 +171,30 @@ def reclaimable_bytes(engine: EngineSnapshot) -> float:
     if not (math.isfinite(reserved) and math.isfinite(allocated)) or allocated < 0 or reserved < allocated:
         return 0.0
     return float(reserved - allocated)
+
+
+def queue_backlog(engine: EngineSnapshot) -> int | None:
+    """The engine's waiting requests (``EngineSnapshot.waiting``) when it reports more than none,
+    else ``None`` (an empty queue, or no data: a count the engine does not report leaves the
+    decision to memory alone, as before the count existed).
+
+    Why a backlog defers a rollback: the free memory of the hold is measured between the engine's
+    steps, and the allocator cache counted as headroom (:func:`reclaimable_bytes`) is the working
+    memory the queued prompts' prefill will need again. The degrade's own backlog — the long
+    prompts that ran out of memory in full precision, still queued when the pressure ended — then
+    fails at once after a rollback (a drill under CI load: rollback with 9 waiting, a relapse OOM
+    20 ms later). The hold keeps running meanwhile; the rollback comes on the first poll with an
+    empty queue."""
+    waiting = engine.waiting
+    if isinstance(waiting, int) and not isinstance(waiting, bool) and waiting > 0:
+        return waiting
+    return None
+
+
+def rollback_reason(sample: Mapping[str, Any], held: float, hold: float) -> str:
+    """The rollback decision's reason text from a :func:`memory_sample` ``sample``, the seconds the
+    condition ``held`` and the ``hold`` it needed."""
+    return (f"free memory {sample['free']} (+ {format_bytes(sample['reclaimable_bytes'])} reusable allocator "
+            f"cache) has stayed >= {sample['threshold']} (full-precision weights' extra "
+            f"{format_bytes(sample['extra_weights_bytes'])} + margin {format_bytes(sample['margin_bytes'])}) "
+            f"for {held:g} s >= hold {hold:g} s with no new OOM and no queue: switch back to full precision")
