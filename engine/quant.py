@@ -13,8 +13,10 @@ with bf16 activations (see ``int8_matmul``); it falls back to dequantize-then-ma
 the kernel is missing or rejects the input. ``bench_int8_vs_full`` is the measurement that
 chose it.
 Where the engine's CPU kernels are built (engine.cpu_kernels), ``engine.model.Linear`` runs
-batches of up to 8 rows through their ``gemv_int8`` instead (fp32 activations, the same
-``qweight``/``scales``); this module's product serves larger batches and the fallback.
+batches of up to 64 rows (``cpu_kernels.MAX_BATCH_INT8``) through their ``gemv_int8`` instead
+(fp32 activations, the same ``qweight``/``scales``); this module's product serves larger batches
+(through the same ``gemv_int8`` in calls of 64 rows where the kernels are built, since wave 9)
+and the fallback.
 
 KV: per-token-per-head absmax, ``scale = max_d |x[d]| / 127`` over ``head_dim``.
 """
@@ -25,6 +27,8 @@ import time
 from dataclasses import dataclass
 
 import torch
+
+from inferctl.engine import cpu_kernels
 
 QMAX = 127.0
 K_ALIGN = 16
@@ -98,12 +102,26 @@ def int8_weight_nbytes(out_features: int, in_features: int) -> int:
 def int8_matmul(x: torch.Tensor, w: Int8Weight, use_kernel: bool = True) -> torch.Tensor:
     """y = x @ dequant(w).T for x [..., in] → [..., out] in x's dtype.
 
-    Kernel path (``use_kernel``, where it runs): ``_weight_int8pack_mm(x.bf16, qweight, ones)
-    · scales``. On the project CPU the kernel is vectorized only for bf16/fp16 activations
-    (with float32 activations it was 5–30× slower than an fp32 matmul: 250 µs vs 19 µs for
-    [1×384]@[384×1024], 8.4 ms vs 0.29 ms at batch 32), so activations are
-    rounded to bf16 for this product. Fallback: dequantize-then-matmul in x's dtype.
+    Engine kernel path (``use_kernel``, a contiguous 2-D float32 CPU ``x`` of more than
+    ``cpu_kernels.MAX_BATCH_INT8`` rows — the prefill chunks ``engine.model.Linear`` sends here —
+    and the CPU kernels built): ``cpu_kernels.gemv_int8`` in calls of ``MAX_BATCH_INT8`` rows
+    (activations rounded per block of 32, llama.cpp Q8_0; measured 2026-12-02, wave 9, 65-256 rows:
+    2.1-3.5× less CPU than the bf16 kernel below on the synthetic model's shapes, and the 32-mixed
+    int8 run spent about a third of its CPU in that kernel's prefills). Raises RuntimeError (from the
+    op) on bad input there.
+    Torch kernel path (``use_kernel``, where it runs, e.g. without the CPU kernels or on CUDA):
+    ``_weight_int8pack_mm(x.bf16, qweight, ones) · scales``. On the project CPU the kernel is
+    vectorized only for bf16/fp16 activations (with float32 activations it was 5–30× slower than an
+    fp32 matmul: 250 µs vs 19 µs for [1×384]@[384×1024], 8.4 ms vs 0.29 ms at batch 32), so
+    activations are rounded to bf16 for this product. Fallback: dequantize-then-matmul in x's dtype.
     """
+    if (use_kernel and x.dim() == 2 and x.shape[0] > cpu_kernels.MAX_BATCH_INT8 and x.shape[1] == w.in_features
+            and w.qweight.device.type == "cpu" and cpu_kernels.eligible(x)):
+        ops = cpu_kernels.ops_for(x.device, x.dtype)
+        if ops is not None:   # prefill chunks of more than 64 rows: the engine's Q8_0 kernel, 64 rows a call
+            step = cpu_kernels.MAX_BATCH_INT8
+            return torch.cat([cpu_kernels.gemv_int8(ops, x[i:i + step], w.qweight, w.scales, w.in_features)
+                              for i in range(0, x.shape[0], step)])
     if (w.kernel is True and use_kernel and x.dtype is torch.float32 and x.dim() == 2
             and x.shape[1] == w.qweight.shape[1] == w.in_features and x.is_contiguous()):
         # Fast path once the kernel has run for this weight: the same three ops as below (cast,

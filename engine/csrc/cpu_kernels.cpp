@@ -9,7 +9,8 @@
 // Each output row of a GEMV is a dot product over one contiguous row of W, so the weight is read
 // once by each thread (the layout llama.cpp's ggml_vec_dot_f32 streams), as 4 side-by-side streams
 // (gemv_rows). Up to MAX_B activation rows share each weight row (fp32: in pairs while the row sits in L1;
-// int8: 4 weight rows x 4 activation rows per inner step, q8_seg). Python sends
+// int8: 1-3 rows 4 weight rows x G activation rows per inner step, q8_seg; 4 or more rows 8 weight rows
+// repacked 8 rows x 4 bytes, each broadcast activation dword feeding the 8, q8_il). Python sends
 // fp32 where cpu_kernels.f32_kernel_wins (up to 8 rows at 1 thread, 16 at more: MKL's GEMM wins above
 // that) and int8 up to MAX_BATCH_INT8 (64: torch's int8 kernel takes bf16 activations, emulated
 // without bf16 hardware); the fused decode op (decode_step.cpp) calls both with up to 64 rows.
@@ -28,6 +29,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -287,6 +289,85 @@ void q8_rows(const int8_t* xq, const float* xd, const float* x, int64_t ldq, int
 }
 
 constexpr int64_t Q8_G = 4;   // activation rows per q8_seg pass (q8_seg's register-blocked G >= 2 kernel)
+
+// Interleaved panel (wave 9): 8 weight rows repacked so that one 32-byte vector holds 4 consecutive bytes
+// of each of the 8 rows ("8 rows x 4 bytes"; block b, step j at il[(b * 8 + j) * 32]). One activation's 4
+// bytes, broadcast to the 8 lanes, then feed all 8 rows: sign + maddubs + madd + add per 32 products and
+// the int32 lanes ARE the 8 rows' sums (no fold), one convert + FMA per block and activation row for 8
+// weight rows, and the 8 outputs of an activation row are one vector store.
+constexpr int64_t IL_ROWS = 8;
+#ifndef INFERCTL_IL_MIN_B
+#define INFERCTL_IL_MIN_B 4
+#endif
+// Activation rows from which gemv_int8 takes q8_il (measured 2026-12-02, wave 9, 1 thread, CPU time, synthetic
+// layer shapes, vs q8_seg: 2 rows 0.73-0.84x, 4 rows 0.96-1.48x, 6-32 rows 1.1-2.1x; the DRAM/L3-streamed
+// 384x32000 classifier 0.91-1.0x at 4 rows, 0.95-1.7x at 6-32: noisy). Batch 1 keeps q8_seg's 4 streams.
+constexpr int64_t IL_MIN_B = INFERCTL_IL_MIN_B;
+inline void il_pack8(const int8_t* w, int64_t ldw, int64_t nb, int8_t* il) {
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i r[8];
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i * ldw + b * 32));
+    // 8x8 transpose of 32-bit elements: out[j] = dword j of rows 0..7
+    const __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]), t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(r[2], r[3]), t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+    const __m256i t4 = _mm256_unpacklo_epi32(r[4], r[5]), t5 = _mm256_unpackhi_epi32(r[4], r[5]);
+    const __m256i t6 = _mm256_unpacklo_epi32(r[6], r[7]), t7 = _mm256_unpackhi_epi32(r[6], r[7]);
+    const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+    const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+    const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+    const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+    __m256i* o = reinterpret_cast<__m256i*>(il + b * 256);
+    _mm256_storeu_si256(o + 0, _mm256_permute2x128_si256(u0, u4, 0x20));
+    _mm256_storeu_si256(o + 1, _mm256_permute2x128_si256(u1, u5, 0x20));
+    _mm256_storeu_si256(o + 2, _mm256_permute2x128_si256(u2, u6, 0x20));
+    _mm256_storeu_si256(o + 3, _mm256_permute2x128_si256(u3, u7, 0x20));
+    _mm256_storeu_si256(o + 4, _mm256_permute2x128_si256(u0, u4, 0x31));
+    _mm256_storeu_si256(o + 5, _mm256_permute2x128_si256(u1, u5, 0x31));
+    _mm256_storeu_si256(o + 6, _mm256_permute2x128_si256(u2, u6, 0x31));
+    _mm256_storeu_si256(o + 7, _mm256_permute2x128_si256(u3, u7, 0x31));
+  }
+}
+
+// 8 interleaved weight rows (il, il_pack8's layout) x G quantized activation rows; y rows n..n+7 of the G
+// activation rows starting at xq/xd/x (y already offset to activation row 0 of the group, row stride N).
+// Numerics: each block's int32 sum is exact and scaled once (llama.cpp's order: sum_b d_x[b] * isum_b, then
+// the row scale), so a row's value does not depend on G or on the other rows of the call; it differs from
+// q8_seg's (1-3 rows) in the last fp32 bits.
+template <int G>
+inline void q8_il(const int8_t* il, const int8_t* xq, const float* xd, const float* x, int64_t ldq, int64_t nbd,
+                  int64_t K, int64_t nb, const int8_t* w, int64_t ldw, const float* sc, float* y, int64_t N) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[G];
+  for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i is[G];
+    for (int g = 0; g < G; ++g) is[g] = _mm256_setzero_si256();
+    const int8_t* wb = il + b * 256;
+    for (int j = 0; j < 8; ++j) {
+      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 32 * j));
+      const __m256i aw = _mm256_sign_epi8(wv, wv);
+      for (int g = 0; g < G; ++g) {
+        int32_t x4;
+        std::memcpy(&x4, xq + g * ldq + b * 32 + 4 * j, 4);
+        const __m256i xv = _mm256_set1_epi32(x4);
+        is[g] = _mm256_add_epi32(is[g], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv)), ones));
+      }
+    }
+    for (int g = 0; g < G; ++g) acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[g]), _mm256_set1_ps(xd[g * nbd + b]), acc[g]);
+  }
+  const __m256 s = _mm256_loadu_ps(sc);
+  for (int g = 0; g < G; ++g) {
+    if (nb * 32 < K) {   // columns past the last whole block: fp32, as q8_seg
+      float t[8];
+      _mm256_storeu_ps(t, acc[g]);
+      const float* xr = x + g * K;
+      for (int r = 0; r < 8; ++r)
+        for (int64_t k = nb * 32; k < K; ++k) t[r] += xr[k] * (float)w[r * ldw + k];
+      acc[g] = _mm256_loadu_ps(t);
+    }
+    _mm256_storeu_ps(y + g * N, _mm256_mul_ps(acc[g], s));
+  }
+}
 void gemv_int8_q8(const float* xp, int64_t B, int64_t K, const int8_t* wp, int64_t ldw, const float* sp,
                   float* yp, int64_t N) {
   const int64_t nb = K / 32;
@@ -299,9 +380,51 @@ void gemv_int8_q8(const float* xp, int64_t B, int64_t K, const int8_t* wp, int64
   // however many groups there are (the whole chunk was re-read per group before: 1.1-1.2x slower on the
   // 12 MB 384x32000 classifier at 16-64 rows; the per-pair integer ops, not the weight reads, bound the rest).
   const int64_t panel = std::max<int64_t>(16, L2_PANEL_BYTES / std::max<int64_t>(ldw, 1));
+  const bool il = B >= IL_MIN_B && nb > 0;
   at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
+    std::vector<int8_t> ilbuf;
+    if (il) ilbuf.resize(static_cast<size_t>(nb * 256));
     for (int64_t p0 = n0; p0 < n1; p0 += panel) {
       const int64_t p1 = std::min(n1, p0 + panel);
+      if (il) {
+        // 8 weight rows at a time: repacked into ilbuf (L1, 256 bytes a block of 32 columns: ~1 shuffle a
+        // weight vector, paid once per call however many activation rows pass), then every activation row
+        // passes over them; with this order the L2 panel above only bounds a thread's chunk walk
+        int64_t n = p0;
+        for (; n + IL_ROWS <= p1; n += IL_ROWS) {
+          il_pack8(wp + n * ldw, ldw, nb, ilbuf.data());
+          if (n + 2 * IL_ROWS <= p1) {   // the next 8 rows from memory while these run (one stream: the
+            const int8_t* nx = wp + (n + IL_ROWS) * ldw;   // weight-streaming classifier needs it)
+            for (int64_t off = 0; off < IL_ROWS * ldw; off += 64) _mm_prefetch(reinterpret_cast<const char*>(nx + off), _MM_HINT_T0);
+          }
+          for (int64_t b0 = 0; b0 < B; b0 += Q8_G) {
+            const int8_t* xqb = xq.data() + b0 * nb * 32;
+            const float* xdb = xd.data() + b0 * nb;
+            const float* xb = xp + b0 * K;
+            float* yb = yp + b0 * N + n;
+            switch (std::min<int64_t>(Q8_G, B - b0)) {
+              case 4: q8_il<4>(ilbuf.data(), xqb, xdb, xb, nb * 32, nb, K, nb, wp + n * ldw, ldw, sp + n, yb, N); break;
+              case 3: q8_il<3>(ilbuf.data(), xqb, xdb, xb, nb * 32, nb, K, nb, wp + n * ldw, ldw, sp + n, yb, N); break;
+              case 2: q8_il<2>(ilbuf.data(), xqb, xdb, xb, nb * 32, nb, K, nb, wp + n * ldw, ldw, sp + n, yb, N); break;
+              default: q8_il<1>(ilbuf.data(), xqb, xdb, xb, nb * 32, nb, K, nb, wp + n * ldw, ldw, sp + n, yb, N); break;
+            }
+          }
+        }
+        if (n < p1) {   // the last 1-7 rows: the 4-stream kernel
+          for (int64_t b0 = 0; b0 < B; b0 += Q8_G) {
+            const int8_t* xqb = xq.data() + b0 * nb * 32;
+            const float* xdb = xd.data() + b0 * nb;
+            const float* xb = xp + b0 * K;
+            switch (std::min<int64_t>(Q8_G, B - b0)) {
+              case 4: q8_rows<4>(xqb, xdb, xb, nb * 32, nb, K, nb, wp, ldw, sp, yp, N, b0, n, p1); break;
+              case 3: q8_rows<3>(xqb, xdb, xb, nb * 32, nb, K, nb, wp, ldw, sp, yp, N, b0, n, p1); break;
+              case 2: q8_rows<2>(xqb, xdb, xb, nb * 32, nb, K, nb, wp, ldw, sp, yp, N, b0, n, p1); break;
+              default: q8_rows<1>(xqb, xdb, xb, nb * 32, nb, K, nb, wp, ldw, sp, yp, N, b0, n, p1); break;
+            }
+          }
+        }
+        continue;
+      }
       for (int64_t b0 = 0; b0 < B; b0 += Q8_G) {
         const int8_t* xqb = xq.data() + b0 * nb * 32;
         const float* xdb = xd.data() + b0 * nb;

@@ -178,9 +178,11 @@ def test_linear_int8_round_trip_is_bit_identical_and_int8_uses_the_kernel(monkey
 
 
 @needs_ops
-def test_int8_linear_takes_the_kernel_up_to_64_rows_then_torch(monkeypatch):
-    """9..64 rows (batch-32 decode steps, short prefills) run gemv_int8, not the bf16-activation
-    torch kernel (emulated without bf16 hardware: 2.5-8x the CPU time, docs/performance.md)."""
+def test_int8_linear_takes_the_kernel_at_any_row_count(monkeypatch):
+    """9..64 rows (batch-32 decode steps, short prefills) run gemv_int8 in one call, more rows (long
+    prefills, through quant.int8_matmul) in calls of 64, never the bf16-activation torch kernel
+    (emulated without bf16 hardware: 2.5-8x the CPU time, docs/performance.md); with the kernels
+    switched off, more than 64 rows take that torch kernel again."""
     lin = Linear(torch.randn(80, 48, generator=_g(7)))
     lin.quantize_()
     calls = []
@@ -190,9 +192,16 @@ def test_int8_linear_takes_the_kernel_up_to_64_rows_then_torch(monkeypatch):
     for b in (9, 32, ck.MAX_BATCH_INT8):
         x = torch.randn(b, 48, generator=_g(b))
         _assert_within_q8_bound(lin(x), x, lin.q.qweight[:, :48], lin.q.scales)
-    x = torch.randn(ck.MAX_BATCH_INT8 + 1, 48, generator=_g(8))
-    torch.testing.assert_close(lin(x), x @ deq.t(), rtol=2e-2, atol=0.1)   # bf16 activations: ~2^-8 relative per term
-    assert calls == [9, 32, ck.MAX_BATCH_INT8]
+    x = torch.randn(2 * ck.MAX_BATCH_INT8 + 3, 48, generator=_g(8))
+    y = lin(x)
+    _assert_within_q8_bound(y, x, lin.q.qweight[:, :48], lin.q.scales)
+    assert calls == [9, 32, ck.MAX_BATCH_INT8, ck.MAX_BATCH_INT8, ck.MAX_BATCH_INT8, 3]
+    rows = torch.cat([ck.gemv_int8(OPS, x[i:i + 8], lin.q.qweight, lin.q.scales, 48) for i in range(0, 128, 8)])
+    assert torch.equal(y[:128], rows)    # in calls of >= 4 rows (the interleaved kernel) a row's value is its call's
+    monkeypatch.setenv(ck.ENV, "0")
+    calls.clear()
+    torch.testing.assert_close(lin(x[:65]), x[:65] @ deq.t(), rtol=2e-2, atol=0.1)   # bf16 activations: ~2^-8 relative
+    assert calls == []
 
 
 def test_env_switch_keeps_plain_torch(monkeypatch):
