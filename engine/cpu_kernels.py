@@ -75,7 +75,8 @@ MAX_DECODE_BATCH = 64
 #: Largest activation batch sent to ``gemv_int8`` (the C++ ``MAX_B``): torch's int8 kernel
 #: (``_weight_int8pack_mm``) takes bf16 activations, emulated on a CPU without bf16 hardware, and
 #: read 16-64 rows 2.5-8x slower in CPU time than ``gemv_int8`` on the engine's shapes (wave 5,
-#: docs/performance.md); above 64 rows (long prefills) it stays on torch.
+#: docs/performance.md); above 64 rows (long prefills) ``quant.int8_matmul`` calls it 64 rows at a time
+#: (since wave 9: 2.1-3.5x less CPU than torch's kernel at 65-256 rows), torch only without the kernels.
 MAX_BATCH_INT8 = 64
 #: fp32 weights of this many bytes or more keep torch's ``[in, out]`` layout and kernel (MKL, on
 #: torch's own thread pool) instead of ``gemv_f32``: measured 2026-12-01 under load (memory
