@@ -381,6 +381,20 @@ void gemv_int8_q8(const float* xp, int64_t B, int64_t K, const int8_t* wp, int64
   // 12 MB 384x32000 classifier at 16-64 rows; the per-pair integer ops, not the weight reads, bound the rest).
   const int64_t panel = std::max<int64_t>(16, L2_PANEL_BYTES / std::max<int64_t>(ldw, 1));
   const bool il = B >= IL_MIN_B && nb > 0;
+  // output rows [r0, r1) for every activation row, in groups of Q8_G, with the 4-stream kernel
+  auto rows_4stream = [&](int64_t r0, int64_t r1) {
+    for (int64_t b0 = 0; b0 < B; b0 += Q8_G) {
+      const int8_t* xqb = xq.data() + b0 * nb * 32;
+      const float* xdb = xd.data() + b0 * nb;
+      const float* xb = xp + b0 * K;
+      switch (std::min<int64_t>(Q8_G, B - b0)) {
+        case 4: q8_rows<4>(xqb, xdb, xb, nb * 32, nb, K, nb, wp, ldw, sp, yp, N, b0, r0, r1); break;
+        case 3: q8_rows<3>(xqb, xdb, xb, nb * 32, nb, K, nb, wp, ldw, sp, yp, N, b0, r0, r1); break;
+        case 2: q8_rows<2>(xqb, xdb, xb, nb * 32, nb, K, nb, wp, ldw, sp, yp, N, b0, r0, r1); break;
+        default: q8_rows<1>(xqb, xdb, xb, nb * 32, nb, K, nb, wp, ldw, sp, yp, N, b0, r0, r1); break;
+      }
+    }
+  };
   at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
     std::vector<int8_t> ilbuf;
     if (il) ilbuf.resize(static_cast<size_t>(nb * 256));
@@ -410,32 +424,10 @@ void gemv_int8_q8(const float* xp, int64_t B, int64_t K, const int8_t* wp, int64
             }
           }
         }
-        if (n < p1) {   // the last 1-7 rows: the 4-stream kernel
-          for (int64_t b0 = 0; b0 < B; b0 += Q8_G) {
-            const int8_t* xqb = xq.data() + b0 * nb * 32;
-            const float* xdb = xd.data() + b0 * nb;
-            const float* xb = xp + b0 * K;
-            switch (std::min<int64_t>(Q8_G, B - b0)) {
-              case 4: q8_rows<4>(xqb, xdb, xb, nb * 32, nb, K, nb, wp, ldw, sp, yp, N, b0, n, p1); break;
-              case 3: q8_rows<3>(xqb, xdb, xb, nb * 32, nb, K, nb, wp, ldw, sp, yp, N, b0, n, p1); break;
-              case 2: q8_rows<2>(xqb, xdb, xb, nb * 32, nb, K, nb, wp, ldw, sp, yp, N, b0, n, p1); break;
-              default: q8_rows<1>(xqb, xdb, xb, nb * 32, nb, K, nb, wp, ldw, sp, yp, N, b0, n, p1); break;
-            }
-          }
-        }
+        if (n < p1) rows_4stream(n, p1);   // the last 1-7 rows: the 4-stream kernel
         continue;
       }
-      for (int64_t b0 = 0; b0 < B; b0 += Q8_G) {
-        const int8_t* xqb = xq.data() + b0 * nb * 32;
-        const float* xdb = xd.data() + b0 * nb;
-        const float* xb = xp + b0 * K;
-        switch (std::min<int64_t>(Q8_G, B - b0)) {
-          case 4: q8_rows<4>(xqb, xdb, xb, nb * 32, nb, K, nb, wp, ldw, sp, yp, N, b0, p0, p1); break;
-          case 3: q8_rows<3>(xqb, xdb, xb, nb * 32, nb, K, nb, wp, ldw, sp, yp, N, b0, p0, p1); break;
-          case 2: q8_rows<2>(xqb, xdb, xb, nb * 32, nb, K, nb, wp, ldw, sp, yp, N, b0, p0, p1); break;
-          default: q8_rows<1>(xqb, xdb, xb, nb * 32, nb, K, nb, wp, ldw, sp, yp, N, b0, p0, p1); break;
-        }
-      }
+      rows_4stream(p0, p1);
     }
   });
 }

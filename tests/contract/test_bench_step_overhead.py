@@ -8,7 +8,9 @@ from bench.step_overhead import best, measure
 def test_measure_reports_step_times_op_counts_and_a_token_hash(stories_dir):
     a = measure("stories260K", "full", 6)
     assert 0 < a["b1_p10_ms"] <= a["b1_p50_ms"] and a["b32_ms_per_step"] > 0
-    assert a["b32_aten_ops"] >= a["b1_aten_ops"] > 50
+    # a fused batch-1 step is ~30 aten ops since wave 9 (the token ids and positions go into the op): the
+    # profiler counted real ops, not just the step's few Python-level calls
+    assert a["b32_aten_ops"] >= a["b1_aten_ops"] > 20
     assert len(a["tokens_sha1"]) == 12 and a["torch_threads"] == 1
     b = measure("stories260K", "full", 6)
     assert b["tokens_sha1"] == a["tokens_sha1"]        # greedy: the same tokens every run
