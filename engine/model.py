@@ -534,20 +534,17 @@ class LlamaModel(torch.nn.Module):
         eps = a.norm_eps
         fused = fused_decode.layer_weights(self, kv_cache, meta, T)   # None: the per-op path below
         emb = None if fused is None or inputs_embeds is not None else fused_decode.embed_tensors(self)
+        head = None if fused is None else fused_decode.head_tensors(self)   # not None: the op returns the logits
         if emb is not None:   # the op reads the embedding and RoPE rows of the ids and positions itself
-            head = fused_decode.head_tensors(self)   # not None: the op returns the logits
             x = fused_decode.decode_tokens(self, fused, input_ids, positions, emb,
                                            self.rope_table(meta.max_context, positions.device), kv_cache, meta, head)
-            if head is not None:
-                return x
         else:
             cos, sin = self.rope_at(positions, meta.max_context)
             x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds.to(self.dtype)
-        if fused is not None and emb is None:
-            head = fused_decode.head_tensors(self)
-            x = fused_decode.decode_layers(self, fused, x, cos, sin, kv_cache, meta, head)
-            if head is not None:
-                return x
+            if fused is not None:
+                x = fused_decode.decode_layers(self, fused, x, cos, sin, kv_cache, meta, head)
+        if head is not None:
+            return x
         for li, blk in enumerate(self.layers if fused is None else ()):
             h = cpu_kernels.rms_norm(self.kernel_ops, x, blk.attention_norm, eps)
             qkv = blk.wqkv(h)

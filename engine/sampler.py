@@ -445,12 +445,8 @@ def greedy_sample(logits: torch.Tensor, ops: Any | None = None) -> SampleResult 
     """
     if ops is not None and logits.device.type == "cpu" and not logits.requires_grad:
         r = ops.greedy_logprobs(logits).tolist()   # [token 0, logprob 0, token 1, ...] as floats
-        if len(r) == 2:
-            toks = [int(r[0])]
-            lps = [r[1]]
-        else:
-            toks = [int(t) for t in r[0::2]]
-            lps = r[1::2]
+        toks = [int(t) for t in r[0::2]]
+        lps = r[1::2]
     elif logits.device.type == "cpu" and not logits.requires_grad:
         # One torch op: the log_softmax raw_logprobs_of runs on CPU; the argmax and the gather on
         # its numpy views (numpy's argmax also returns the first maximal index), each torch op of
