@@ -53,6 +53,21 @@ def test_gemv_f32_matches_torch(n, k, b, threads):
 
 
 @needs_ops
+@pytest.mark.parametrize("n,k", [(128, 64), (344, 64), (64, 172), (67, 70), (33, 41)])
+def test_gemv_f32_rows_in_pairs_equal_rows_alone(n, k, threads):
+    """gemv_f32 takes activation rows in pairs, and reduces a pair's 8 accumulators (4 weight rows x 2 rows) with
+    one transposed reduction (hsum8x8) where a lone row takes hsum8 per accumulator: the same adds in the same
+    order, so each row of a 2- or 3-row call equals, bit for bit, the same row computed alone (a wrong lane order
+    in the transposed reduction would put another output's sum there)."""
+    g = _g(n + 31 * k)
+    w = torch.randn(n, k, generator=g)
+    x = torch.randn(3, k, generator=g)
+    alone = torch.cat([ck.gemv_f32(OPS, x[i:i + 1].contiguous(), w) for i in range(3)])
+    assert torch.equal(ck.gemv_f32(OPS, x, w), alone)
+    assert torch.equal(ck.gemv_f32(OPS, x[:2].contiguous(), w), alone[:2])
+
+
+@needs_ops
 @pytest.mark.parametrize("n,k", SHAPES)
 @pytest.mark.parametrize("b", [1, 4, 7, 9, 16, 33, 64])
 def test_gemv_int8_matches_dequantize_then_matmul(n, k, b, threads):
