@@ -152,14 +152,19 @@ def _build_lists(model: Any, lins: list[Any]) -> tuple[list[torch.Tensor], ...] 
 
 def decode_layers(model: Any, lists: tuple[list[torch.Tensor], ...], x: torch.Tensor,
                   cos: torch.Tensor, sin: torch.Tensor, kv_cache: "KVCache", meta: "AttentionMetadata",
-                  head: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                  head: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                  greedy_out: torch.Tensor | None = None) -> torch.Tensor:
     """All decoder layers of one decode step: ``x`` [B, dim] float32 → [B, dim] (before the final
     norm), or with ``head`` (:func:`head_tensors`) the logits [B, vocab] float32 (final RMSNorm and
     classifier in the same call); writes each token's K/V into ``kv_cache`` at ``meta.slot_mapping``.
     ``cos``/``sin`` [B, 1, head_dim]: the model's RoPE table rows (``LlamaModel.rope_at``). ``lists``:
     what :func:`layer_weights` returned. ``meta``'s ``slot_mapping``/``block_tables``/``seq_lens`` are
-    passed as they are (contiguous int64, as ``AttentionMetadata.build`` makes them). Raises
-    RuntimeError (from the op) on inconsistent input, a non-contiguous metadata field included."""
+    passed as they are (contiguous int64, as ``AttentionMetadata.build`` makes them). ``greedy_out``
+    (float64 [2B], contiguous; only with ``head``): the op also writes each logits row's greedy pick into
+    it, ``[token 0, logprob 0, token 1, ...]``, the values ``greedy_logprobs`` returns for those logits (the
+    same C++ code; one op call instead of two in a greedy decode step, issue 12 wave 10). Raises
+    RuntimeError (from the op) on inconsistent input, a non-contiguous metadata field included, and on a
+    ``greedy_out`` of another size or dtype or without ``head``."""
     a = model.args
     attn_norm, ffn_norm, weights, scales = lists
     norm, out_w, out_s = head if head is not None else (None, None, None)
@@ -170,20 +175,21 @@ def decode_layers(model: Any, lists: tuple[list[torch.Tensor], ...], x: torch.Te
         x if x.is_contiguous() else x.contiguous(), cos, sin, kv_cache.k, kv_cache.v, meta.slot_mapping,
         meta.block_tables, meta.seq_lens,
         attn_norm, ffn_norm, weights, scales, a.n_heads, a.n_kv_heads, ROPE_CODES[a.rope_style], a.norm_eps,
-        model.scale, flags[0], norm, out_w, out_s, flags[1])
+        model.scale, flags[0], norm, out_w, out_s, flags[1], greedy_out)
 
 
 def decode_tokens(model: Any, lists: tuple[list[torch.Tensor], ...], input_ids: torch.Tensor,
                   positions: torch.Tensor, emb: tuple[torch.Tensor, torch.Tensor | None],
                   rope: tuple[torch.Tensor, torch.Tensor], kv_cache: "KVCache", meta: "AttentionMetadata",
-                  head: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                  head: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+                  greedy_out: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`decode_layers` from the step's ``input_ids`` and ``positions`` ([B] int64, contiguous) instead
     of their embeddings and RoPE rows: the op reads row ``input_ids[b]`` of ``emb`` (:func:`embed_tensors`)
     and rows ``positions[b]`` of ``rope`` (``LlamaModel.rope_table``: cos/sin [n, 1, head_dim] covering
     every position of the step) itself. Same result as :func:`decode_layers` over ``LlamaModel.embed``
     and ``LlamaModel.rope_at`` of the same ids and positions, bit for bit (the same row values reach the
     same core). Raises IndexError (from the op) for a token id outside the table or a position outside
-    the RoPE table, RuntimeError on other inconsistent input."""
+    the RoPE table, RuntimeError on other inconsistent input. ``greedy_out``: as :func:`decode_layers`."""
     a = model.args
     attn_norm, ffn_norm, weights, scales = lists
     norm, out_w, out_s = head if head is not None else (None, None, None)
@@ -192,7 +198,7 @@ def decode_tokens(model: Any, lists: tuple[list[torch.Tensor], ...], input_ids: 
         input_ids, positions, emb[0], emb[1], rope[0], rope[1], kv_cache.k, kv_cache.v, meta.slot_mapping,
         meta.block_tables, meta.seq_lens,
         attn_norm, ffn_norm, weights, scales, a.n_heads, a.n_kv_heads, ROPE_CODES[a.rope_style], a.norm_eps,
-        model.scale, flags[0], norm, out_w, out_s, flags[1])
+        model.scale, flags[0], norm, out_w, out_s, flags[1], greedy_out)
 
 
 def _mm_flags(model: Any, B: int, out_w: torch.Tensor | None) -> tuple[int, bool]:

@@ -518,10 +518,15 @@ class LlamaModel(torch.nn.Module):
         return tab[0].index_select(0, positions), tab[1].index_select(0, positions)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
-                meta: AttentionMetadata, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+                meta: AttentionMetadata, inputs_embeds: torch.Tensor | None = None,
+                greedy_out: torch.Tensor | None = None) -> torch.Tensor:
         """Run one packed step; see the class docstring. ``inputs_embeds`` [T, dim] (optional)
         replaces the token embeddings of ``input_ids`` (long-text memory compression feeds a
-        vector there). Raises ValueError on mismatched shapes."""
+        vector there). ``greedy_out`` (optional, float64 [2T], contiguous): when the step runs
+        fused with the output head in the op (its logits come from the op), the op also writes each
+        row's greedy ``(token, logprob)`` into it (``fused_decode.decode_layers``); otherwise it is
+        left untouched (the caller tells by a sentinel it wrote first). Raises ValueError on
+        mismatched shapes."""
         a = self.args
         T = input_ids.shape[0]
         if positions.shape[0] != T or meta.slot_mapping.shape[0] != T:
@@ -537,12 +542,14 @@ class LlamaModel(torch.nn.Module):
         head = None if fused is None else fused_decode.head_tensors(self)   # not None: the op returns the logits
         if emb is not None:   # the op reads the embedding and RoPE rows of the ids and positions itself
             x = fused_decode.decode_tokens(self, fused, input_ids, positions, emb,
-                                           self.rope_table(meta.max_context, positions.device), kv_cache, meta, head)
+                                           self.rope_table(meta.max_context, positions.device), kv_cache, meta, head,
+                                           None if head is None else greedy_out)
         else:
             cos, sin = self.rope_at(positions, meta.max_context)
             x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds.to(self.dtype)
             if fused is not None:
-                x = fused_decode.decode_layers(self, fused, x, cos, sin, kv_cache, meta, head)
+                x = fused_decode.decode_layers(self, fused, x, cos, sin, kv_cache, meta, head,
+                                               None if head is None else greedy_out)
         if head is not None:
             return x
         for li, blk in enumerate(self.layers if fused is None else ()):

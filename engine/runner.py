@@ -30,13 +30,14 @@ with logprob >= its own, as vLLM) and the top-k alternatives. The logits rows an
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from inferctl.engine.attention import AttentionMetadata, KVCache
 from inferctl.engine.memory import MemoryAccountant
 from inferctl.engine.memory_plan import estimate_step_activation_bytes
-from inferctl.engine.sampler import GREEDY_TEMPERATURE_EPS, Sampler, SampleResult, greedy_sample
+from inferctl.engine.sampler import GREEDY_TEMPERATURE_EPS, Sampler, SampleResult, greedy_from_pairs, greedy_sample
 from inferctl.engine.sequence import Logprob, PromptLogprobEntry, Sequence
 
 #: Steps of at most this many tokens reuse persistent CPU input tensors (one pair per size).
@@ -123,6 +124,11 @@ class ModelRunner:
         # the C++ greedy pick (argmax + its log_softmax value) for the fast path, where the kernels run
         ops = getattr(model, "kernel_ops", None)
         self._greedy_ops = ops if ops is not None and hasattr(ops, "greedy_logprobs") else None
+        # the model whose forward takes ``greedy_out`` (a LlamaModel with the kernels); a model put in
+        # its place later (a test's wrapper) is called without it
+        self._greedy_model = model if self._greedy_ops is not None else None
+        # B -> (float64 [2B], its numpy view): the fused op's greedy_out in an all-greedy decode step
+        self._greedy_bufs: dict[int, tuple[torch.Tensor, Any]] = {}
 
     def estimate_activation_bytes(self, num_tokens: int, num_logits: int, sum_q_ctx: int,
                                   sum_ctx: int, num_logprob_rows: int = 0) -> int:
@@ -225,7 +231,10 @@ class ModelRunner:
         preempted or aborted, or a new one arrives: its prefill is not a decode step), the
         metadata is rewritten in place (``AttentionMetadata.build(..., reuse=)``), and an all-greedy
         batch without logprobs or penalties goes to :func:`greedy_sample` directly (the sampler's
-        own first branch). Measured in docs/performance.md (issue 12, wave 8).
+        own first branch). Measured in docs/performance.md (issue 12, wave 8). With the kernels, such
+        a batch hands the model a ``greedy_out`` buffer: when the fused op ran with the output head it
+        wrote the pick there (the same values as ``greedy_sample``'s C++ call; wave 10), else the
+        buffer keeps its -1 sentinel and :func:`greedy_sample` runs on the logits.
         """
         st = self._decode
         if st is None or len(st.seqs) != len(scheduled) or any(
@@ -260,9 +269,22 @@ class ModelRunner:
             meta = self._meta = AttentionMetadata.build(chunks, self.block_size, self.device, reuse=self._meta)
             with torch.inference_mode():
                 input_ids, input_pos = self._inputs(ids, positions)
-                logits = self.model(input_ids, input_pos, self.kv_cache, meta)
-                sample = (greedy_sample(logits, self._greedy_ops) if st.plain_greedy and logits.dtype == torch.float32
-                          else None)
+                if st.plain_greedy and self.model is self._greedy_model:
+                    # the fused op writes the greedy pick into this buffer when it runs with the head;
+                    # -1 (no token) stays when the step took another path: greedy_sample then
+                    gbuf = self._greedy_bufs.get(B)
+                    if gbuf is None:
+                        t = torch.empty(2 * B, dtype=torch.float64)
+                        gbuf = self._greedy_bufs[B] = (t, t.numpy())
+                    gbuf[1][0] = -1.0
+                    logits = self.model(input_ids, input_pos, self.kv_cache, meta, greedy_out=gbuf[0])
+                    pairs = gbuf[0].tolist()
+                    sample = (greedy_from_pairs(pairs) if pairs[0] >= 0.0
+                              else greedy_sample(logits, self._greedy_ops) if logits.dtype == torch.float32 else None)
+                else:
+                    logits = self.model(input_ids, input_pos, self.kv_cache, meta)
+                    sample = (greedy_sample(logits, self._greedy_ops)
+                              if st.plain_greedy and logits.dtype == torch.float32 else None)
                 if sample is None:
                     sample = self.sampler(logits, st.params, st.generators, st.histories, st.prompt_lens)
         finally:

@@ -444,10 +444,8 @@ def greedy_sample(logits: torch.Tensor, ops: Any | None = None) -> SampleResult 
     vocabulary) stays on this path: the general one would choose the same token and logprob.
     """
     if ops is not None and logits.device.type == "cpu" and not logits.requires_grad:
-        r = ops.greedy_logprobs(logits).tolist()   # [token 0, logprob 0, token 1, ...] as floats
-        toks = [int(t) for t in r[0::2]]
-        lps = r[1::2]
-    elif logits.device.type == "cpu" and not logits.requires_grad:
+        return greedy_from_pairs(ops.greedy_logprobs(logits).tolist())
+    if logits.device.type == "cpu" and not logits.requires_grad:
         # One torch op: the log_softmax raw_logprobs_of runs on CPU; the argmax and the gather on
         # its numpy views (numpy's argmax also returns the first maximal index), each torch op of
         # the generic path costing ~5-10 µs on a [1, V] row (batch-1 decode, docs/performance.md).
@@ -469,6 +467,17 @@ def greedy_sample(logits: torch.Tensor, ops: Any | None = None) -> SampleResult 
     if not math.isfinite(sum(lps)):
         return None
     return SampleResult(toks, lps, None)
+
+
+def greedy_from_pairs(pairs: list[float]) -> SampleResult | None:
+    """:func:`greedy_sample`'s result from the C++ pick's values ``[token 0, logprob 0, token 1, ...]``
+    (``greedy_logprobs``, or the same values the fused decode op wrote into its ``greedy_out``: one op
+    call less in a greedy decode step, issue 12 wave 10): None when a logprob is not finite (the
+    caller then takes the general path, as :func:`greedy_sample`)."""
+    lps = pairs[1::2]
+    if not math.isfinite(sum(lps)):
+        return None
+    return SampleResult([int(t) for t in pairs[0::2]], lps, None)
 
 
 def raw_logprobs_of(logits: torch.Tensor, tokens: torch.Tensor, top_k: int = 0,

@@ -13,6 +13,8 @@
 // greedy_logprobs(logits[B, V]) -> float64 [2B]: (argmax token, its log_softmax) per row, the argmax the first
 //               maximal index (a NaN counts as the maximum, as torch.argmax), the logprob read from ATen's own
 //               log_softmax (the value torch.log_softmax gives, bit for bit): engine.sampler.greedy_sample.
+// decode_layers / decode_tokens with greedy_out (float64 [2B], needs final_norm): the same logits returned, and
+//               greedy_logprobs' values of them written into greedy_out in the same call (issue 12, wave 10).
 //
 // Every sequence contributes exactly one token (B = T <= 64). Per layer, the same math as
 // engine.model.LlamaModel.forward's per-op path (fp32 throughout):
@@ -166,6 +168,22 @@ int64_t pool_head_dim(const at::Tensor& k_pool, const at::Tensor& v_pool) {
   return D;
 }
 
+void greedy_into(const at::Tensor& logits, at::Tensor& out);   // below, beside greedy_logprobs
+
+// the op's result, and with greedy_out given (logits returned: final_norm given) each row's greedy pick written
+// into it as greedy_logprobs computes it: the second Python->op call of a greedy decode step moves into this one
+at::Tensor with_greedy(at::Tensor logits, const std::optional<at::Tensor>& greedy_out, bool head) {
+  if (greedy_out.has_value()) {
+    TORCH_CHECK(head, "greedy_out needs the output head (final_norm, out_w): the op must return logits");
+    at::Tensor out = *greedy_out;
+    TORCH_CHECK(out.device().is_cpu() && out.scalar_type() == at::kDouble && out.is_contiguous() &&
+                    out.numel() == 2 * logits.size(0),
+                "greedy_out must be a contiguous float64 CPU tensor [2B] = [", 2 * logits.size(0), "]");
+    greedy_into(logits.contiguous(), out);
+  }
+  return logits;
+}
+
 // The layers (and the head) over x [B, dim] (owned: updated in place), with row b's RoPE cos/sin [D] at
 // crow[b]/srow[b]; every other input is checked here.
 at::Tensor run_layers(at::Tensor x, const float* const* crow, const float* const* srow, const at::Tensor& k_pool,
@@ -315,7 +333,8 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at
                          at::TensorList weights, at::TensorList scales, int64_t H, int64_t Hkv, int64_t rope_style,
                          double eps, double scale, int64_t torch_mm_mask,
                          const std::optional<at::Tensor>& final_norm, const std::optional<at::Tensor>& out_w,
-                         const std::optional<at::Tensor>& out_s, bool out_torch_mm) {
+                         const std::optional<at::Tensor>& out_s, bool out_torch_mm,
+                         const std::optional<at::Tensor>& greedy_out) {
   TORCH_CHECK(f32cpu(x_in) && x_in.dim() == 2, "x must be a contiguous float32 CPU tensor [B, dim]");
   const int64_t B = x_in.size(0);
   TORCH_CHECK(B >= 1 && B <= MAX_B, "decode_layers takes 1..", MAX_B, " sequences, got ", B);
@@ -328,9 +347,10 @@ at::Tensor decode_layers(const at::Tensor& x_in, const at::Tensor& cos, const at
     crow[b] = cos.data_ptr<float>() + b * D;
     srow[b] = sin.data_ptr<float>() + b * D;
   }
-  return run_layers(x_in.clone(), crow, srow, k_pool, v_pool, slot_mapping, block_tables, seq_lens, attn_norm,
-                    ffn_norm, weights, scales, H, Hkv, rope_style, eps, scale, torch_mm_mask, final_norm, out_w,
-                    out_s, out_torch_mm);
+  return with_greedy(run_layers(x_in.clone(), crow, srow, k_pool, v_pool, slot_mapping, block_tables, seq_lens,
+                                attn_norm, ffn_norm, weights, scales, H, Hkv, rope_style, eps, scale, torch_mm_mask,
+                                final_norm, out_w, out_s, out_torch_mm),
+                     greedy_out, final_norm.has_value());
 }
 
 at::Tensor decode_tokens(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& emb,
@@ -341,7 +361,7 @@ at::Tensor decode_tokens(const at::Tensor& ids, const at::Tensor& positions, con
                          at::TensorList scales, int64_t H, int64_t Hkv, int64_t rope_style, double eps, double scale,
                          int64_t torch_mm_mask, const std::optional<at::Tensor>& final_norm,
                          const std::optional<at::Tensor>& out_w, const std::optional<at::Tensor>& out_s,
-                         bool out_torch_mm) {
+                         bool out_torch_mm, const std::optional<at::Tensor>& greedy_out) {
   const int64_t B = ids.numel();
   TORCH_CHECK(B >= 1 && B <= MAX_B, "decode_tokens takes 1..", MAX_B, " sequences, got ", B);
   for (const auto* t : {&ids, &positions}) {
@@ -397,9 +417,10 @@ at::Tensor decode_tokens(const at::Tensor& ids, const at::Tensor& positions, con
       }
     }
   }
-  return run_layers(x, crow, srow, k_pool, v_pool, slot_mapping, block_tables, seq_lens, attn_norm, ffn_norm,
-                    weights, scales, H, Hkv, rope_style, eps, scale, torch_mm_mask, final_norm, out_w, out_s,
-                    out_torch_mm);
+  return with_greedy(run_layers(x, crow, srow, k_pool, v_pool, slot_mapping, block_tables, seq_lens, attn_norm,
+                                ffn_norm, weights, scales, H, Hkv, rope_style, eps, scale, torch_mm_mask, final_norm,
+                                out_w, out_s, out_torch_mm),
+                     greedy_out, final_norm.has_value());
 }
 
 // the first maximal index of r[0..n) as torch.argmax gives it: the first NaN when there is one, else the
@@ -452,14 +473,10 @@ int64_t first_argmax(const float* r, int64_t n) {
   return best;
 }
 
-at::Tensor greedy_logprobs(const at::Tensor& logits_in) {
-  TORCH_CHECK(logits_in.device().is_cpu() && logits_in.scalar_type() == at::kFloat && logits_in.dim() == 2 &&
-                  logits_in.size(1) >= 1,
-              "logits must be a float32 CPU tensor [B, V >= 1]");
-  const at::Tensor logits = logits_in.contiguous();
+// each row's (argmax, its log_softmax value) of float32 logits [B, V] (contiguous) into out (float64 [2B])
+void greedy_into(const at::Tensor& logits, at::Tensor& out) {
   const int64_t B = logits.size(0), V = logits.size(1);
   const at::Tensor lp = at::_log_softmax(logits, 1, false);   // torch.log_softmax's kernel: its values exactly
-  at::Tensor out = at::empty({2 * B}, logits.options().dtype(at::kDouble));
   double* o = out.data_ptr<double>();
   const float* xp = logits.data_ptr<float>();
   const float* lpp = lp.data_ptr<float>();
@@ -468,6 +485,15 @@ at::Tensor greedy_logprobs(const at::Tensor& logits_in) {
     o[2 * b] = static_cast<double>(best);
     o[2 * b + 1] = static_cast<double>(lpp[b * V + best]);
   }
+}
+
+at::Tensor greedy_logprobs(const at::Tensor& logits_in) {
+  TORCH_CHECK(logits_in.device().is_cpu() && logits_in.scalar_type() == at::kFloat && logits_in.dim() == 2 &&
+                  logits_in.size(1) >= 1,
+              "logits must be a float32 CPU tensor [B, V >= 1]");
+  const at::Tensor logits = logits_in.contiguous();
+  at::Tensor out = at::empty({2 * logits.size(0)}, logits.options().dtype(at::kDouble));
+  greedy_into(logits, out);
   return out;
 }
 
@@ -478,14 +504,15 @@ TORCH_LIBRARY_FRAGMENT(inferctl_cpu, m) {
       "decode_layers(Tensor x, Tensor cos, Tensor sin, Tensor k_pool, Tensor v_pool, Tensor slot_mapping, "
       "Tensor block_tables, Tensor seq_lens, Tensor[] attn_norm, Tensor[] ffn_norm, Tensor[] weights, "
       "Tensor[] scales, int n_heads, int n_kv_heads, int rope_style, float eps, float scale, int torch_mm_mask, "
-      "Tensor? final_norm=None, Tensor? out_w=None, Tensor? out_s=None, bool out_torch_mm=False) -> Tensor",
+      "Tensor? final_norm=None, Tensor? out_w=None, Tensor? out_s=None, bool out_torch_mm=False, "
+      "Tensor(a!)? greedy_out=None) -> Tensor",
       &decode_layers);
   m.def(
       "decode_tokens(Tensor ids, Tensor positions, Tensor emb, Tensor? emb_scales, Tensor cos_table, "
       "Tensor sin_table, Tensor k_pool, Tensor v_pool, Tensor slot_mapping, Tensor block_tables, Tensor seq_lens, "
       "Tensor[] attn_norm, Tensor[] ffn_norm, Tensor[] weights, Tensor[] scales, int n_heads, int n_kv_heads, "
       "int rope_style, float eps, float scale, int torch_mm_mask, Tensor? final_norm=None, Tensor? out_w=None, "
-      "Tensor? out_s=None, bool out_torch_mm=False) -> Tensor",
+      "Tensor? out_s=None, bool out_torch_mm=False, Tensor(a!)? greedy_out=None) -> Tensor",
       &decode_tokens);
   m.def("greedy_logprobs(Tensor logits) -> Tensor", &greedy_logprobs);
 }

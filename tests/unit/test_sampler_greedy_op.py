@@ -83,7 +83,7 @@ def test_non_contiguous_logits_and_bad_input():
         OPS.greedy_logprobs(torch.zeros(2, 0))
 
 
-def test_the_runner_hands_the_kernels_to_greedy_sample(stories_dir, monkeypatch):
+def test_the_runner_takes_the_pick_from_the_op_or_greedy_sample(stories_dir, monkeypatch):
     from inferctl.engine import runner as runner_mod
     from inferctl.engine.config import EngineConfig
     from inferctl.engine.engine import LLMEngine
@@ -91,8 +91,11 @@ def test_the_runner_hands_the_kernels_to_greedy_sample(stories_dir, monkeypatch)
     from inferctl.engine.sampling_params import SamplingParams
 
     calls = []
+    picks = []
     real = runner_mod.greedy_sample
     monkeypatch.setattr(runner_mod, "greedy_sample", lambda x, ops=None: calls.append(ops) or real(x, ops))
+    real_pairs = runner_mod.greedy_from_pairs
+    monkeypatch.setattr(runner_mod, "greedy_from_pairs", lambda p: picks.append(p) or real_pairs(p))
 
     def run(kernels: bool):
         monkeypatch.setenv(cpu_kernels.ENV, "1" if kernels else "0")
@@ -105,8 +108,39 @@ def test_the_runner_hands_the_kernels_to_greedy_sample(stories_dir, monkeypatch)
         return toks, engine.runner._greedy_ops
 
     toks, ops = run(True)
-    assert ops is OPS and calls and all(c is OPS for c in calls)
-    calls.clear()
+    # wave 10: the fused op writes the pick of every decode step (greedy_out); greedy_sample is not called
+    assert ops is OPS and not calls and len(picks) == 11
+    assert [int(p[0]) for p in picks] == toks[1:]
     plain, ops = run(False)
-    assert ops is None and calls and all(c is None for c in calls)
+    assert ops is None and len(calls) == 11 and all(c is None for c in calls) and len(picks) == 11
     assert toks == plain
+
+
+def test_the_runner_falls_back_to_greedy_sample_when_the_op_has_no_head(stories_dir, monkeypatch):
+    """A fused step whose classifier runs outside the op leaves greedy_out at its sentinel: the runner then
+    calls greedy_sample with the kernels, and the tokens are those of the op's own pick."""
+    from inferctl.engine import fused_decode
+    from inferctl.engine import runner as runner_mod
+    from inferctl.engine.config import EngineConfig
+    from inferctl.engine.engine import LLMEngine
+    from inferctl.engine.loader import load_model
+    from inferctl.engine.sampling_params import SamplingParams
+
+    calls = []
+    real = runner_mod.greedy_sample
+    monkeypatch.setattr(runner_mod, "greedy_sample", lambda x, ops=None: calls.append(ops) or real(x, ops))
+
+    def run(no_head: bool):
+        if no_head:
+            monkeypatch.setattr(fused_decode, "head_tensors", lambda model: None)
+        engine = LLMEngine(load_model(str(stories_dir / "stories260K.bin")), EngineConfig())
+        engine.add_request("a", list(range(3, 19)), SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True))
+        toks = []
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                toks.extend(o.new_token_ids)
+        return toks
+
+    with_head = run(False)
+    assert not calls
+    assert run(True) == with_head and len(calls) == 9 and all(c is OPS for c in calls)
