@@ -53,6 +53,7 @@
 #include <optional>
 #include <vector>
 
+#include "paged_attention.h"
 #include "simd.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -252,7 +253,9 @@ at::Tensor run_layers(at::Tensor x, const float* const* crow, const float* const
   at::Tensor h = at::empty({B, dim}, x.options());
   at::Tensor o = at::empty({B, H * D}, x.options());
   at::Tensor act = at::empty({B, hidden}, x.options());
-  at::Tensor probs = at::empty({B * H, max_len}, x.options());
+  // blocks past paged_attention.h's stack bounds keep the two-pass loop (a probs row per head)
+  const bool tiled = bs <= inferctl_attn::MAX_BLOCK_SIZE && g <= inferctl_attn::MAX_TILE_ROWS;
+  at::Tensor probs = at::empty({tiled ? 0 : B * H, max_len}, x.options());
   float* xp = x.data_ptr<float>();
   float* hp = h.data_ptr<float>();
   float* op = o.data_ptr<float>();
@@ -260,6 +263,7 @@ at::Tensor run_layers(at::Tensor x, const float* const* crow, const float* const
   float* pp = probs.data_ptr<float>();
   const int64_t layer_elems = Hkv * slots * D;
   const int64_t grain = std::max<int64_t>(1, ATTN_GRAIN / std::max<int64_t>(1, max_len * D));
+  const int64_t kv_grain = std::max<int64_t>(1, ATTN_GRAIN / std::max<int64_t>(1, max_len * D * g));
 
   for (int64_t li = 0; li < L; ++li) {
     float* kl = k_pool.data_ptr<float>() + li * layer_elems;
@@ -276,34 +280,48 @@ at::Tensor run_layers(at::Tensor x, const float* const* crow, const float* const
         std::memcpy(vl + dst, row + (H + Hkv + kh) * D, sizeof(float) * D);
       }
     }
-    at::parallel_for(0, B * H, grain, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) {
-        const int64_t b = i / H, hh = i % H, kh = hh / g, n = len_p[b];
-        const float* q = qp + b * qkv_out + hh * D;
-        const int64_t* table = bt_p + b * maxb;
-        const float* kh_base = kl + kh * slots * D;
-        const float* vh_base = vl + kh * slots * D;
-        float* p = pp + i * max_len;
-        float mx = -INFINITY;
-        for (int64_t t = 0; t < n; ++t) {
-          const int64_t slot = table[t / bs] * bs + t % bs;
-          p[t] = dot(q, kh_base + slot * D, D) * scale;
-          mx = std::max(mx, p[t]);
+    if (tiled) {
+      // a decode token is a tile of one token (paged_attention.h): its g query heads share each K/V block read,
+      // scores and exp 8 lanes at a time, online softmax -- the prefill op's own code for the same row
+      at::parallel_for(0, B * Hkv, kv_grain, [&](int64_t i0, int64_t i1) {
+        std::vector<float> acc(g * D);
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t b = i / Hkv, kh = i % Hkv;
+          inferctl_attn::attend_tile(qp + b * qkv_out + kh * g * D, qkv_out, 1, g, kl + kh * slots * D,
+                                     vl + kh * slots * D, bt_p + b * maxb, len_p[b] - 1, bs, D, scale,
+                                     op + b * H * D + kh * g * D, H * D, acc.data());
         }
-        float sum = 0.f;
-        for (int64_t t = 0; t < n; ++t) {
-          p[t] = std::exp(p[t] - mx);
-          sum += p[t];
+      });
+    } else {
+      at::parallel_for(0, B * H, grain, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t b = i / H, hh = i % H, kh = hh / g, n = len_p[b];
+          const float* q = qp + b * qkv_out + hh * D;
+          const int64_t* table = bt_p + b * maxb;
+          const float* kh_base = kl + kh * slots * D;
+          const float* vh_base = vl + kh * slots * D;
+          float* p = pp + i * max_len;
+          float mx = -INFINITY;
+          for (int64_t t = 0; t < n; ++t) {
+            const int64_t slot = table[t / bs] * bs + t % bs;
+            p[t] = dot(q, kh_base + slot * D, D) * scale;
+            mx = std::max(mx, p[t]);
+          }
+          float sum = 0.f;
+          for (int64_t t = 0; t < n; ++t) {
+            p[t] = std::exp(p[t] - mx);
+            sum += p[t];
+          }
+          const float inv = 1.f / sum;
+          float* out = op + b * H * D + hh * D;
+          std::fill(out, out + D, 0.f);
+          for (int64_t t = 0; t < n; ++t) {
+            const int64_t slot = table[t / bs] * bs + t % bs;
+            axpy(p[t] * inv, vh_base + slot * D, out, D);
+          }
         }
-        const float inv = 1.f / sum;
-        float* out = op + b * H * D + hh * D;
-        std::fill(out, out + D, 0.f);
-        for (int64_t t = 0; t < n; ++t) {
-          const int64_t slot = table[t / bs] * bs + t % bs;
-          axpy(p[t] * inv, vh_base + slot * D, out, D);
-        }
-      }
-    });
+      });
+    }
     at::Tensor y = gemv(o, weights[4 * li + 1], scales[4 * li + 1], torch_mm_mask & 2);
     const float* yp = y.data_ptr<float>();
     for (int64_t i = 0; i < B * dim; ++i) xp[i] += yp[i];
