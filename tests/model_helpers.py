@@ -71,6 +71,36 @@ class Harness:
         return out, rows[:-1]
 
 
+
+def decode_steps(model, fused: bool, monkeypatch, prompts, n_decode: int, block_size: int, together: bool = True):
+    """Prefill each prompt, then ``n_decode`` greedy decode steps over a shuffled :class:`Harness`;
+    all sequences decode in one step when ``together``. ``fused`` False patches
+    ``fused_decode.layer_weights`` to None (the model's per-op path). Attention is torch's per-op
+    ``paged_attention`` outside the fused op on both sides (the reference; the C++ op sums in
+    another order). Returns (logits of every decode step stacked [n_decode, B, vocab], the greedy
+    tokens fed at each step, the harness)."""
+    from inferctl.engine import fused_decode
+    from inferctl.engine import model as model_mod
+    from inferctl.engine.attention import paged_attention
+
+    with monkeypatch.context() as mp:
+        mp.setattr(model_mod, "paged_attention", lambda *a: paged_attention(*a[:6]))
+        if not fused:
+            mp.setattr(fused_decode, "layer_weights", lambda *a, **k: None)
+        h = Harness(model, block_size=block_size, shuffle=True, seed=3)
+        last = {s: h.step([(s, p, False)])[-1] for s, p in enumerate(prompts)}
+        rows, toks = [], []
+        for _ in range(n_decode):
+            step = [(s, [int(last[s].argmax())], False) for s in last]
+            toks.append([c[1][0] for c in step])
+            if together:
+                out = h.step(step)
+            else:
+                out = torch.stack([h.step([c])[0] for c in step])
+            last = {s: out[i] for i, s in enumerate(last)}
+            rows.append(out)
+        return torch.stack(rows), toks, h
+
 class RefLlama:
     """Plain llama2.c-format Llama (float64 optional) for cross-checking; full recompute."""
 

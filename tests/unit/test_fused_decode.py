@@ -15,11 +15,10 @@ import pytest
 import torch
 
 from inferctl.engine import cpu_kernels, fused_decode
-from inferctl.engine.attention import AttentionMetadata, paged_attention
-from inferctl.engine import model as model_mod
+from inferctl.engine.attention import AttentionMetadata
 from inferctl.engine.loader import load_llama2c
 from inferctl.engine.model import LlamaModel, ModelArgs, canonical_weight_names
-from tests.model_helpers import Harness
+from tests.model_helpers import Harness, decode_steps
 
 OPS = cpu_kernels.ops_for("cpu", torch.float32)
 needs_ops = pytest.mark.skipif(OPS is None, reason="CPU kernels did not build here (no compiler/ninja)")
@@ -61,27 +60,10 @@ class _Spy:
 
 
 def _run(model, fused: bool, monkeypatch, prompts, n_decode, block_size, together=True):
-    """Prefill each prompt, then ``n_decode`` decode steps (greedy); all sequences decode in one
-    step when ``together``. Returns (logits of every decode step stacked, tokens, harness)."""
-    with monkeypatch.context() as mp:
-        # attention off the C++ paged_attention op in both runs: the reference is torch's per-op path
-        # (the op sums in another order, which int8's activation rounding can amplify; its own tests bound it)
-        mp.setattr(model_mod, "paged_attention", lambda *a: paged_attention(*a[:6]))
-        if not fused:
-            mp.setattr(fused_decode, "layer_weights", lambda *a, **k: None)
-        h = Harness(model, block_size=block_size, shuffle=True, seed=3)
-        last = {s: h.step([(s, p, False)])[-1] for s, p in enumerate(prompts)}
-        rows, toks = [], []
-        for _ in range(n_decode):
-            step = [(s, [int(last[s].argmax())], False) for s in last]
-            toks.append([c[1][0] for c in step])
-            if together:
-                out = h.step(step)
-            else:
-                out = torch.stack([h.step([c])[0] for c in step])
-            last = {s: out[i] for i, s in enumerate(last)}
-            rows.append(out)
-        return torch.stack(rows), toks, h
+    """tests.model_helpers.decode_steps (attention off the C++ paged_attention op in both runs: the
+    reference is torch's per-op path; the op sums in another order, which int8's activation rounding
+    can amplify; its own tests bound it)."""
+    return decode_steps(model, fused, monkeypatch, prompts, n_decode, block_size, together)
 
 
 def _assert_close(a: torch.Tensor, b: torch.Tensor, tol_rel: float = TOL_REL) -> None:
@@ -336,11 +318,10 @@ _VARIANTS = {
 }
 
 
-@needs_ops
-@pytest.mark.parametrize("variant", list(_VARIANTS))
-def test_ids_entry_equals_embed_and_rope_rows(variant):
-    """decode_tokens (ids + positions, rows read in the op) gives decode_layers' result over LlamaModel.embed
-    and rope_at of the same ids and positions bit for bit: logits (or hidden states) and the K/V written."""
+def three_decode_rows(variant: str):
+    """A :data:`_VARIANTS` model (switched to the precision its name says) with a 16-block cache and the
+    metadata of one decode step of three sequences at positions 5, 3 and 9 over 4-token blocks; returns
+    (model, harness, metadata, ``fused_decode.layer_weights``' lists)."""
     model = _VARIANTS[variant]()
     for mode in ("int8", "int4"):
         if mode in variant:
@@ -349,8 +330,18 @@ def test_ids_entry_equals_embed_and_rope_rows(variant):
     meta = AttentionMetadata.build([([0, 1], 5, 1, False), ([2], 3, 1, False), ([3, 4, 5], 9, 1, False)], 4)
     meta.prepare(4)
     lists = fused_decode.layer_weights(model, h.cache, meta, 3)
+    assert lists is not None
+    return model, h, meta, lists
+
+
+@needs_ops
+@pytest.mark.parametrize("variant", list(_VARIANTS))
+def test_ids_entry_equals_embed_and_rope_rows(variant):
+    """decode_tokens (ids + positions, rows read in the op) gives decode_layers' result over LlamaModel.embed
+    and rope_at of the same ids and positions bit for bit: logits (or hidden states) and the K/V written."""
+    model, h, meta, lists = three_decode_rows(variant)
     emb = fused_decode.embed_tensors(model)
-    assert lists is not None and emb is not None
+    assert emb is not None
     head = fused_decode.head_tensors(model)
     assert (head is None) == variant.endswith("in_out")   # an in_out classifier runs outside the op
     a = model.args

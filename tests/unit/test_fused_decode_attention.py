@@ -12,10 +12,8 @@ import pytest
 import torch
 
 from inferctl.engine import cpu_kernels, fused_decode
-from inferctl.engine import model as model_mod
-from inferctl.engine.attention import paged_attention
 from inferctl.engine.model import LlamaModel, ModelArgs, canonical_weight_names
-from tests.model_helpers import Harness
+from tests.model_helpers import decode_steps
 
 OPS = cpu_kernels.ops_for("cpu", torch.float32)
 needs_ops = pytest.mark.skipif(OPS is None, reason="CPU kernels did not build here (no compiler/ninja)")
@@ -34,25 +32,13 @@ def _model(n_heads: int, n_kv_heads: int) -> LlamaModel:
 
 
 def _decode(model, fused: bool, monkeypatch, prompts, n_decode: int, block_size: int):
-    """Prefill each prompt, then ``n_decode`` greedy decode steps of all sequences together;
-    (logits [n_decode, B, vocab], tokens, harness)."""
+    """tests.model_helpers.decode_steps, all sequences together, plus the number of fused-op calls."""
     calls = []
+    real = fused_decode.decode_tokens
     with monkeypatch.context() as mp:
-        mp.setattr(model_mod, "paged_attention", lambda *a: paged_attention(*a[:6]))
-        real = fused_decode.decode_tokens
         mp.setattr(fused_decode, "decode_tokens", lambda *a, **k: calls.append(1) or real(*a, **k))
-        if not fused:
-            mp.setattr(fused_decode, "layer_weights", lambda *a, **k: None)
-        h = Harness(model, block_size=block_size, shuffle=True, seed=3)
-        last = {s: h.step([(s, p, False)])[-1] for s, p in enumerate(prompts)}
-        rows, toks = [], []
-        for _ in range(n_decode):
-            step = [(s, [int(last[s].argmax())], False) for s in last]
-            toks.append([c[1][0] for c in step])
-            out = h.step(step)
-            last = {s: out[i] for i, s in enumerate(last)}
-            rows.append(out)
-    return torch.stack(rows), toks, h, len(calls)
+        logits, toks, h = decode_steps(model, fused, mp, prompts, n_decode, block_size)
+    return logits, toks, h, len(calls)
 
 
 def _close(a: torch.Tensor, b: torch.Tensor) -> None:

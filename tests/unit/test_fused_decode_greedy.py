@@ -11,7 +11,7 @@ import torch
 from inferctl.engine import cpu_kernels, fused_decode
 from inferctl.engine.attention import AttentionMetadata
 from tests.model_helpers import Harness
-from tests.unit.test_fused_decode import _VARIANTS
+from tests.unit.test_fused_decode import _VARIANTS, three_decode_rows
 
 OPS = cpu_kernels.ops_for("cpu", torch.float32)
 needs_ops = pytest.mark.skipif(OPS is None, reason="CPU kernels did not build here (no compiler/ninja)")
@@ -19,15 +19,7 @@ WITH_HEAD = [v for v in _VARIANTS if not v.endswith("in_out")]
 
 
 def _setup(variant: str):
-    model = _VARIANTS[variant]()
-    for mode in ("int8", "int4"):
-        if mode in variant:
-            model.set_precision(mode)
-    h = Harness(model, block_size=4, num_blocks=16)
-    meta = AttentionMetadata.build([([0, 1], 5, 1, False), ([2], 3, 1, False), ([3, 4, 5], 9, 1, False)], 4)
-    meta.prepare(4)
-    lists = fused_decode.layer_weights(model, h.cache, meta, 3)
-    assert lists is not None
+    model, h, meta, lists = three_decode_rows(variant)
     a = model.args
     rest = (meta.slot_mapping, meta.block_tables, meta.seq_lens, *lists, a.n_heads, a.n_kv_heads,
             fused_decode.ROPE_CODES[a.rope_style], a.norm_eps, model.scale, 0)

@@ -83,12 +83,26 @@ def test_non_contiguous_logits_and_bad_input():
         OPS.greedy_logprobs(torch.zeros(2, 0))
 
 
-def test_the_runner_takes_the_pick_from_the_op_or_greedy_sample(stories_dir, monkeypatch):
-    from inferctl.engine import runner as runner_mod
+def _greedy_tokens(stories_dir, max_tokens: int):
+    """One greedy request (16 prompt tokens, EOS ignored) on a fresh stories260K engine: (its generated
+    token ids, the runner's ``_greedy_ops``)."""
     from inferctl.engine.config import EngineConfig
     from inferctl.engine.engine import LLMEngine
     from inferctl.engine.loader import load_model
     from inferctl.engine.sampling_params import SamplingParams
+
+    engine = LLMEngine(load_model(str(stories_dir / "stories260K.bin")), EngineConfig())
+    engine.add_request("a", list(range(3, 19)), SamplingParams(max_tokens=max_tokens, temperature=0.0,
+                                                               ignore_eos=True))
+    toks = []
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            toks.extend(o.new_token_ids)
+    return toks, engine.runner._greedy_ops
+
+
+def test_the_runner_takes_the_pick_from_the_op_or_greedy_sample(stories_dir, monkeypatch):
+    from inferctl.engine import runner as runner_mod
 
     calls = []
     picks = []
@@ -99,13 +113,7 @@ def test_the_runner_takes_the_pick_from_the_op_or_greedy_sample(stories_dir, mon
 
     def run(kernels: bool):
         monkeypatch.setenv(cpu_kernels.ENV, "1" if kernels else "0")
-        engine = LLMEngine(load_model(str(stories_dir / "stories260K.bin")), EngineConfig())
-        engine.add_request("a", list(range(3, 19)), SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
-        toks = []
-        while engine.has_unfinished_requests():
-            for o in engine.step():
-                toks.extend(o.new_token_ids)
-        return toks, engine.runner._greedy_ops
+        return _greedy_tokens(stories_dir, 12)
 
     toks, ops = run(True)
     # wave 10: the fused op writes the pick of every decode step (greedy_out); greedy_sample is not called
@@ -121,10 +129,6 @@ def test_the_runner_falls_back_to_greedy_sample_when_the_op_has_no_head(stories_
     calls greedy_sample with the kernels, and the tokens are those of the op's own pick."""
     from inferctl.engine import fused_decode
     from inferctl.engine import runner as runner_mod
-    from inferctl.engine.config import EngineConfig
-    from inferctl.engine.engine import LLMEngine
-    from inferctl.engine.loader import load_model
-    from inferctl.engine.sampling_params import SamplingParams
 
     calls = []
     real = runner_mod.greedy_sample
@@ -133,13 +137,7 @@ def test_the_runner_falls_back_to_greedy_sample_when_the_op_has_no_head(stories_
     def run(no_head: bool):
         if no_head:
             monkeypatch.setattr(fused_decode, "head_tensors", lambda model: None)
-        engine = LLMEngine(load_model(str(stories_dir / "stories260K.bin")), EngineConfig())
-        engine.add_request("a", list(range(3, 19)), SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True))
-        toks = []
-        while engine.has_unfinished_requests():
-            for o in engine.step():
-                toks.extend(o.new_token_ids)
-        return toks
+        return _greedy_tokens(stories_dir, 10)[0]
 
     with_head = run(False)
     assert not calls
