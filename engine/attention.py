@@ -457,14 +457,22 @@ class KVCache:
         return k.reshape(Hkv, n * bs, D), v.reshape(Hkv, n * bs, D)
 
 
+#: csrc/paged_attention.h's stack bounds (``MAX_BLOCK_SIZE``, ``MAX_GROUP`` query heads per KV head,
+#: ``MAX_HEAD_DIM``): the op refuses a pool past them, so such a cache keeps the plain path.
+KERNEL_MAX_BLOCK_SIZE, KERNEL_MAX_GROUP, KERNEL_MAX_HEAD_DIM = 256, 64, 512
+
+
 def kernel_eligible(ops: Any | None, q: torch.Tensor, kv_cache: KVCache) -> bool:
     """The one predicate for the C++ op (``csrc/paged_attention.cpp``): the engine's CPU kernels
     loaded (``ops`` not None: ``cpu_kernels.ops_for`` said CPU, float32, ``INFERCTL_CPU_KERNELS`` on,
     built) and exporting ``paged_attention``; q float32 on CPU with contiguous ``[H, D]`` rows; a
-    contiguous float32 pool (int8 KV, CUDA and bf16 keep the plain path)."""
+    contiguous float32 pool (int8 KV, CUDA and bf16 keep the plain path) within the op's bounds
+    (:data:`KERNEL_MAX_BLOCK_SIZE`, :data:`KERNEL_MAX_GROUP`, :data:`KERNEL_MAX_HEAD_DIM`)."""
     return (ops is not None and q.dtype == torch.float32 and q.device.type == "cpu" and not kv_cache.kv_int8
             and kv_cache.k.dtype == torch.float32 and q.stride(2) == 1 and q.stride(1) == q.shape[2]
-            and kv_cache.k.is_contiguous() and kv_cache.v.is_contiguous() and hasattr(ops, "paged_attention"))
+            and kv_cache.k.is_contiguous() and kv_cache.v.is_contiguous() and hasattr(ops, "paged_attention")
+            and kv_cache.block_size <= KERNEL_MAX_BLOCK_SIZE and q.shape[2] <= KERNEL_MAX_HEAD_DIM
+            and q.shape[1] <= KERNEL_MAX_GROUP * kv_cache.k.shape[1])
 
 
 def paged_attention(q: torch.Tensor, kv_cache: KVCache, layer: int, meta: AttentionMetadata,
