@@ -269,6 +269,7 @@ class ModelRunner:
             meta = self._meta = AttentionMetadata.build(chunks, self.block_size, self.device, reuse=self._meta)
             with torch.inference_mode():
                 input_ids, input_pos = self._inputs(ids, positions)
+                gbuf = None
                 if st.plain_greedy and self.model is self._greedy_model:
                     # the fused op writes the greedy pick into this buffer when it runs with the head;
                     # -1 (no token) stays when the step took another path: greedy_sample then
@@ -278,13 +279,13 @@ class ModelRunner:
                         gbuf = self._greedy_bufs[B] = (t, t.numpy())
                     gbuf[1][0] = -1.0
                     logits = self.model(input_ids, input_pos, self.kv_cache, meta, greedy_out=gbuf[0])
-                    pairs = gbuf[0].tolist()
-                    sample = (greedy_from_pairs(pairs) if pairs[0] >= 0.0
-                              else greedy_sample(logits, self._greedy_ops) if logits.dtype == torch.float32 else None)
                 else:
                     logits = self.model(input_ids, input_pos, self.kv_cache, meta)
-                    sample = (greedy_sample(logits, self._greedy_ops)
-                              if st.plain_greedy and logits.dtype == torch.float32 else None)
+                sample = None
+                if gbuf is not None and gbuf[1][0] >= 0.0:
+                    sample = greedy_from_pairs(gbuf[0].tolist())
+                elif st.plain_greedy and logits.dtype == torch.float32:
+                    sample = greedy_sample(logits, self._greedy_ops)
                 if sample is None:
                     sample = self.sampler(logits, st.params, st.generators, st.histories, st.prompt_lens)
         finally:
