@@ -24,7 +24,7 @@ import datetime as dt
 import json
 import os
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 import typer
 
@@ -42,7 +42,7 @@ EngineOpt = typer.Option(None, "--engine", "-e", help="Engine name (default: the
 
 
 # --------------------------------------------------------------------------- HTTP plumbing
-def _die(message: str, code: int = 1) -> None:
+def _die(message: str, code: int = 1) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
 
@@ -128,21 +128,21 @@ def _message(doc: Any) -> str:
 
 def _token(token: Optional[str], token_file: Optional[str] = None) -> str:
     """The admin token a client command sends: ``--token``, else ``--token-file``'s content,
-    else ``$INFERCTL_ADMIN_TOKEN``; exits 1 when there is none or the file cannot be read."""
-    from inferctl.contract.http import read_token_file
+    else ``$INFERCTL_ADMIN_TOKEN``; exits 1 when none, unreadable or refused by ``check_token_chars``."""
+    from inferctl.contract.http import check_token_chars, read_token_file
 
     if token and token_file:
         _die("--token-file: give either --token or --token-file, not both")
-    if token_file:
-        try:
-            return read_token_file(token_file, "--token-file")
-        except ValueError as exc:
-            _die(str(exc))
-    tok = token or os.environ.get(TOKEN_ENV)
-    if not tok:
-        _die(f"an admin token is required: pass --token-file, set ${TOKEN_ENV} or pass --token"
-             " (`inferctl up` prints it at start)")
-    return tok
+    tok, src = (token, "--token") if token else (os.environ.get(TOKEN_ENV), f"${TOKEN_ENV}")
+    try:   # checked here: a token no header can carry was a traceback (non-ASCII) or h11's error
+        if token_file:
+            tok, src = read_token_file(token_file, "--token-file"), "--token-file"
+        if tok:
+            return check_token_chars(tok, src)
+    except ValueError as exc:
+        _die(str(exc))
+    _die(f"an admin token is required: pass --token-file, set ${TOKEN_ENV} or pass --token"
+         " (`inferctl up` prints it at start)")
 
 
 #: Console width for a pipe or a file: wide enough that no row is cut or folded (rich's default is 80)
