@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from inferctl.engine import hugepages
 from inferctl.engine.model import LlamaModel, ModelArgs, canonical_weight_names
 from inferctl.engine.tokenizer import (BaseTokenizer, ByteTokenizer, HFTokenizer, Llama2cTokenizer,
                               build_hf_tokenizer_json)
@@ -410,8 +411,17 @@ def load_model(spec: str | Path | None, device: str | torch.device = "cpu", dtyp
     """Load by spec: None or "demo" → demo model; ``*.bin`` → llama2.c; ``*.gguf`` → GGUF; a directory →
     Hugging Face.
 
-    Raises FileNotFoundError for a missing path and ValueError for a path of another kind.
+    On CPU the full-precision weights are then moved into huge pages (``engine.hugepages``; off with
+    ``INFERCTL_HUGEPAGES=0``). Raises FileNotFoundError for a missing path and ValueError for a path
+    of another kind.
     """
+    bundle = _load_by_spec(spec, device, dtype, tokenizer_path, name)
+    hugepages.move_weights(bundle.model)     # CPU weights only; INFERCTL_HUGEPAGES=0 turns it off
+    return bundle
+
+
+def _load_by_spec(spec: str | Path | None, device: str | torch.device, dtype: torch.dtype,
+                  tokenizer_path: str | Path | None, name: str | None) -> ModelBundle:
     if spec is None or str(spec) == "demo":
         b = build_demo_model(device=device, dtype=dtype)
         if name:
