@@ -6,6 +6,7 @@ Every limit is configuration; :meth:`RouterConfig.validate` raises :class:`Confi
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -86,6 +87,10 @@ def _url_problem(url: str, parts: Any) -> str | None:
     return None
 
 
+#: Longest interval or timeout a flag accepts (a day): above, a probe or a request is never awaited.
+MAX_SECONDS = 86400.0
+
+
 @dataclass(frozen=True)
 class RouterConfig:
     """Router settings (docs/router.md explains each).
@@ -155,12 +160,12 @@ class RouterConfig:
                             ("--probe-timeout", self.probe_timeout_seconds),
                             ("--upstream-timeout", self.upstream_timeout_seconds),
                             ("--connect-timeout", self.connect_timeout_seconds)):
-            if not value > 0:
-                raise ConfigError(f"{flag}: must be > 0 seconds, got {value}")
+            if not 0 < value <= MAX_SECONDS:   # nan and inf too: inf never probed again after the first
+                raise ConfigError(f"{flag}: must be > 0 and <= {MAX_SECONDS:g} seconds, got {value}")
         if self.max_retries < 0:
             raise ConfigError(f"--max-retries: must be >= 0, got {self.max_retries}")
-        if self.epsilon < 0:
-            raise ConfigError(f"--epsilon: must be >= 0, got {self.epsilon}")
+        if not (math.isfinite(self.epsilon) and self.epsilon >= 0):   # nan: no replica ever within the bound
+            raise ConfigError(f"--epsilon: must be a finite number >= 0, got {self.epsilon}")
         if self.affinity_chars < 1 or self.affinity_min_chars < 0:
             raise ConfigError(f"--affinity-chars: must be >= 1 (min chars >= 0), got {self.affinity_chars}, "
                               f"{self.affinity_min_chars}")
@@ -183,6 +188,10 @@ class RouterConfig:
             parts = urlsplit(self.controller)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise ConfigError(f"--controller: URL {self.controller!r} must be http(s)://host[:port]")
+            problem = _url_problem(self.controller, parts)   # a port like 99999 was accepted, then every poll failed
+            if problem is not None:
+                shown = self.controller if "@" not in parts.netloc else "<URL with credentials>"
+                raise ConfigError(f"--controller: URL {shown!r} {problem}; give http(s)://host[:port] only")
         return self
 
     def attempts(self) -> int:
