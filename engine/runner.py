@@ -14,7 +14,9 @@ for ``torch.tensor`` plus two slices), reused every step of that size. A decode-
 shorter path (:meth:`ModelRunner._execute_decode`: the same inputs, metadata, estimate and sampling,
 with the sampler's per-sequence lists kept while the running set is unchanged), and every step's
 metadata is rewritten in place when its sizes match the last step's (``AttentionMetadata.build``'s
-``reuse``).
+``reuse``). A decode step of the last decode step's running set, each sequence one token further in
+the same blocks, skips the build too: :meth:`ModelRunner._advance` writes the slots, context lengths
+and inputs that changed into the last step's tensors (issue 12, wave 11).
 
 Prompt logprobs (vLLM semantics). A prefill chunk of a sequence that asked for them and has
 prompt tokens left to score is built with ``all_logits=True``: row ``r`` (position ``r``)
@@ -121,6 +123,9 @@ class ModelRunner:
         # decode fast path: the running set of the last all-decode step and its sampler inputs
         self._decode: _DecodeBatch | None = None
         self._decode_act: dict[int, tuple[int, int]] = {}   # B -> (base, slope) of the decode estimate
+        # in-place advance of the last decode step (CPU): (its metadata, the numpy views of its
+        # input_ids/positions, each sequence's block-table list object, each one's cached count)
+        self._adv: tuple | None = None
         # the C++ greedy pick (argmax + its log_softmax value) for the fast path, where the kernels run
         ops = getattr(model, "kernel_ops", None)
         self._greedy_ops = ops if ops is not None and hasattr(ops, "greedy_logprobs") else None
@@ -152,6 +157,7 @@ class ModelRunner:
             res = self._execute_decode(scheduled)
             if res is not None:
                 return res
+        self._adv = None
         ids: list[int] = []
         positions: list[int] = []
         chunks: list[tuple[list[int], int, int, bool]] = []
@@ -240,23 +246,32 @@ class ModelRunner:
         if st is None or len(st.seqs) != len(scheduled) or any(
                 seq is not s for (seq, _), s in zip(scheduled, st.seqs)):
             st = None
-        ids: list[int] = []
-        positions: list[int] = []
-        chunks: list[tuple[list[int], int, int, bool]] = []
+        B = len(scheduled)
+        adv = self._adv
         sum_ctx = 0
-        for seq, n in scheduled:
-            c = seq.num_computed_tokens
-            toks = seq.token_ids
-            if n != 1 or c + 1 != len(toks):
-                self._decode = None
-                return None
-            ids.append(toks[c])
-            positions.append(c)
-            chunks.append((seq.block_table, c, 1, False))
-            sum_ctx += c + 1
-        if st is None:
-            st = self._decode = _DecodeBatch.of([seq for seq, _ in scheduled])
-        B = len(ids)
+        if st is not None and adv is not None and adv[0] is self._meta:
+            sum_ctx = self._advance(scheduled, adv)
+        if sum_ctx:
+            meta = adv[0]
+            input_ids, input_pos = self._input_buffers[B][:2]
+        else:
+            self._adv = None
+            ids: list[int] = []
+            positions: list[int] = []
+            chunks: list[tuple[list[int], int, int, bool]] = []
+            for seq, n in scheduled:
+                c = seq.num_computed_tokens
+                toks = seq.token_ids
+                if n != 1 or c + 1 != len(toks):
+                    self._decode = None
+                    return None
+                ids.append(toks[c])
+                positions.append(c)
+                chunks.append((seq.block_table, c, 1, False))
+                sum_ctx += c + 1
+            if st is None:
+                st = self._decode = _DecodeBatch.of([seq for seq, _ in scheduled])
+            meta = None
         # the estimate of a decode step is affine in the summed context (integer arithmetic, so
         # base + slope·Σctx is the estimate exactly); the pair is made once per batch size
         lin = self._decode_act.get(B)
@@ -266,9 +281,14 @@ class ModelRunner:
         act = lin[0] + lin[1] * sum_ctx
         handle = self.accountant.reserve_activations(act)
         try:
-            meta = self._meta = AttentionMetadata.build(chunks, self.block_size, self.device, reuse=self._meta)
-            with torch.inference_mode():
+            if meta is None:
+                meta = self._meta = AttentionMetadata.build(chunks, self.block_size, self.device, reuse=self._meta)
                 input_ids, input_pos = self._inputs(ids, positions)
+                if meta._np is not None and B in self._input_buffers:
+                    bufs = self._input_buffers[B]
+                    self._adv = (meta, bufs[2], bufs[3], [s.block_table for s in st.seqs],
+                                 list(positions))
+            with torch.inference_mode():
                 gbuf = None
                 if st.plain_greedy and self.model is self._greedy_model:
                     # the fused op writes the greedy pick into this buffer when it runs with the head;
@@ -291,6 +311,49 @@ class ModelRunner:
         finally:
             self.accountant.release_activations(handle)
         return StepResult(st.seqs, sample, B, act)
+
+    def _advance(self, scheduled: list[tuple[Sequence, int]], adv: tuple) -> int:
+        """The in-place advance of a decode step over the last decode step's running set (the same
+        sequences in the same order, each one token further in the same blocks): rewrites the
+        metadata's slot and context length of each row, its ``max_context`` and host copy, and the
+        persistent ``input_ids``/``positions`` in place (the block tables, ``query_start_loc`` and
+        ``logits_indices`` are the same numbers), instead of building them.
+
+        Applies when every row is a decode (one new token, its last) whose cached count is the last
+        step's + 1, not at a block boundary (``c % block_size != 0``: the same blocks hold the
+        context) and with the same block-table list object (tables grow by appending; a freed or
+        preempted sequence gets a new list, and spec decode's in-place truncate runs after a general
+        step, which drops ``adv``), and the metadata never made its gather-path fields. Returns the
+        step's summed context (> 0), or 0 when it does not apply (the rows written so far are
+        rewritten in full by the build that follows).
+        """
+        meta, ids_np, pos_np, tables, cs = adv
+        npv = meta._np
+        if meta._plain_ready or npv is None:
+            return 0
+        bs = self.block_size
+        B = len(scheduled)
+        lens_at = 2 * B + 1   # the flat buffer: slot_mapping [B], query_start_loc [B+1], seq_lens [B], …
+        lens: list[int] = []
+        sum_ctx = 0
+        for i, (seq, n) in enumerate(scheduled):
+            c = seq.num_computed_tokens
+            toks = seq.token_ids
+            table = seq.block_table
+            if n != 1 or c + 1 != len(toks) or c != cs[i] + 1 or c % bs == 0 or table is not tables[i]:
+                return 0
+            ids_np[i] = toks[c]
+            pos_np[i] = c
+            npv[i] = table[c // bs] * bs + c % bs
+            npv[lens_at + i] = c + 1
+            lens.append(c + 1)
+            sum_ctx += c + 1
+        for i in range(B):
+            cs[i] += 1
+        h = meta._host
+        meta._host = (h[0], lens, h[2], h[3], h[4])
+        meta.max_context = max(lens)
+        return sum_ctx
 
     def _inputs(self, ids: list[int], positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """``input_ids`` and ``positions`` ([T] int64 each) of a step. On CPU a step of at most

@@ -111,6 +111,26 @@ def test_reused_metadata_equals_a_fresh_build_and_the_set_is_rebuilt_on_every_ch
         checked.append(meta is reuse)
         return meta
     monkeypatch.setattr(AttentionMetadata, "build", classmethod(checking))
+    advance = runner_mod.ModelRunner._advance
+    advanced = []
+
+    def checking_advance(self, scheduled, adv):
+        sum_ctx = advance(self, scheduled, adv)
+        if sum_ctx:   # the in-place advance: the same numbers as a fresh build of this step
+            meta = adv[0]
+            chunks = [(s.block_table, s.num_computed_tokens, 1, False) for s, _ in scheduled]
+            fresh = build(AttentionMetadata, chunks, self.block_size)
+            for f in ("slot_mapping", "query_start_loc", "seq_lens", "block_tables", "logits_indices"):
+                assert torch.equal(getattr(meta, f), getattr(fresh, f)), f
+            assert (meta.max_context, meta.num_decodes, meta.all_decode) == (
+                fresh.max_context, fresh.num_decodes, fresh.all_decode)
+            assert meta._host[1] == fresh._host[1] and sum_ctx == sum(fresh._host[1])
+            ids_t, pos_t = self._input_buffers[len(scheduled)][:2]
+            assert ids_t.tolist() == [s.token_ids[-1] for s, _ in scheduled]
+            assert pos_t.tolist() == [s.num_computed_tokens for s, _ in scheduled]
+            advanced.append(len(scheduled))
+        return sum_ctx
+    monkeypatch.setattr(runner_mod.ModelRunner, "_advance", checking_advance)
     made = []
     of = runner_mod._DecodeBatch.of.__func__
     monkeypatch.setattr(runner_mod._DecodeBatch, "of",
@@ -118,7 +138,8 @@ def test_reused_metadata_equals_a_fresh_build_and_the_set_is_rebuilt_on_every_ch
     trace: list = []
     _script(engine, trace)
     if engine.model.kernel_ops is not None:
-        assert sum(checked) > 50                           # the in-place rewrite ran, and matched
+        assert sum(checked) > 0 and len(advanced) > 50     # the in-place rewrite and advance ran, and matched
+        assert any(b >= 4 for b in advanced) and any(b == 1 for b in advanced)
     else:   # INFERCTL_CPU_KERNELS=0: the plain attention derives its fields, so no step reuses
         assert not any(checked) and len(checked) > 50
     # a kept set is made only for a set that differs from the one before it (a finish, an abort, a
