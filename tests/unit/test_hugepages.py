@@ -97,3 +97,17 @@ def test_same_greedy_tokens_on_and_off(monkeypatch, stories_dir):
     on = tokens("1")
     assert len(on) == 12
     assert tokens("0") == on
+
+
+def test_int8_and_back_keeps_the_moved_weights(monkeypatch):
+    if not hugepages.enabled():
+        pytest.skip("huge pages unavailable here (not Linux or INFERCTL_HUGEPAGES=0)")
+    m = load_model("demo").model
+    before = {n: (t.data_ptr(), t.clone()) for n, t in _weights(m).items()}
+    m.set_precision("int8")
+    assert not _weights(m)
+    m.set_precision("full")
+    after = _weights(m)
+    assert after.keys() == before.keys()
+    for n, (ptr, t) in before.items():
+        assert after[n].data_ptr() == ptr and torch.equal(after[n], t), n
