@@ -44,6 +44,10 @@ BLOCKING_STATES = frozenset({"draining", "isolated", "restarting", "stopping", "
                              "resetting"})
 #: Re-read each ready replica's model list every this many rounds.
 MODELS_EVERY = 10
+#: failed controller reads in a row, before it ever answered, after which the router warns (one probe
+#: round each: ~5 s at the default interval); earlier failures log at INFO, as ``inferctl up`` starts
+#: its router before the controller's API answers
+CONTROLLER_GRACE_FAILURES = 5
 
 
 def _num(value: Any) -> float | None:
@@ -71,6 +75,8 @@ class Prober:
         self.metrics = metrics
         self.rounds = 0
         self.controller_ok: bool | None = None
+        self._ctl_answered = False   # the controller has answered once (since the start)
+        self._ctl_failures = 0       # failed reads in a row
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else None
 
     async def round(self) -> None:
@@ -168,12 +174,20 @@ class Prober:
             if not isinstance(engines, dict):
                 raise ValueError("/status has no engines object")
         except (httpx.HTTPError, ValueError) as exc:
-            if self.controller_ok is not False:
-                log.warning("controller unreachable (%s): keeping its last known view", exc)
+            reason = str(exc) or type(exc).__name__
+            self._ctl_failures += 1
+            if self._ctl_failures == CONTROLLER_GRACE_FAILURES and not self._ctl_answered:
+                log.warning("controller unreachable (%s): it has not answered %d reads since the start; "
+                            "routing on the replicas' own readiness", reason, self._ctl_failures)
+            elif self.controller_ok is None:   # a fleet starting: the controller may come up after us
+                log.info("controller not answering yet (%s): routing on the replicas' own readiness", reason)
+            elif self.controller_ok:
+                log.warning("controller unreachable (%s): keeping its last known view", reason)
             self.controller_ok = False
             self.metrics["inferctl_router_controller_up"].set(0)
             return
-        self.controller_ok = True
+        self.controller_ok = self._ctl_answered = True
+        self._ctl_failures = 0
         self.metrics["inferctl_router_controller_up"].set(1)
         by_url = {str(e.get("url") or "").rstrip("/"): e for e in engines.values() if isinstance(e, dict)}
         for r in self.replicas:
