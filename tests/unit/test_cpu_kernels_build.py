@@ -59,3 +59,41 @@ def _copy(src, d):
     dst = d / src.name
     shutil.copyfile(src, dst)
     return dst
+
+
+def _first_start_messages(monkeypatch, caplog, build_dir, with_library: bool) -> list[str]:
+    """INFO messages of one ``load_ops`` whose build directory is ``build_dir`` (holding the built
+    library or not) and whose build fails (so nothing real is built or loaded)."""
+    import torch.utils.cpp_extension as cpp
+
+    seen: list[str] = []
+
+    def build_dir_of(name, verbose):
+        seen.append(name)
+        if with_library:
+            (build_dir / f"{name}.so").touch()
+        return str(build_dir)
+
+    def no_build(*a, **k):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(cpp, "_get_build_directory", build_dir_of)
+    monkeypatch.setattr(cpp, "load", no_build)
+    cpu_kernels.load_ops.cache_clear()
+    try:
+        with caplog.at_level(logging.INFO, logger="inferctl.engine.cpu_kernels"):
+            assert cpu_kernels.load_ops() is None
+    finally:
+        cpu_kernels.load_ops.cache_clear()   # the next caller loads the real (cached) build again
+    assert seen and all(n.startswith("inferctl_cpu_kernels_") for n in seen)
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+
+
+def test_a_first_build_says_so_before_the_quiet_minute(monkeypatch, caplog, tmp_path):
+    msgs = [m for m in _first_start_messages(monkeypatch, caplog, tmp_path, False) if "building" in m]
+    assert len(msgs) == 2                                  # the OpenMP build and the serial retry
+    assert str(tmp_path) in msgs[0] and "INFERCTL_CPU_KERNELS=0" in msgs[0]
+
+
+def test_a_cached_build_starts_without_the_message(monkeypatch, caplog, tmp_path):
+    assert not [m for m in _first_start_messages(monkeypatch, caplog, tmp_path, True) if "building" in m]
