@@ -11,6 +11,7 @@ echoed back) and ``user`` are never labels.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -34,6 +35,7 @@ from inferctl.engine.sampling_params import SamplingLimits, SamplingParams, Samp
 
 GenerationRequest = CompletionRequest | ChatCompletionRequest
 R = TypeVar("R")
+log = logging.getLogger(__name__)
 
 #: ``stream_fn(served, req, jobs, started, rid, created, include_usage, retry_after)`` → SSE bytes.
 StreamFn = Callable[..., AsyncIterator[bytes]]
@@ -95,9 +97,33 @@ async def parse_request(request: Request, state: ServerState,
         if known is not None:
             known.count_error("invalid_request")
         raise
+    ignored = ignored_fields(cls, obj)
+    if ignored:
+        rid = request.headers.get("x-request-id")
+        note_ignored_fields(state, ignored, request_id(rid) if rid else None)
     requested, serving = state.resolve(req.model)
     state.check_admitting(serving)
     return req, requested, serving
+
+
+def ignored_fields(cls: type[Any], obj: dict) -> tuple[str, ...]:
+    """The top-level fields of the body ``obj`` that the request model ``cls`` does not declare
+    (pydantic ignores them, as OpenAI-compatible servers do: vLLM logs them too), sorted."""
+    names = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
+    return tuple(sorted(str(k) for k in obj if k not in names))
+
+
+def note_ignored_fields(state: ServerState, ignored: tuple[str, ...], rid: str | None) -> None:
+    """Log the fields a request sent that this engine ignores (e.g. vLLM's ``min_p``, which would
+    change sampling elsewhere): a WARNING the first time a set of names is seen by this server,
+    DEBUG after (a client that always sends it does not flood the log). At most 20 names, each cut
+    to 64 characters."""
+    shown = ", ".join(n[:64] for n in ignored[:20]) + (f" (+{len(ignored) - 20} more)" if len(ignored) > 20 else "")
+    first = ignored not in state.ignored_fields_seen
+    if first and len(state.ignored_fields_seen) < 1024:
+        state.ignored_fields_seen.add(ignored)
+    log.log(logging.WARNING if first else logging.DEBUG,
+            "request %s: fields present but ignored by this engine: %s", rid or "-", shown)
 
 
 def check_text_size(served: ServedModel, n_chars: int, param: str, *, count: bool = True) -> None:

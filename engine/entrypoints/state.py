@@ -179,6 +179,8 @@ class ServerState:
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     stopping: bool = False
     in_flight: int = 0
+    #: the sets of undeclared request fields already logged as a warning (later ones: DEBUG)
+    ignored_fields_seen: set[tuple[str, ...]] = field(default_factory=set)
 
     def lookup(self, name: str | None, param: str = "model") -> ServedModel:
         """The served model called ``name`` (None → default), without routing; 404 naming
