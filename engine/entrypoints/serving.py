@@ -119,8 +119,8 @@ def note_ignored_fields(state: ServerState, ignored: tuple[str, ...], rid: str |
     DEBUG after (a client that always sends it does not flood the log). At most 20 names, each cut
     to 64 characters."""
     shown = ", ".join(n[:64] for n in ignored[:20]) + (f" (+{len(ignored) - 20} more)" if len(ignored) > 20 else "")
-    first = ignored not in state.ignored_fields_seen
-    if first and len(state.ignored_fields_seen) < 1024:
+    first = ignored not in state.ignored_fields_seen and len(state.ignored_fields_seen) < 1024
+    if first:   # bounded: a client inventing names cannot grow it (or the warnings) without limit
         state.ignored_fields_seen.add(ignored)
     log.log(logging.WARNING if first else logging.DEBUG,
             "request %s: fields present but ignored by this engine: %s", rid or "-", shown)
