@@ -115,7 +115,8 @@ def ignored_fields(cls: type[Any], obj: dict) -> tuple[str, ...]:
 
 def note_ignored_fields(state: ServerState, ignored: tuple[str, ...], rid: str | None) -> None:
     """Log the fields a request sent that this engine ignores (e.g. vLLM's ``min_p``, which would
-    change sampling elsewhere): a WARNING the first time a set of names is seen by this server,
+    change sampling elsewhere): a WARNING the first time a set of names is seen by this server (the
+    first 1,024 sets),
     DEBUG after (a client that always sends it does not flood the log). At most 20 names, each cut
     to 64 characters."""
     shown = ", ".join(n[:64] for n in ignored[:20]) + (f" (+{len(ignored) - 20} more)" if len(ignored) > 20 else "")
