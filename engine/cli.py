@@ -28,6 +28,7 @@ budget reserves exactly what it needs.
 from __future__ import annotations
 
 import math
+import os
 import sys
 from typing import Optional
 
@@ -442,9 +443,13 @@ def generate(
             if out.finished:
                 finish = out.finish_reason
     text = "".join(pieces)
-    sys.stdout.write(text + ("\n" if sys.stdout.isatty() else ""))
+    ends_line = sys.stdout.isatty()
+    sys.stdout.write(text + ("\n" if ends_line else ""))
     sys.stdout.flush()
-    typer.echo(f"[finish_reason={finish} prompt_tokens={len(ids)}]", err=True)
+    # stdout and stderr into one file or pipe (2>&1): the footer on a line of its own; stdout alone
+    # keeps the text exactly as generated
+    glued = not ends_line and text and not text.endswith("\n") and _same_destination()
+    typer.echo(("\n" if glued else "") + f"[finish_reason={finish} prompt_tokens={len(ids)}]", err=True)
     if finish == "error":
         raise typer.Exit(1)
 
@@ -458,3 +463,10 @@ def register(app: typer.Typer) -> None:
     app.command("serve", help="Same as `inferctl engine serve` (vLLM's `vllm serve MODEL`).")(serve)
     app.command("generate")(generate)
 
+
+def _same_destination() -> bool:
+    """Whether stdout and stderr are one open file (``2>&1``); False when either cannot be checked."""
+    try:
+        return os.path.sameopenfile(sys.stdout.fileno(), sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError):   # a stream without a descriptor (captured, closed)
+        return False
