@@ -9,6 +9,7 @@ import torch
 
 from inferctl.engine import cpu_kernels
 from inferctl.engine.attention import KERNEL_MAX_BLOCK_SIZE, KVCache, kernel_eligible
+from tests.core_helpers import drain
 
 OPS = cpu_kernels.ops_for("cpu", torch.float32)
 needs_ops = pytest.mark.skipif(OPS is None, reason="CPU kernels did not build here (no compiler/ninja)")
@@ -44,11 +45,7 @@ def test_an_engine_with_large_blocks_serves_the_same_tokens(stories_dir):
     def tokens(block_size: int) -> list[int]:
         engine = LLMEngine(load_model(str(stories_dir / "stories260K.bin")), EngineConfig(block_size=block_size))
         engine.add_request("a", list(range(3, 19)), SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
-        out = []
-        while engine.has_unfinished_requests():
-            for o in engine.step():
-                out.extend(o.new_token_ids)
-        return out
+        return drain(engine)[0]["a"]
 
     small = tokens(16)
     assert len(small) == 8

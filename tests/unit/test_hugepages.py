@@ -10,6 +10,7 @@ import torch
 
 from inferctl.engine import hugepages
 from inferctl.engine.loader import load_model
+from tests.core_helpers import drain
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -88,11 +89,7 @@ def test_same_greedy_tokens_on_and_off(monkeypatch, stories_dir):
         monkeypatch.setenv("INFERCTL_HUGEPAGES", flag)
         engine = LLMEngine(load_model(str(stories_dir / "stories260K.bin")), EngineConfig())
         engine.add_request("a", list(range(3, 19)), SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
-        out = []
-        while engine.has_unfinished_requests():
-            for o in engine.step():
-                out.extend(o.new_token_ids)
-        return out
+        return drain(engine)[0]["a"]
 
     on = tokens("1")
     assert len(on) == 12
