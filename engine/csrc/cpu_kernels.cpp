@@ -10,7 +10,8 @@
 // once by each thread (the layout llama.cpp's ggml_vec_dot_f32 streams), as 4 side-by-side streams
 // (gemv_rows). Up to MAX_B activation rows share each weight row (fp32: in pairs while the row sits in L1;
 // int8: 1-3 rows 4 weight rows x G activation rows per inner step, q8_seg; 4 or more rows 8 weight rows
-// repacked 8 rows x 4 bytes, each broadcast activation dword feeding the 8, q8_il). Python sends
+// repacked 8 rows x 4 bytes, each broadcast activation dword feeding the 8, q8_il; one vpdpbusd per 32
+// products where the CPU has VNNI, simd.h). Python sends
 // fp32 where cpu_kernels.f32_kernel_wins (up to 8 rows at 1 thread, 16 at more: MKL's GEMM wins above
 // that) and int8 up to MAX_BATCH_INT8 (64: torch's int8 kernel takes bf16 activations, emulated
 // without bf16 hardware); the fused decode op (decode_step.cpp) calls both with up to 64 rows.
@@ -50,6 +51,7 @@ constexpr int64_t GRAIN_ELEMS = 1 << 16;  // weights per parallel chunk: smaller
 
 #if INFERCTL_AVX2
 using inferctl_simd::hsum8;
+using inferctl_simd::dot_u8s8;
 
 inline __m256 load_i8x8(const int8_t* p) {
   __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
@@ -214,7 +216,6 @@ void quant_row(const float* x, int64_t nb, int8_t* q, float* d) {
 template <int S, int G>
 inline void q8_seg(const int8_t* xq, const float* xd, const float* x, int64_t ldq, int64_t nbd, int64_t K, int64_t nb,
                    const int8_t* const* wr, float* out) {
-  const __m256i ones = _mm256_set1_epi16(1);
   if constexpr (S == 4 && G >= 2) {
     // Register-blocked micro-kernel for 2..4 activation rows (wave 8): each weight block's load and |w| serve
     // G rows, each activation block serves the 4 weight rows, and the 4 rows' int32 block sums for one
@@ -239,7 +240,7 @@ inline void q8_seg(const int8_t* xq, const float* xd, const float* x, int64_t ld
       for (int g = 0; g < G; ++g) {
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + g * ldq + b * 32));
         __m256i p[4];
-        for (int s = 0; s < 4; ++s) p[s] = _mm256_madd_epi16(_mm256_maddubs_epi16(a[s], _mm256_sign_epi8(xv, w[s])), ones);
+        for (int s = 0; s < 4; ++s) p[s] = dot_u8s8(a[s], _mm256_sign_epi8(xv, w[s]));
         const __m256i s01 = _mm256_add_epi32(_mm256_unpacklo_epi32(p[0], p[1]), _mm256_unpackhi_epi32(p[0], p[1]));
         const __m256i s23 = _mm256_add_epi32(_mm256_unpacklo_epi32(p[2], p[3]), _mm256_unpackhi_epi32(p[2], p[3]));
         const __m256i h = _mm256_add_epi32(_mm256_unpacklo_epi64(s01, s23), _mm256_unpackhi_epi64(s01, s23));
@@ -268,7 +269,7 @@ inline void q8_seg(const int8_t* xq, const float* xd, const float* x, int64_t ld
       const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[s] + b * 32));
       const __m256i aw = _mm256_sign_epi8(wv, wv);
       for (int g = 0; g < G; ++g) {
-        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[g], wv)), ones);
+        const __m256i p = dot_u8s8(aw, _mm256_sign_epi8(xv[g], wv));
         acc[s][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(xd[g * nbd + b]), acc[s][g]);
       }
     }
@@ -322,7 +323,15 @@ constexpr int64_t IL_ROWS = 8;
 // layer shapes, vs q8_seg: 2 rows 0.73-0.84x, 4 rows 0.96-1.48x, 6-32 rows 1.1-2.1x; the DRAM/L3-streamed
 // 384x32000 classifier 0.91-1.0x at 4 rows, 0.95-1.7x at 6-32: noisy). Batch 1 keeps q8_seg's 4 streams.
 constexpr int64_t IL_MIN_B = INFERCTL_IL_MIN_B;
+// With VNNI the packed bytes are w + 128 (w XOR 0x80, as unsigned: vpdpbusd's unsigned operand), and q8_il
+// takes 128 * (the activation block's sum) back off each block's exact int32 sum.
 inline void il_pack8(const int8_t* w, int64_t ldw, int64_t nb, int8_t* il) {
+#if INFERCTL_VNNI
+  const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
+#define IL_STORE(o, v) _mm256_storeu_si256(o, _mm256_xor_si256(v, bias))
+#else
+#define IL_STORE(o, v) _mm256_storeu_si256(o, v)
+#endif
   for (int64_t b = 0; b < nb; ++b) {
     __m256i r[8];
     for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i * ldw + b * 32));
@@ -336,15 +345,16 @@ inline void il_pack8(const int8_t* w, int64_t ldw, int64_t nb, int8_t* il) {
     const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
     const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
     __m256i* o = reinterpret_cast<__m256i*>(il + b * 256);
-    _mm256_storeu_si256(o + 0, _mm256_permute2x128_si256(u0, u4, 0x20));
-    _mm256_storeu_si256(o + 1, _mm256_permute2x128_si256(u1, u5, 0x20));
-    _mm256_storeu_si256(o + 2, _mm256_permute2x128_si256(u2, u6, 0x20));
-    _mm256_storeu_si256(o + 3, _mm256_permute2x128_si256(u3, u7, 0x20));
-    _mm256_storeu_si256(o + 4, _mm256_permute2x128_si256(u0, u4, 0x31));
-    _mm256_storeu_si256(o + 5, _mm256_permute2x128_si256(u1, u5, 0x31));
-    _mm256_storeu_si256(o + 6, _mm256_permute2x128_si256(u2, u6, 0x31));
-    _mm256_storeu_si256(o + 7, _mm256_permute2x128_si256(u3, u7, 0x31));
+    IL_STORE(o + 0, _mm256_permute2x128_si256(u0, u4, 0x20));
+    IL_STORE(o + 1, _mm256_permute2x128_si256(u1, u5, 0x20));
+    IL_STORE(o + 2, _mm256_permute2x128_si256(u2, u6, 0x20));
+    IL_STORE(o + 3, _mm256_permute2x128_si256(u3, u7, 0x20));
+    IL_STORE(o + 4, _mm256_permute2x128_si256(u0, u4, 0x31));
+    IL_STORE(o + 5, _mm256_permute2x128_si256(u1, u5, 0x31));
+    IL_STORE(o + 6, _mm256_permute2x128_si256(u2, u6, 0x31));
+    IL_STORE(o + 7, _mm256_permute2x128_si256(u3, u7, 0x31));
   }
+#undef IL_STORE
 }
 
 // 8 interleaved weight rows (il, il_pack8's layout) x G quantized activation rows; y rows n..n+7 of the G
@@ -352,12 +362,37 @@ inline void il_pack8(const int8_t* w, int64_t ldw, int64_t nb, int8_t* il) {
 // Numerics: each block's int32 sum is exact and scaled once (llama.cpp's order: sum_b d_x[b] * isum_b, then
 // the row scale), so a row's value does not depend on G or on the other rows of the call; it differs from
 // q8_seg's (1-3 rows) in the last fp32 bits.
+// xs: with VNNI, 128 * the sum of each quantized activation block (row stride nbd), else unused.
+// VNNI (2026-12-03, a Zen 4 with AVX512-VNNI): one vpdpbusd per 32 products on the biased bytes instead of
+// sign + maddubs + madd + add; the 8 steps of a block alternate two accumulators per activation row
+// (vpdpbusd's latency), and the block's int32 sum, exact either way, is the same integer as below.
 template <int G>
-inline void q8_il(const int8_t* il, const int8_t* xq, const float* xd, const float* x, int64_t ldq, int64_t nbd,
-                  int64_t K, int64_t nb, const int8_t* w, int64_t ldw, const float* sc, float* y, int64_t N) {
-  const __m256i ones = _mm256_set1_epi16(1);
+inline void q8_il(const int8_t* il, const int8_t* xq, const float* xd, const int32_t* xs, const float* x,
+                  int64_t ldq, int64_t nbd, int64_t K, int64_t nb, const int8_t* w, int64_t ldw, const float* sc,
+                  float* y, int64_t N) {
   __m256 acc[G];
   for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
+#if INFERCTL_VNNI
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i is[G][2];
+    for (int g = 0; g < G; ++g) is[g][0] = is[g][1] = _mm256_setzero_si256();
+    const int8_t* wb = il + b * 256;
+    for (int j = 0; j < 8; ++j) {
+      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 32 * j));
+      for (int g = 0; g < G; ++g) {
+        int32_t x4;
+        std::memcpy(&x4, xq + g * ldq + b * 32 + 4 * j, 4);
+        is[g][j & 1] = INFERCTL_DPBUSD(is[g][j & 1], wv, _mm256_set1_epi32(x4));
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      const __m256i t = _mm256_sub_epi32(_mm256_add_epi32(is[g][0], is[g][1]), _mm256_set1_epi32(xs[g * nbd + b]));
+      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(xd[g * nbd + b]), acc[g]);
+    }
+  }
+#else
+  (void)xs;
+  const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t b = 0; b < nb; ++b) {
     __m256i is[G];
     for (int g = 0; g < G; ++g) is[g] = _mm256_setzero_si256();
@@ -374,6 +409,7 @@ inline void q8_il(const int8_t* il, const int8_t* xq, const float* xd, const flo
     }
     for (int g = 0; g < G; ++g) acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[g]), _mm256_set1_ps(xd[g * nbd + b]), acc[g]);
   }
+#endif
   const __m256 s = _mm256_loadu_ps(sc);
   for (int g = 0; g < G; ++g) {
     if (nb * 32 < K) {   // columns past the last whole block: fp32, as q8_seg
@@ -387,12 +423,27 @@ inline void q8_il(const int8_t* il, const int8_t* xq, const float* xd, const flo
     _mm256_storeu_ps(y + g * N, _mm256_mul_ps(acc[g], s));
   }
 }
+// Activation rows per q8_il pass (VNNI, 1 thread, synthetic shapes, 8-32 rows: 8 rows a pass ran 1.3-1.9x slower
+// than 4, its 24 accumulators spilled).
+constexpr int64_t IL_G = 4;
+using QIl = void (*)(const int8_t*, const int8_t*, const float*, const int32_t*, const float*, int64_t, int64_t,
+                     int64_t, int64_t, const int8_t*, int64_t, const float*, float*, int64_t);
+constexpr QIl IL_KERNELS[IL_G] = {q8_il<1>, q8_il<2>, q8_il<3>, q8_il<4>};
 void gemv_int8_q8(const float* xp, int64_t B, int64_t K, const int8_t* wp, int64_t ldw, const float* sp,
                   float* yp, int64_t N) {
   const int64_t nb = K / 32;
   std::vector<int8_t> xq(static_cast<size_t>(B * std::max<int64_t>(nb, 1) * 32));
   std::vector<float> xd(static_cast<size_t>(B * std::max<int64_t>(nb, 1)));
   for (int64_t b = 0; b < B; ++b) quant_row(xp + b * K, nb, xq.data() + b * nb * 32, xd.data() + b * nb);
+  std::vector<int32_t> xs;   // q8_il's bias term (VNNI): 128 * each block's sum
+  if (INFERCTL_VNNI && B >= IL_MIN_B) {
+    xs.resize(xd.size());
+    for (int64_t i = 0; i < B * nb; ++i) {
+      int32_t t = 0;
+      for (int k = 0; k < 32; ++k) t += xq[i * 32 + k];
+      xs[i] = 128 * t;
+    }
+  }
   const int64_t grain = std::max<int64_t>(16, GRAIN_ELEMS / std::max<int64_t>(K, 1));
   // Output rows in L2-sized panels (L2_PANEL_BYTES of int8 weight): every pair of quantized activation
   // rows passes over a panel while it sits in L2, so each weight byte comes from memory once per call
@@ -430,17 +481,10 @@ void gemv_int8_q8(const float* xp, int64_t B, int64_t K, const int8_t* wp, int64
             const int8_t* nx = wp + (n + IL_ROWS) * ldw;   // weight-streaming classifier needs it)
             for (int64_t off = 0; off < IL_ROWS * ldw; off += 64) _mm_prefetch(reinterpret_cast<const char*>(nx + off), _MM_HINT_T0);
           }
-          for (int64_t b0 = 0; b0 < B; b0 += Q8_G) {
-            const int8_t* xqb = xq.data() + b0 * nb * 32;
-            const float* xdb = xd.data() + b0 * nb;
-            const float* xb = xp + b0 * K;
-            float* yb = yp + b0 * N + n;
-            switch (std::min<int64_t>(Q8_G, B - b0)) {
-              case 4: q8_il<4>(ilbuf.data(), xqb, xdb, xb, nb * 32, nb, K, nb, wp + n * ldw, ldw, sp + n, yb, N); break;
-              case 3: q8_il<3>(ilbuf.data(), xqb, xdb, xb, nb * 32, nb, K, nb, wp + n * ldw, ldw, sp + n, yb, N); break;
-              case 2: q8_il<2>(ilbuf.data(), xqb, xdb, xb, nb * 32, nb, K, nb, wp + n * ldw, ldw, sp + n, yb, N); break;
-              default: q8_il<1>(ilbuf.data(), xqb, xdb, xb, nb * 32, nb, K, nb, wp + n * ldw, ldw, sp + n, yb, N); break;
-            }
+          for (int64_t b0 = 0; b0 < B; b0 += IL_G) {
+            const int32_t* xsb = xs.empty() ? nullptr : xs.data() + b0 * nb;
+            IL_KERNELS[std::min<int64_t>(IL_G, B - b0) - 1](ilbuf.data(), xq.data() + b0 * nb * 32, xd.data() + b0 * nb,
+                xsb, xp + b0 * K, nb * 32, nb, K, nb, wp + n * ldw, ldw, sp + n, yp + b0 * N + n, N);
           }
         }
         if (n < p1) rows_4stream(n, p1);   // the last 1-7 rows: the 4-stream kernel

@@ -125,6 +125,26 @@ def test_gemv_int8_is_the_q8_0_product(n, k, b, threads):
 
 
 @needs_ops
+@pytest.mark.parametrize("b", [1, 2, 3, 4, 5, 8, 13, 16, 33, 64])
+@pytest.mark.parametrize("n,k", [(64, 384), (41, 1024), (8, 32)])
+def test_gemv_int8_integer_sums_are_exact(n, k, b, threads):
+    """Activations that are already int8 steps (every block of 32 holds ±127 with unit scales) make the kernel's
+    product an integer sum of int8 x int8 products, exact in fp32 here (|y| <= 1024 * 127 * 127 < 2**24): every
+    path (1-3 rows, the 4-row interleaved one with or without VNNI's biased weights, the last 1-7 weight rows)
+    must return x @ w.T exactly, the ±127 and -128 corners included (-128 only in the weight: the quantizer never
+    writes it, a foreign Q8_0 file could)."""
+    g = _g(n * 3 + k + b)
+    w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+    w[0, :] = 127
+    w[1 % n, :] = -128
+    x = torch.randint(-127, 128, (b, k), generator=g).float()
+    x[:, ::32] = 127.0          # each block's absmax is 127: the block scale is exactly 1
+    x[0, 1::32] = -127.0
+    y = ck.gemv_int8(OPS, x, w.contiguous(), torch.ones(n), k)
+    assert torch.equal(y, (x.double() @ w.double().t()).float())
+
+
+@needs_ops
 @pytest.mark.parametrize("t,d", [(1, 384), (4, 384), (37, 64), (3, 13)])
 def test_rms_norm_matches_torch(t, d):
     g = _g(t + d)
