@@ -11,6 +11,7 @@ echoed back) and ``user`` are never labels.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -106,19 +107,24 @@ async def parse_request(request: Request, state: ServerState,
     return req, requested, serving
 
 
+@functools.cache
+def declared_fields(cls: type[Any]) -> frozenset[str]:
+    """The field names and aliases the request model ``cls`` declares (built once per class)."""
+    return frozenset(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
+
+
 def ignored_fields(cls: type[Any], obj: dict) -> tuple[str, ...]:
     """The top-level fields of the body ``obj`` that the request model ``cls`` does not declare
     (pydantic ignores them, as OpenAI-compatible servers do: vLLM logs them too), sorted."""
-    names = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
+    names = declared_fields(cls)
     return tuple(sorted(str(k) for k in obj if k not in names))
 
 
 def note_ignored_fields(state: ServerState, ignored: tuple[str, ...], rid: str | None) -> None:
     """Log the fields a request sent that this engine ignores (e.g. vLLM's ``min_p``, which would
     change sampling elsewhere): a WARNING the first time a set of names is seen by this server (the
-    first 1,024 sets),
-    DEBUG after (a client that always sends it does not flood the log). At most 20 names, each cut
-    to 64 characters."""
+    first 1,024 sets), DEBUG after (a client that always sends it does not flood the log). At most 20
+    names, each cut to 64 characters."""
     shown = ", ".join(n[:64] for n in ignored[:20]) + (f" (+{len(ignored) - 20} more)" if len(ignored) > 20 else "")
     first = ignored not in state.ignored_fields_seen and len(state.ignored_fields_seen) < 1024
     if first:   # bounded: a client inventing names cannot grow it (or the warnings) without limit
