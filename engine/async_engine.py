@@ -9,7 +9,9 @@ come in through :meth:`AsyncLLMEngine.generate`, an async generator: validation
 :class:`~inferctl.engine.scheduler.AdmissionError` is raised before the first item is yielded.
 Outputs are handed to the caller's event loop with one ``call_soon_threadsafe`` per loop per step.
 Closing or cancelling the generator (client disconnect) aborts the request at the next step
-boundary, which frees its KV blocks.
+boundary, which frees its KV blocks. :meth:`AsyncLLMEngine.redirect` hands a started request's
+further outputs to a plain callback on the loop instead (no coroutine resumed per output: the
+streaming fast path of :mod:`inferctl.engine.entrypoints.push_stream`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from inferctl.engine.commands import AbortRequest, InjectFault, SetDraining, SwitchPrecision
 from inferctl.engine.engine import LLMEngine, RequestOutput
@@ -47,7 +49,8 @@ class AsyncLLMEngine:
     def __init__(self, engine: LLMEngine):
         self.engine = engine
         self._cv = threading.Condition()
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, OutputQueue]] = {}
+        self._queues: dict[str, OutputQueue] = {}   # open generate() calls; touched on their loops only
         self._pending_adds: list[Sequence] = []
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -88,7 +91,7 @@ class AsyncLLMEngine:
         err = EngineDeadError("the engine was shut down")
         for loop, queue in streams.values():
             try:
-                loop.call_soon_threadsafe(queue.put_nowait, err)
+                loop.call_soon_threadsafe(queue.deliver, err)
             except RuntimeError:   # loop already closed
                 pass
 
@@ -108,13 +111,14 @@ class AsyncLLMEngine:
         seq = self.engine.make_sequence(request_id, prompt_token_ids, params, arrival_time)
         seq.x_request_id = x_request_id
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
+        queue = OutputQueue()
         with self._cv:
             if request_id in self._streams:
                 raise AdmissionError(400, "request_id", f"request {request_id!r} is already running")
             self._streams[request_id] = (loop, queue)
             self._pending_adds.append(seq)
             self._cv.notify()
+        self._queues[request_id] = queue
         finished = False
         try:
             while True:
@@ -128,8 +132,26 @@ class AsyncLLMEngine:
                 if finished:
                     return
         finally:
-            if not finished:
+            if self._queues.get(request_id) is queue:
+                del self._queues[request_id]
+            if not finished and not queue.ended:
                 self.abort(request_id)
+
+    def redirect(self, request_id: str, sink: Callable[[RequestOutput | BaseException], None]) -> None:
+        """Deliver the rest of ``request_id``'s outputs to ``sink`` instead of its
+        :meth:`generate` iterator: ``sink(item)`` is called on the request's event loop, once per
+        item, in order — each a :class:`RequestOutput` (the last ``finished``) or the exception
+        the iterator would have raised. Items already queued are delivered first, now.
+
+        Call it on that loop while the iterator is suspended after an output (e.g. the first, from
+        ``start``), then close the iterator (``aclose``) once ``sink`` saw the end: that aborts
+        the request only if it has not ended. The sink must not raise and must not block.
+        Raises ``KeyError`` when no :meth:`generate` of ``request_id`` is open.
+        """
+        queue = self._queues[request_id]
+        while not queue.empty() and not queue.ended:
+            queue.deliver_to(sink, queue.get_nowait())
+        queue.sink = sink
 
     def abort(self, request_id: str) -> None:
         """Abort a request (its stream is dropped; blocks are freed at the step boundary)."""
@@ -153,7 +175,7 @@ class AsyncLLMEngine:
         err = EngineDeadError(message)
         for loop, queue in streams.values():
             try:
-                loop.call_soon_threadsafe(queue.put_nowait, err)
+                loop.call_soon_threadsafe(queue.deliver, err)
             except RuntimeError:   # loop already closed
                 pass
         return len(streams)
@@ -260,7 +282,7 @@ class AsyncLLMEngine:
             entry = self._streams.pop(request_id, None)
         if entry is not None:
             try:
-                entry[0].call_soon_threadsafe(entry[1].put_nowait, err)
+                entry[0].call_soon_threadsafe(entry[1].deliver, err)
             except RuntimeError:
                 pass
 
@@ -276,11 +298,35 @@ class AsyncLLMEngine:
             self._pending_adds.clear()
         for loop, queue in streams.values():
             try:
-                loop.call_soon_threadsafe(queue.put_nowait, RuntimeError(f"engine step failed: {exc}"))
+                loop.call_soon_threadsafe(queue.deliver, RuntimeError(f"engine step failed: {exc}"))
             except RuntimeError:
                 pass
 
 
+class OutputQueue(asyncio.Queue):
+    """One request's outputs on its event loop: queued for the :meth:`AsyncLLMEngine.generate`
+    iterator, or handed to ``sink`` once :meth:`AsyncLLMEngine.redirect` set one. ``ended``:
+    the last item (a finished output or an exception) went to the sink."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sink: Callable[[RequestOutput | BaseException], None] | None = None
+        self.ended = False
+
+    def deliver(self, item: RequestOutput | BaseException) -> None:
+        """Queue ``item`` or pass it to the sink (on the loop; never raises)."""
+        if self.sink is None:
+            self.put_nowait(item)
+        elif not self.ended:
+            self.deliver_to(self.sink, item)
+
+    def deliver_to(self, sink: Callable[[RequestOutput | BaseException], None],
+                   item: RequestOutput | BaseException) -> None:
+        if isinstance(item, BaseException) or item.finished:
+            self.ended = True
+        sink(item)
+
+
 def _put_all(items: list) -> None:
     for queue, out in items:
-        queue.put_nowait(out)
+        queue.deliver(out)

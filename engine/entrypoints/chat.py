@@ -10,8 +10,8 @@ wins over ``max_tokens``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
@@ -23,11 +23,15 @@ from inferctl.engine.entrypoints.errors import raise_on_failure
 from inferctl.engine.entrypoints.generation import (PromptJob, Started, gather_collect, merged,
                                                     output_logprobs, start_all, token_counts)
 from inferctl.engine.entrypoints.logprobs import chat_logprobs
+from inferctl.engine.entrypoints.push_stream import PushedStream
 from inferctl.engine.entrypoints.serving import (check_text_size, guarded, new_id, parse_request, prepare_jobs,
                                                  respond)
 from inferctl.engine.entrypoints.sse import HOLE, ChunkTemplate, json_response, sse, stream_guard, usage, usage_chunk
 from inferctl.engine.entrypoints.state import ServedModel, ServerState, server_state
 from inferctl.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from inferctl.engine.engine import RequestOutput
 
 router = APIRouter()
 
@@ -71,8 +75,10 @@ async def chat_body(served: ServedModel, req: ChatCompletionRequest, jobs: list[
 
 def chat_stream(served: ServedModel, req: ChatCompletionRequest, jobs: list[PromptJob],
                 started: list[Started], rid: str, created: int,
-                include_usage: bool, retry_after: int) -> AsyncIterator[bytes]:
-    """The SSE chunks of a streamed chat completion (each of the ``n`` choices by its ``index``)."""
+                include_usage: bool, retry_after: int) -> AsyncIterator[bytes] | PushedStream:
+    """The SSE chunks of a streamed chat completion (each of the ``n`` choices by its ``index``);
+    one choice without logprobs is served by the fast path (:class:`PushedStream`), with the same
+    SSE bytes."""
     def chunk(delta: dict, finish: str | None = None, lp: Any = None, index: int = 0) -> bytes:
         doc = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": served.name,
                "choices": [{"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
@@ -84,6 +90,8 @@ def chat_stream(served: ServedModel, req: ChatCompletionRequest, jobs: list[Prom
                                    "model": served.name, "choices": [{"index": HOLE, "delta": {"content": HOLE},
                                                                      "logprobs": None, "finish_reason": None}],
                                    **({"usage": None} if include_usage else {})})   # chunk({"content": text}, index=i)
+    if pushable(req, jobs):
+        return _pushed(served, jobs[0], started[0], rid, created, include_usage, retry_after, chunk, content_chunk)
 
     async def body() -> AsyncIterator[bytes]:
         prompt_tokens = len(jobs[0].token_ids)
@@ -110,3 +118,30 @@ def chat_stream(served: ServedModel, req: ChatCompletionRequest, jobs: list[Prom
             yield usage_chunk(rid, "chat.completion.chunk", created, served, prompt_tokens, sum(completion_tokens))
 
     return stream_guard(served, started, body())
+
+
+def pushable(req: ChatCompletionRequest, jobs: list[PromptJob]) -> bool:
+    """Whether a streamed chat completion takes the fast path: one choice, no logprobs."""
+    return len(jobs) == 1 and not req.logprobs
+
+
+def _pushed(served: ServedModel, job: PromptJob, started: Started, rid: str, created: int, include_usage: bool,
+            retry_after: int, chunk: Callable[..., bytes], content_chunk: ChunkTemplate) -> PushedStream:
+    """One choice, no logprobs: :func:`chat_stream`'s chunks from engine callbacks."""
+    counts = [len(job.token_ids), 0]   # prompt tokens, completion tokens
+
+    def render(out: RequestOutput) -> bytes | None:
+        counts[0], counts[1] = token_counts(out, counts[0], counts[1] + len(out.new_token_ids))
+        text = out.new_text
+        if not out.finished:
+            return content_chunk.fill(job.index, text) if text else None
+        end = chunk({}, out.finish_reason, index=job.index)
+        return content_chunk.fill(job.index, text) + end if text else end
+
+    def tail() -> list[bytes]:
+        if not include_usage:
+            return []
+        return [usage_chunk(rid, "chat.completion.chunk", created, served, counts[0], counts[1])]
+
+    return PushedStream(served, started, job.request_id, render, tail, retry_after,
+                        head=chunk({"role": "assistant", "content": ""}, index=job.index))

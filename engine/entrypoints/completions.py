@@ -12,7 +12,7 @@ capped at the room left in the context.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
@@ -22,11 +22,15 @@ from inferctl.contract.openapi import route_doc
 from inferctl.engine.entrypoints.errors import raise_on_failure
 from inferctl.engine.entrypoints.generation import (PromptJob, Started, gather_collect, merged,
                                                     output_logprobs, start_all, token_counts)
+from inferctl.engine.entrypoints.push_stream import PushedStream
 from inferctl.engine.entrypoints.logprobs import completion_logprobs, prompt_logprobs_json
 from inferctl.engine.entrypoints.serving import guarded, new_id, parse_request, prepare_jobs, respond
 from inferctl.engine.entrypoints.sse import HOLE, ChunkTemplate, json_response, sse, stream_guard, usage, usage_chunk
 from inferctl.engine.entrypoints.state import ServedModel, ServerState, server_state
 from inferctl.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from inferctl.engine.engine import RequestOutput
 
 #: OpenAI's default ``max_tokens`` for completions.
 DEFAULT_MAX_TOKENS = 16
@@ -76,11 +80,15 @@ async def completion_body(served: ServedModel, req: CompletionRequest, jobs: lis
 
 def completion_stream(served: ServedModel, req: CompletionRequest, jobs: list[PromptJob],
                       started: list[Started], rid: str, created: int,
-                      include_usage: bool, retry_after: int) -> AsyncIterator[bytes]:
-    """The SSE chunks of a streamed completion (every prompt's outputs as they come)."""
+                      include_usage: bool, retry_after: int) -> AsyncIterator[bytes] | PushedStream:
+    """The SSE chunks of a streamed completion (every prompt's outputs as they come); one
+    choice without logprobs or echo is served by the fast path (:class:`PushedStream`), with the
+    same bytes."""
     text_chunk = ChunkTemplate({"id": rid, "object": "text_completion", "created": created, "model": served.name,
                                 "choices": [{"index": HOLE, "text": HOLE, "logprobs": None, "finish_reason": HOLE}],
                                 **({"usage": None} if include_usage else {})})   # the chunks without logprobs
+    if pushable(req, jobs):
+        return _pushed(served, jobs[0], started[0], rid, created, include_usage, retry_after, text_chunk)
 
     async def body() -> AsyncIterator[bytes]:
         echoed = set()
@@ -122,3 +130,28 @@ def completion_stream(served: ServedModel, req: CompletionRequest, jobs: list[Pr
                               sum(completion_tokens.values()))
 
     return stream_guard(served, started, body())
+
+
+def pushable(req: CompletionRequest, jobs: list[PromptJob]) -> bool:
+    """Whether a streamed completion takes the fast path: one choice, no logprobs, no echo."""
+    return len(jobs) == 1 and req.logprobs is None and not req.echo
+
+
+def _pushed(served: ServedModel, job: PromptJob, started: Started, rid: str, created: int, include_usage: bool,
+            retry_after: int, text_chunk: ChunkTemplate) -> PushedStream:
+    """One choice, no logprobs, no echo: :func:`completion_stream`'s chunks from engine callbacks."""
+    counts = [len(job.token_ids), 0]   # prompt tokens, completion tokens
+
+    def render(out: RequestOutput) -> bytes | None:
+        counts[0], counts[1] = token_counts(out, counts[0], counts[1] + len(out.new_token_ids))
+        text = out.new_text
+        if not text and not out.finished:
+            return None   # text held back (a possible stop string or a partial character)
+        return text_chunk.fill(job.index, text, out.finish_reason if out.finished else None)
+
+    def tail() -> list[bytes]:
+        if not include_usage:
+            return []
+        return [usage_chunk(rid, "text_completion", created, served, counts[0], counts[1])]
+
+    return PushedStream(served, started, job.request_id, render, tail, retry_after)

@@ -272,8 +272,8 @@ async def respond(request: Request, state: ServerState, served: ServedModel, req
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         started: list[Started] = await start_all(served, jobs, params, state.retry_after_seconds)
-        return event_stream(stream_fn(served, req, jobs, started, rid, created, include_usage,
-                                      state.retry_after_seconds))
+        body = stream_fn(served, req, jobs, started, rid, created, include_usage, state.retry_after_seconds)
+        return body if isinstance(body, Response) else event_stream(body)
     return await run_unless_disconnected(
         request, body_fn(served, req, jobs, params, rid, created, state.retry_after_seconds),
         on_disconnect=lambda: served.count_abort(ABORT_CLIENT_DISCONNECT))
