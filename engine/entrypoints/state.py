@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -49,6 +49,8 @@ class AsyncEngineHandle(Protocol):
 
     ``generate`` streams ``RequestOutput``s (the last has ``finished=True``) and raises the
     engine's ``AdmissionError`` before the first one when it refuses the request;
+    ``redirect(request_id, sink)`` hands a started request's further outputs to ``sink`` on the
+    loop instead (the streaming fast path, :mod:`inferctl.engine.entrypoints.push_stream`);
     ``request_precision``, ``inject_fault`` and ``set_draining`` may be called from any
     thread (applied by the stepping thread); ``abort_all(message)`` fails every open request
     (returns how many); ``get_stats`` is the ``/stats`` document.
@@ -70,6 +72,8 @@ class AsyncEngineHandle(Protocol):
 
     def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  x_request_id: str | None = None) -> AsyncIterator[RequestOutput]: ...
+
+    def redirect(self, request_id: str, sink: Callable[[RequestOutput | BaseException], None]) -> None: ...
 
     def request_precision(self, mode: str) -> None: ...
 

@@ -207,3 +207,63 @@ def test_a_failed_step_fails_the_queued_requests_too_and_is_counted(bundle, aeng
                                                      "abort": 1, "length": 0}
     assert stats["scheduler"]["step_errors_total"] == 1
     assert "boom" in stats["scheduler"]["last_step_error"]
+
+
+def test_redirect_hands_the_rest_of_a_stream_to_a_callback(bundle, aengine):
+    ids = bundle.tokenizer.encode("Once upon a time")
+    expected = asyncio.run(collect(aengine, "ref", ids, greedy(30)))
+    aborted_before = aengine.stats()["requests"]["by_finish_reason"]["abort"]
+
+    async def main():
+        agen = aengine.generate("r", ids, greedy(30))
+        first = await agen.__anext__()
+        got, ended = [first], asyncio.get_running_loop().create_future()
+
+        def sink(item):
+            got.append(item)
+            if isinstance(item, BaseException) or item.finished:
+                ended.set_result(None)
+        aengine.redirect("r", sink)
+        await asyncio.wait_for(ended, 10)
+        await agen.aclose()      # after the end: no abort
+        with pytest.raises(KeyError):
+            aengine.redirect("r", sink)
+        return got
+
+    got = asyncio.run(main())
+    assert [t for o in got for t in o.new_token_ids] == [t for o in expected for t in o.new_token_ids]
+    assert got[-1].finished and got[-1].finish_reason == "length" and not any(o.finished for o in got[:-1])
+    assert aengine.stats()["requests"]["by_finish_reason"]["abort"] == aborted_before
+
+
+def test_redirected_stream_gets_the_shutdown_error_and_closing_early_aborts(bundle):
+    aengine = AsyncLLMEngine(LLMEngine(bundle, EngineConfig()))
+    aengine.start()
+    ids = bundle.tokenizer.encode("Tom")
+
+    async def main():
+        # closed before its end: the request is aborted in the engine
+        early = aengine.generate("early", ids, greedy(400))
+        await early.__anext__()
+        aengine.redirect("early", lambda item: None)
+        await early.aclose()
+        # open at shutdown: the sink gets the EngineDeadError
+        agen = aengine.generate("late", ids, greedy(400))
+        await agen.__anext__()
+        got, ended = [], asyncio.get_running_loop().create_future()
+
+        def sink(item):
+            got.append(item)
+            if isinstance(item, BaseException) and not ended.done():
+                ended.set_result(None)
+        aengine.redirect("late", sink)
+        await asyncio.get_running_loop().run_in_executor(None, lambda: wait_until(
+            lambda: aengine.stats()["requests"]["by_finish_reason"]["abort"] == 1))
+        await asyncio.get_running_loop().run_in_executor(None, aengine.shutdown)
+        await asyncio.wait_for(ended, 10)
+        await agen.aclose()
+        return got
+
+    got = asyncio.run(main())
+    assert isinstance(got[-1], EngineDeadError)
+    assert all(not isinstance(o, BaseException) and not o.finished for o in got[:-1])
