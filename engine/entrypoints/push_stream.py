@@ -85,10 +85,14 @@ class PushedStream(Response):
                 self._served.async_engine.redirect(
                     self._request_id, lambda item: context.run(self._on_item, item, writer))
                 ended = await _wait_or_disconnect(writer.finished, receive)
-            if not ended:
+            if ended:
+                await writer.flushed()
+            if not ended or writer.error is not None:   # the client left, or send failed: it is gone
+                ended = False
                 self._served.count_abort(ABORT_CLIENT_DISCONNECT)
+                if writer.error is not None:
+                    raise writer.error   # as the general path: the ASGI server sees send's error
                 return
-            await writer.flushed()
             for chunk in (*self._tail_chunks(writer), DONE):
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -114,13 +118,13 @@ class PushedStream(Response):
     def _take(self, out: RequestOutput, writer: _Writer) -> bool:
         """Write ``out``'s chunk; True when it ended the stream."""
         try:
+            if out.finished:
+                note_finished(out)   # the request's log line, failed or not (as ``outputs``)
             failure = output_failure(out, self._retry_after)
             if failure is not None:
                 writer.write(sse(failure.body()))
                 writer.finish(failed=True)
                 return True
-            if out.finished:
-                note_finished(out)
             chunk = self._render(out)
         except Exception as exc:  # noqa: BLE001 - a stream must end cleanly
             log.exception("streaming failed: %s", exc)
@@ -163,7 +167,8 @@ class _Writer:
     uvicorn's flow-control future, or a bare ``yield``), it is resumed when that future
     completes (``call_soon`` for a bare yield) — what an asyncio Task would do — and chunks
     written meanwhile queue behind it. ``finished``: a future set when the stream's last
-    output (or its error event) was written.
+    output (or its error event) was written, or when ``send`` raised (``error``: the exception;
+    later writes are dropped).
     """
 
     def __init__(self, send: Callable, loop: asyncio.AbstractEventLoop) -> None:
@@ -174,6 +179,7 @@ class _Writer:
         self.finished: asyncio.Future = loop.create_future()
         self.failed = False
         self.closed = False
+        self.error: BaseException | None = None   # what ``send`` raised: the client is gone
 
     def write(self, chunk: bytes) -> None:
         if self.closed:
@@ -203,8 +209,10 @@ class _Writer:
                 pass
             except Exception as exc:  # noqa: BLE001 - the transport failed: the client is gone
                 log.debug("stream send failed: %s", exc)
-                self.closed = True
+                self.closed, self.error = True, exc
                 self._pending.clear()
+                if not self.finished.done():
+                    self.finished.set_result(None)   # stop waiting for outputs nobody can get
             else:
                 self._blocked = coro
                 if yielded is None:

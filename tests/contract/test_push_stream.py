@@ -8,7 +8,10 @@ callbacks; every byte must be what the general path (``stream_guard`` under Star
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import re
+import time
 
 import pytest
 
@@ -16,10 +19,14 @@ from inferctl.engine.entrypoints import chat, completions
 from inferctl.engine.entrypoints.push_stream import _Writer
 from tests.server_helpers import (  # noqa: F401 - stories_*_fixture are the engine and app fixtures
     REFERENCE,
+    STORIES,
+    client,
     http_post,
+    make_app,
     run,
     sse_events,
     stories_app_fixture,
+    stories_engine,
     stories_engine_fixture,
 )
 
@@ -152,3 +159,86 @@ def test_writer_stops_writing_when_send_fails():
 
     wire, closed = run(go())
     assert wire == [b"0", b"1"] and closed is True
+
+
+def _asgi_scope(body: bytes) -> dict:
+    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+            "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
+            "headers": [(b"host", b"localhost"), (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode())],
+            "client": ("127.0.0.1", 1234), "server": ("127.0.0.1", 80), "state": {}}
+
+
+def test_a_send_that_raises_ends_the_stream_and_aborts_the_request(app, engine):
+    """An ASGI server may report a lost connection by raising from ``send`` and never sending
+    ``http.disconnect``: the stream must end (the error goes back to the server, as on the general
+    path) and the request must be aborted, not generated to its end for nobody (found by a
+    breaker: the fast path waited for a disconnect that never came)."""
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 300, "ignore_eos": True, "stream": True,
+                       "temperature": 0}).encode()
+    served = app.state.server.models[STORIES]
+    client_gone = {"reason": "client_disconnect"}
+
+    async def go():
+        sent = {"bodies": 0}
+        first = [True]
+
+        async def receive():
+            if first[0]:
+                first[0] = False
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.Event().wait()   # never a disconnect
+
+        async def send(message):
+            if message["type"] == "http.response.body":
+                sent["bodies"] += 1
+                if sent["bodies"] == 3:
+                    raise OSError("connection reset by peer")
+        before_abort = engine.stats()["requests"]["by_finish_reason"]["abort"]
+        before_gone = _metric(served, client_gone)
+        with pytest.raises(OSError, match="connection reset"):
+            await asyncio.wait_for(app(_asgi_scope(body), receive, send), 10)
+        return before_abort, before_gone
+
+    before_abort, before_gone = run(go())
+    for _ in range(500):
+        stats = engine.stats()
+        if stats["scheduler"]["running"] == 0 and stats["requests"]["by_finish_reason"]["abort"] == before_abort + 1:
+            break
+        time.sleep(0.01)
+    assert stats["requests"]["by_finish_reason"]["abort"] == before_abort + 1
+    assert stats["kv_cache"]["blocks_used"] == 0
+    assert _metric(served, client_gone) == before_gone + 1
+
+
+def _metric(served, labels: dict) -> float:
+    return served.registry.get_sample_value("inferctl_engine_request_aborts_total",
+                                            {"model": STORIES, **labels}) or 0.0
+
+
+def test_a_stream_that_fails_is_logged_with_its_error(stories_dir, caplog):
+    """The request's log line of a stream whose engine output fails (an OOM with no retries left)
+    names finish reason ``error`` and its tokens on the fast path as on the general one."""
+    eng = stories_engine(stories_dir, max_oom_retries=0)
+    app_ = make_app({STORIES: eng})
+    body = {"prompt": PROMPT, "max_tokens": 400, "ignore_eos": True, "stream": True, "temperature": 0}
+
+    async def one():
+        async with client(app_) as c:
+            task = asyncio.ensure_future(c.post("/v1/completions", json=body))
+            steps0 = eng.stats()["scheduler"]["steps_total"]
+            while eng.stats()["scheduler"]["steps_total"] < steps0 + 10:   # the stream is under way
+                await asyncio.sleep(0.001)
+            eng.inject_fault("oom", 1)
+            return await task
+
+    try:
+        with caplog.at_level(logging.INFO, logger="inferctl.engine.requests"):
+            r = run(one())
+    finally:
+        eng.shutdown()
+    events = sse_events(r.text)
+    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "out_of_memory"
+    lines = [rec for rec in caplog.records if getattr(rec, "endpoint", None) == "/v1/completions"]
+    assert len(lines) == 1
+    assert lines[0].finish_reasons == ["error"] and lines[0].completion_tokens >= 10
