@@ -14,11 +14,13 @@ import asyncio
 import functools
 import logging
 import time
+import typing
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import Request
+from pydantic import BaseModel
 from fastapi.responses import Response
 
 from inferctl.contract.errors import APIError
@@ -113,11 +115,34 @@ def declared_fields(cls: type[Any]) -> frozenset[str]:
     return frozenset(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
 
 
+@functools.cache
+def nested_models(cls: type[Any]) -> dict[str, type[BaseModel]]:
+    """The fields (by name and alias) of the request model ``cls`` whose value is an object of
+    another model (``stream_options``: ``StreamOptions``), built once per class."""
+    out: dict[str, type[BaseModel]] = {}
+    for name, field in cls.model_fields.items():
+        if typing.get_origin(field.annotation) in (list, tuple, dict):
+            continue   # a list of objects (``messages``) is not one nested object
+        for kind in (field.annotation, *typing.get_args(field.annotation)):
+            if isinstance(kind, type) and issubclass(kind, BaseModel):
+                out[name] = kind
+                if field.alias:
+                    out[field.alias] = kind
+    return out
+
+
 def ignored_fields(cls: type[Any], obj: dict) -> tuple[str, ...]:
-    """The top-level fields of the body ``obj`` that the request model ``cls`` does not declare
-    (pydantic ignores them, as OpenAI-compatible servers do: vLLM logs them too), sorted."""
+    """The fields of the body ``obj`` that the request model ``cls`` does not declare (pydantic
+    ignores them, as OpenAI-compatible servers do: vLLM logs them too), sorted: top-level names,
+    and ``parent.name`` inside a nested object (``stream_options.include_obfuscation``)."""
     names = declared_fields(cls)
-    return tuple(sorted(str(k) for k in obj if k not in names))
+    out = [str(k) for k in obj if k not in names]
+    for key, model in nested_models(cls).items():
+        inner = obj.get(key)
+        if isinstance(inner, dict):
+            known = declared_fields(model)
+            out += [f"{key}.{k}" for k in inner if k not in known]
+    return tuple(sorted(out))
 
 
 def note_ignored_fields(state: ServerState, ignored: tuple[str, ...], rid: str | None) -> None:

@@ -36,3 +36,12 @@ def test_a_request_with_ignored_fields_is_served_and_named_once_as_a_warning(app
     assert [r.levelno for r in recs] == [logging.WARNING, logging.DEBUG]
     assert "req-ignored-1" in recs[0].getMessage() and "min_p, min_tokens" in recs[0].getMessage()
     assert "req-ignored-2" in recs[1].getMessage()
+
+
+def test_ignored_fields_inside_stream_options_are_named_with_their_parent():
+    body = {"prompt": "x", "stream": True, "stream_options": {"include_usage": True, "include_obfuscation": False},
+            "min_p": 0.1}
+    assert ignored_fields(CompletionRequest, body) == ("min_p", "stream_options.include_obfuscation")
+    chat = {"messages": [{"role": "user", "content": "hi", "zz": 1}], "stream_options": {"zz": 1}}
+    assert ignored_fields(ChatCompletionRequest, chat) == ("stream_options.zz",)
+    assert ignored_fields(CompletionRequest, {"prompt": "x", "stream_options": None}) == ()
