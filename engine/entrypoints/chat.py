@@ -10,6 +10,7 @@ wins over ``max_tokens``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -128,20 +129,13 @@ def pushable(req: ChatCompletionRequest, jobs: list[PromptJob]) -> bool:
 def _pushed(served: ServedModel, job: PromptJob, started: Started, rid: str, created: int, include_usage: bool,
             retry_after: int, chunk: Callable[..., bytes], content_chunk: ChunkTemplate) -> PushedStream:
     """One choice, no logprobs: :func:`chat_stream`'s chunks from engine callbacks."""
-    counts = [len(job.token_ids), 0]   # prompt tokens, completion tokens
-
     def render(out: RequestOutput) -> bytes | None:
-        counts[0], counts[1] = token_counts(out, counts[0], counts[1] + len(out.new_token_ids))
         text = out.new_text
         if not out.finished:
             return content_chunk.fill(job.index, text) if text else None
         end = chunk({}, out.finish_reason, index=job.index)
         return content_chunk.fill(job.index, text) + end if text else end
 
-    def tail() -> list[bytes]:
-        if not include_usage:
-            return []
-        return [usage_chunk(rid, "chat.completion.chunk", created, served, counts[0], counts[1])]
-
-    return PushedStream(served, started, job.request_id, render, tail, retry_after,
+    usage = functools.partial(usage_chunk, rid, "chat.completion.chunk", created, served) if include_usage else None
+    return PushedStream(served, started, job.request_id, render, retry_after, len(job.token_ids), usage,
                         head=chunk({"role": "assistant", "content": ""}, index=job.index))

@@ -11,6 +11,7 @@ capped at the room left in the context.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Annotated
 
@@ -140,18 +141,11 @@ def pushable(req: CompletionRequest, jobs: list[PromptJob]) -> bool:
 def _pushed(served: ServedModel, job: PromptJob, started: Started, rid: str, created: int, include_usage: bool,
             retry_after: int, text_chunk: ChunkTemplate) -> PushedStream:
     """One choice, no logprobs, no echo: :func:`completion_stream`'s chunks from engine callbacks."""
-    counts = [len(job.token_ids), 0]   # prompt tokens, completion tokens
-
     def render(out: RequestOutput) -> bytes | None:
-        counts[0], counts[1] = token_counts(out, counts[0], counts[1] + len(out.new_token_ids))
         text = out.new_text
         if not text and not out.finished:
             return None   # text held back (a possible stop string or a partial character)
         return text_chunk.fill(job.index, text, out.finish_reason if out.finished else None)
 
-    def tail() -> list[bytes]:
-        if not include_usage:
-            return []
-        return [usage_chunk(rid, "text_completion", created, served, counts[0], counts[1])]
-
-    return PushedStream(served, started, job.request_id, render, tail, retry_after)
+    usage = functools.partial(usage_chunk, rid, "text_completion", created, served) if include_usage else None
+    return PushedStream(served, started, job.request_id, render, retry_after, len(job.token_ids), usage)

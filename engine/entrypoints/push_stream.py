@@ -30,7 +30,7 @@ from fastapi.responses import Response
 
 from inferctl.contract.errors import APIError
 from inferctl.engine.entrypoints.errors import output_failure
-from inferctl.engine.entrypoints.generation import _api_error, aclose
+from inferctl.engine.entrypoints.generation import _api_error, aclose, token_counts
 from inferctl.engine.entrypoints.request_log import note_finished
 from inferctl.engine.entrypoints.sse import DONE, sse
 from inferctl.engine.entrypoints.state import ServedModel
@@ -56,19 +56,24 @@ class PushedStream(Response):
         request_id: the engine request id of ``started``.
         render: the chunk(s) of one output (see :data:`Render`); should not raise (if it does,
             the stream ends with a 500 ``internal_error`` event, as :func:`stream_guard`'s).
-        tail: the chunks after the last output (the ``usage`` chunk), called once at the end.
         retry_after: seconds for the ``Retry-After`` of a 503 error event.
+        prompt_tokens: the prompt's length, the usage count until an output reports its own.
+        usage: ``usage(prompt_tokens, completion_tokens)`` is the chunk after the last output
+            (``stream_options.include_usage``; counted here, with
+            :func:`~inferctl.engine.entrypoints.generation.token_counts`); None: no usage chunk.
         head: the chunks before the first output (chat's ``delta.role`` chunk).
     """
 
     media_type = "text/event-stream"
 
     def __init__(self, served: ServedModel, started: Started, request_id: str, render: Render,
-                 tail: Callable[[], list[bytes]], retry_after: int, head: bytes = b"") -> None:
+                 retry_after: int, prompt_tokens: int, usage: Callable[[int, int], bytes] | None,
+                 head: bytes = b"") -> None:
         super().__init__(status_code=200, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
         self._served, self._started, self._request_id = served, started, request_id
-        self._render, self._tail, self._retry_after, self._head = render, tail, retry_after, head
+        self._render, self._retry_after, self._usage, self._head = render, retry_after, usage, head
+        self._counts = (prompt_tokens, 0)   # prompt tokens, completion tokens
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         agen, first = self._started
@@ -93,7 +98,8 @@ class PushedStream(Response):
                 if writer.error is not None:
                     raise writer.error   # as the general path: the ASGI server sees send's error
                 return
-            for chunk in (*self._tail_chunks(writer), DONE):
+            tail = [] if writer.failed or self._usage is None else [self._usage(*self._counts)]
+            for chunk in (*tail, DONE):
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
@@ -125,6 +131,8 @@ class PushedStream(Response):
                 writer.write(sse(failure.body()))
                 writer.finish(failed=True)
                 return True
+            prompt, completion = self._counts
+            self._counts = token_counts(out, prompt, completion + len(out.new_token_ids))
             chunk = self._render(out)
         except Exception as exc:  # noqa: BLE001 - a stream must end cleanly
             log.exception("streaming failed: %s", exc)
@@ -138,9 +146,6 @@ class PushedStream(Response):
             writer.finish(failed=False)
             return True
         return False
-
-    def _tail_chunks(self, writer: _Writer) -> list[bytes]:
-        return [] if writer.failed else self._tail()
 
 
 async def _wait_or_disconnect(finished: asyncio.Future, receive: Callable) -> bool:
