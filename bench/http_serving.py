@@ -32,6 +32,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -278,11 +279,27 @@ def render(model: str, res: dict, threads: int | None, alt_python: str | None = 
             f"- CPU per token, in-process ÷ HTTP server (a load-independent view: on a busy machine the wall "
             f"times above mostly measure the other processes): "
             f"**{fmt(100 * _cpu_per_tok(best['in-process']) / _cpu_per_tok(best['http']), 0)} %**; "
-            f"the client used {fmt(100 * best['http'].extra['client_cpu_s'] / best['http'].seconds, 0)} % of a core."
+            f"the client used {fmt(100 * best['http'].extra['client_cpu_s'] / best['http'].seconds, 0)} % of a core.\n"
+            f"- Host drift aside: HTTP / in-process median to median **{fmt(100 * _median_ratio(res), 0)} %**, and the "
+            f"median of each round's own ratio **{fmt(100 * paired_ratio(res), 0)} %** (the sides of one round run "
+            f"seconds apart, so a round's ratio is less exposed to this host's minute-to-minute swings than the best "
+            f"of each side; the verdict above stays best to best, the issue's protocol)."
             + (f"\n- http-alt / in-process: **{fmt(100 * best['http-alt'].tok_s / base, 0)} %**; CPU per token "
                f"in-process ÷ http-alt server "
                f"{fmt(100 * _cpu_per_tok(best['in-process']) / _cpu_per_tok(best['http-alt']), 0)} %."
                if "http-alt" in best else ""))
+
+
+def paired_ratio(res: dict, side: str = "http") -> float:
+    """Median over the rounds of ``side``'s tok/s ÷ in-process tok/s of the same round (NaN when
+    no round has both)."""
+    ratios = [h.tok_s / p.tok_s for h, p in zip(res[side], res["in-process"]) if p.tok_s > 0]
+    return statistics.median(ratios) if ratios else float("nan")
+
+
+def _median_ratio(res: dict, side: str = "http") -> float:
+    """Median tok/s of ``side`` ÷ median tok/s in-process."""
+    return statistics.median(r.tok_s for r in res[side]) / statistics.median(r.tok_s for r in res["in-process"])
 
 
 def _cpu_per_tok(r: RunResult) -> float:
