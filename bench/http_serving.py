@@ -63,6 +63,24 @@ def _cpu_seconds(pid: int) -> float:
         return float("nan")
 
 
+def _tree_cpu_seconds(pid: int) -> float:
+    """:func:`_cpu_seconds` of ``pid`` and of every process below it (``--core-process``'s engine
+    core, multiprocessing's resource tracker), found through ``/proc/PID/task/TID/children``."""
+    total, todo, seen = 0.0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        total += _cpu_seconds(p)
+        try:
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+        except OSError:
+            pass
+    return total
+
+
 def start_server(model: Path, max_num_seqs: int, log: Path, extra: Sequence[str] = (),
                  python: str = sys.executable) -> tuple[subprocess.Popen, str]:
     """``inferctl engine serve`` on a free loopback port (run by ``python``); returns the
@@ -135,11 +153,11 @@ async def _stream_all(url: str, model: str, requests: Sequence[Request]) -> tupl
 def run_http(url: str, server_pid: int, model: str, requests: Sequence[Request]) -> RunResult:
     """One HTTP round (see the module doc)."""
     asyncio.run(_stream_all(url, model, [Request(requests[0].prompt[:8], 2)]))   # warm the connection path
-    s0, c0 = _cpu_seconds(server_pid), time.process_time()
+    s0, c0 = _tree_cpu_seconds(server_pid), time.process_time()
     t0 = time.perf_counter()
     tokens, ttfts, lats = asyncio.run(_stream_all(url, model, requests))
     seconds = time.perf_counter() - t0
-    server_cpu, client_cpu = _cpu_seconds(server_pid) - s0, time.process_time() - c0
+    server_cpu, client_cpu = _tree_cpu_seconds(server_pid) - s0, time.process_time() - c0
     return RunResult(side="http", model=model, batch=len(requests), requests=len(requests), useful_tokens=tokens,
                      seconds=seconds, latencies=lats,
                      extra={"server_cpu_s": server_cpu, "client_cpu_s": client_cpu, "cpu_s": server_cpu,
@@ -181,10 +199,12 @@ def _cpu_timed(fn, *args, **kwargs) -> RunResult:
 
 
 def run(model: str, n: int, repeats: int, threads: int | None, quick: bool = False,
-        profile: Path | None = None, alt_python: str | None = None) -> dict:
+        profile: Path | None = None, alt_python: str | None = None, core: bool = False) -> dict:
     """Every side, ``repeats`` rounds taking turns; returns {side: [RunResult per round]}.
     ``alt_python``: a second server run by that interpreter (e.g. a venv with
-    ``inferctl[serving]``), side ``http-alt``, measured in the same rounds."""
+    ``inferctl[serving]``), side ``http-alt``, measured in the same rounds. ``core``: one more
+    server started with ``--core-process`` (the engine core in a child process), side
+    ``http-core``, its CPU the API process's plus the core's."""
     import torch
 
     from inferctl.engine.async_engine import AsyncLLMEngine
@@ -201,17 +221,22 @@ def run(model: str, n: int, repeats: int, threads: int | None, quick: bool = Fal
     aeng.start()
     proc, url = start_server(d, n, workdir / "server.log")
     pid = proc.pid
-    alt = None
+    alt = core_srv = None
     out: dict[str, list[RunResult]] = {"in-process": [], "async": [], "http": []}
     spy = None
     try:
         if alt_python:
             alt = start_server(d, n, workdir / "server-alt.log", python=alt_python)
             out["http-alt"] = []
+        if core:
+            core_srv = start_server(d, n, workdir / "server-core.log", extra=["--core-process"])
+            out["http-core"] = []
         served = json.loads(_get(url + "/v1/models"))["data"][0]["id"]
         asyncio.run(_stream_all(url, served, reqs[:4]))   # warm-up
         if alt is not None:
             asyncio.run(_stream_all(alt[1], served, reqs[:4]))
+        if core_srv is not None:
+            asyncio.run(_stream_all(core_srv[1], served, reqs[:4]))
         spy = start_profiler(pid, profile) if profile is not None else None
         for k in range(repeats):
             out["in-process"].append(_cpu_timed(run_engine, d, reqs, threads, name=model, engine=sync_eng))
@@ -219,6 +244,8 @@ def run(model: str, n: int, repeats: int, threads: int | None, quick: bool = Fal
             out["http"].append(run_http(url, pid, served, reqs))
             if alt is not None:
                 out["http-alt"].append(run_http(alt[1], alt[0].pid, served, reqs))
+            if core_srv is not None:
+                out["http-core"].append(run_http(core_srv[1], core_srv[0].pid, served, reqs))
             print(f"round {k + 1}: " + ", ".join(f"{s} {fmt(v[-1].tok_s)} tok/s" for s, v in out.items()),
                   file=sys.stderr)
         if spy is not None:
@@ -226,8 +253,9 @@ def run(model: str, n: int, repeats: int, threads: int | None, quick: bool = Fal
             spy.wait(60)
     finally:
         aeng.shutdown()
-        if alt is not None:
-            alt[0].terminate()
+        for other in (alt, core_srv):
+            if other is not None:
+                other[0].terminate()
         proc.terminate()
         try:
             proc.wait(60)
@@ -260,6 +288,8 @@ def render(model: str, res: dict, threads: int | None, alt_python: str | None = 
              ("http", f"HTTP, uvicorn server ({server_stack()}), streaming clients")]
     if "http-alt" in best:
         sides.append(("http-alt", f"HTTP, the same server run by {alt_python} ({server_stack(alt_python)})"))
+    if "http-core" in best:
+        sides.append(("http-core", "HTTP, the same server with `--core-process` (engine core in a child process)"))
     for side, label in sides:
         r = best[side]
         cpu = fmt(1000 * r.extra["cpu_s"] / r.useful_tokens * 1000, 0)
@@ -287,7 +317,12 @@ def render(model: str, res: dict, threads: int | None, alt_python: str | None = 
             + (f"\n- http-alt / in-process: **{fmt(100 * best['http-alt'].tok_s / base, 0)} %**; CPU per token "
                f"in-process ÷ http-alt server "
                f"{fmt(100 * _cpu_per_tok(best['in-process']) / _cpu_per_tok(best['http-alt']), 0)} %."
-               if "http-alt" in best else ""))
+               if "http-alt" in best else "")
+            + (f"\n- http-core / in-process: **{fmt(100 * best['http-core'].tok_s / base, 0)} %** best to best, "
+               f"median of each round's own ratio **{fmt(100 * paired_ratio(res, 'http-core'), 0)} %**; CPU per "
+               f"token in-process ÷ http-core server (both processes) "
+               f"{fmt(100 * _cpu_per_tok(best['in-process']) / _cpu_per_tok(best['http-core']), 0)} %."
+               if "http-core" in best else ""))
 
 
 def paired_ratio(res: dict, side: str = "http") -> float:
@@ -340,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-write", action="store_true", help="print only")
     ap.add_argument("--alt-python", default=None,
                     help="also measure a server run by this interpreter (e.g. a venv with inferctl[serving])")
+    ap.add_argument("--core-process", action="store_true",
+                    help="also measure a server started with --core-process (side http-core)")
     ap.add_argument("--profile-server", type=Path, default=None,
                     help="run the server under py-spy, raw samples to this file, and print a summary")
     a = ap.parse_args(argv)
@@ -347,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--profile-server needs py-spy on PATH")
     facts = machine_facts()
     threads = a.threads or None
-    res = run(a.model, a.n, a.repeats, threads, a.quick, a.profile_server, a.alt_python)
+    res = run(a.model, a.n, a.repeats, threads, a.quick, a.profile_server, a.alt_python, a.core_process)
     body = (f"Best of {a.repeats} rounds, the sides taking turns in each round.\n\n"
             + render(a.model, res, threads, a.alt_python))
     if facts["load_1m"] > (facts["cpus"] or 1):

@@ -35,7 +35,67 @@ class EngineDeadError(RuntimeError):
     """The engine was shut down while a request was in flight."""
 
 
-class AsyncLLMEngine:
+class OutputStreams:
+    """The caller's side of a request's outputs, shared by :class:`AsyncLLMEngine` and the
+    engine core process's client (:class:`inferctl.engine.core_client.CoreClient`): each
+    :meth:`generate` has an :class:`OutputQueue` on its event loop, filled by the subclass's
+    ``_submit`` (which validates and queues the request) and drained here."""
+
+    _queues: dict[str, OutputQueue]
+
+    def _submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                arrival_time: float | None, x_request_id: str | None) -> OutputQueue:
+        raise NotImplementedError
+
+    def abort(self, request_id: str) -> None:
+        raise NotImplementedError
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                       arrival_time: float | None = None,
+                       x_request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs; the last one has ``finished=True``. ``x_request_id``:
+        the HTTP request's ``X-Request-Id``, kept with the request (``/stats``, OOM faults).
+        ``arrival_time``: epoch seconds (``time.time()``), None = now.
+
+        Raises :class:`AdmissionError` (before the first yield) when the engine will not take
+        the request, ``RuntimeError`` when the engine is not started, and
+        :class:`EngineDeadError` if it shuts down meanwhile.
+        """
+        queue = self._submit(request_id, prompt_token_ids, params, arrival_time, x_request_id)
+        self._queues[request_id] = queue
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                if item.finished:
+                    finished = True
+                yield item
+                if finished:
+                    return
+        finally:
+            if self._queues.get(request_id) is queue:
+                del self._queues[request_id]
+            if not finished and not queue.ended:
+                self.abort(request_id)
+
+    def redirect(self, request_id: str, sink: Callable[[RequestOutput | BaseException], None]) -> None:
+        """Deliver the rest of ``request_id``'s outputs to ``sink`` instead of its
+        :meth:`generate` iterator: ``sink(item)`` is called on the request's event loop, once per
+        item, in order — each a :class:`RequestOutput` (the last ``finished``) or the exception
+        the iterator would have raised. Items already queued are delivered first, now.
+
+        Call it on that loop while the iterator is suspended after an output (e.g. the first, from
+        ``start``), then close the iterator (``aclose``) once ``sink`` saw the end: that aborts
+        the request only if it has not ended. The sink must not raise and must not block.
+        Raises ``KeyError`` when no :meth:`generate` of ``request_id`` is open.
+        """
+        self._queues[request_id].redirect(sink)
+
+
+class AsyncLLMEngine(OutputStreams):
     """Runs ``engine`` on a background thread. Call :meth:`start` before :meth:`generate`.
 
     ``stats()``, ``request_precision()``, ``inject_fault()`` and ``set_draining()`` may be called
@@ -96,62 +156,31 @@ class AsyncLLMEngine:
                 pass
 
     # ------------------------------------------------------------------ requests
-    async def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                       arrival_time: float | None = None,
-                       x_request_id: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs; the last one has ``finished=True``. ``x_request_id``:
-        the HTTP request's ``X-Request-Id``, kept with the request (``/stats``, OOM faults).
-
-        Raises :class:`AdmissionError` (before the first yield) when the engine will not take
-        the request, ``RuntimeError`` when the engine is not started, and
-        :class:`EngineDeadError` if it shuts down meanwhile.
-        """
+    def _submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                arrival_time: float | None, x_request_id: str | None) -> OutputQueue:
+        """Validate and queue one request (:meth:`OutputStreams.generate`); its queue."""
         if not self.is_running:
             raise RuntimeError("AsyncLLMEngine is not started (call start())")
         seq = self.engine.make_sequence(request_id, prompt_token_ids, params, arrival_time)
         seq.x_request_id = x_request_id
-        loop = asyncio.get_running_loop()
         queue = OutputQueue()
+        self.register(seq, asyncio.get_running_loop(), queue)
+        return queue
+
+    def register(self, seq: Sequence, loop, queue) -> None:
+        """Queue ``seq`` for the stepping thread; its outputs go to ``queue.deliver`` through
+        ``loop.call_soon_threadsafe`` (one :func:`_put_all` per loop per step; an error as
+        ``queue.deliver(exc)``). :meth:`generate` passes its event loop and an
+        :class:`OutputQueue`; the engine core process (:mod:`inferctl.engine.core_process`)
+        passes objects that send them to the API process.
+
+        Raises :class:`AdmissionError` (400, ``request_id``) when a request of that id is running."""
         with self._cv:
-            if request_id in self._streams:
-                raise AdmissionError(400, "request_id", f"request {request_id!r} is already running")
-            self._streams[request_id] = (loop, queue)
+            if seq.request_id in self._streams:
+                raise AdmissionError(400, "request_id", f"request {seq.request_id!r} is already running")
+            self._streams[seq.request_id] = (loop, queue)
             self._pending_adds.append(seq)
             self._cv.notify()
-        self._queues[request_id] = queue
-        finished = False
-        try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                if item.finished:
-                    finished = True
-                yield item
-                if finished:
-                    return
-        finally:
-            if self._queues.get(request_id) is queue:
-                del self._queues[request_id]
-            if not finished and not queue.ended:
-                self.abort(request_id)
-
-    def redirect(self, request_id: str, sink: Callable[[RequestOutput | BaseException], None]) -> None:
-        """Deliver the rest of ``request_id``'s outputs to ``sink`` instead of its
-        :meth:`generate` iterator: ``sink(item)`` is called on the request's event loop, once per
-        item, in order — each a :class:`RequestOutput` (the last ``finished``) or the exception
-        the iterator would have raised. Items already queued are delivered first, now.
-
-        Call it on that loop while the iterator is suspended after an output (e.g. the first, from
-        ``start``), then close the iterator (``aclose``) once ``sink`` saw the end: that aborts
-        the request only if it has not ended. The sink must not raise and must not block.
-        Raises ``KeyError`` when no :meth:`generate` of ``request_id`` is open.
-        """
-        queue = self._queues[request_id]
-        while not queue.empty() and not queue.ended:
-            queue.deliver_to(sink, queue.get_nowait())
-        queue.sink = sink
 
     def abort(self, request_id: str) -> None:
         """Abort a request (its stream is dropped; blocks are freed at the step boundary)."""
@@ -319,6 +348,13 @@ class OutputQueue(asyncio.Queue):
             self.put_nowait(item)
         elif not self.ended:
             self.deliver_to(self.sink, item)
+
+    def redirect(self, sink: Callable[[RequestOutput | BaseException], None]) -> None:
+        """Hand the items queued so far to ``sink``, now and in order, then every later one
+        (:meth:`AsyncLLMEngine.redirect`)."""
+        while not self.empty() and not self.ended:
+            self.deliver_to(sink, self.get_nowait())
+        self.sink = sink
 
     def deliver_to(self, sink: Callable[[RequestOutput | BaseException], None],
                    item: RequestOutput | BaseException) -> None:

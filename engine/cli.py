@@ -212,6 +212,34 @@ def _build_engine(bundle, config, precision: str, budget_flag: str = "--memory-b
     return AsyncLLMEngine(llm)
 
 
+def build_core(spec):  # noqa: ANN001, ANN201 - CoreSpec → AsyncLLMEngine, imported lazily
+    """What ``engine serve`` builds for one model, from a :class:`~inferctl.engine.core_process.CoreSpec`
+    (run in the engine core process, ``--core-process``): the same messages and exit codes."""
+    from inferctl.contract.logs import configure_logging
+
+    configure_logging(spec.log_format, spec.log_level)
+    bundle = _load(spec.model, spec.tokenizer, spec.device, spec.dtype)
+    name = spec.served_model_name or bundle.name
+    if spec.clash is not None and name == spec.clash:
+        name = f"{name}-light"
+    return _build_engine(bundle, _config(**spec.config, served_model_name=name), spec.precision, spec.budget_flag)
+
+
+def _start_core(spec, started: list = ()):  # noqa: ANN001, ANN202 - CoreSpec → CoreClient
+    """An engine core process built from ``spec`` (``--core-process``); exits with the child's
+    code (it printed why) when it could not start, after stopping the cores in ``started``."""
+    from inferctl.engine.core_client import CoreClient, CoreStartError
+
+    try:
+        return CoreClient(spec)
+    except CoreStartError as exc:
+        for other in started:
+            other.shutdown()
+        if exc.exit_code != 2:
+            typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(exc.exit_code) from None
+
+
 def serve(
     model_arg: Optional[str] = typer.Argument(None, metavar="MODEL", show_default=False,
                                               help="Model path (same as --model, vLLM style)."),
@@ -299,6 +327,11 @@ def serve(
         None, "--speculative-config", metavar="JSON", help="Speculative decoding of the main model, vLLM's JSON: "
         '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\'; methods ngram, '
         "draft_model (with \"model\": PATH), int8_self (docs/speculative-decoding.md)."),
+    core_process: bool = typer.Option(
+        False, "--core-process/--no-core-process",
+        help="Run each engine core (scheduler, model runner, detokenizer, command mailbox) in a child process "
+             "and the HTTP server in this one, as vLLM V1 does: the server's per-token work no longer waits for "
+             "the stepping thread's GIL (docs/architecture.md, 'Engine core process')."),
 ) -> None:
     ("Serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions) "
      "with /health, /stats, /metrics, /admin.")
@@ -361,25 +394,44 @@ def serve(
                   max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
                   kv_cache_dtype=kv_cache_dtype, enable_prefix_caching=enable_prefix_caching,
                   repetition_stop_default=repetition_stop, **oom)
-    bundle = _load(model, tokenizer, device, dtype)
-    main_name = served_model_name or bundle.name
-    engines = {main_name: _build_engine(bundle, _config(
-        **common, num_kv_blocks=num_kv_blocks, memory_budget_bytes=budget, gpu_memory_utilization=main_util,
-        served_model_name=main_name, speculative_config=spec), precision)}
-    if light_model:
-        light_bundle = _load(light_model, light_tokenizer, device, dtype)
-        name = light_name or light_bundle.name
-        if name == main_name:
-            name = f"{name}-light"
-        engines[name] = _build_engine(light_bundle, _config(
-            **common, memory_budget_bytes=light_budget, gpu_memory_utilization=light_util,
-            served_model_name=name), precision, "--light-memory-budget")
+    main_config = dict(**common, num_kv_blocks=num_kv_blocks, memory_budget_bytes=budget,
+                       gpu_memory_utilization=main_util, speculative_config=spec)
+    light_config = dict(**common, memory_budget_bytes=light_budget, gpu_memory_utilization=light_util)
+    if core_process:
+        from inferctl.engine.core_process import CoreSpec
+
+        logs = dict(log_format=log_format, log_level=log_level, builder=build_core)
+        main = _start_core(CoreSpec(model, tokenizer, device, dtype, main_config, served_model_name, precision, **logs))
+        main_name = main.model_info["name"]
+        engines = {main_name: main}
+        if light_model:
+            light = _start_core(CoreSpec(light_model, light_tokenizer, device, dtype, light_config, light_name,
+                                         precision, clash=main_name, budget_flag="--light-memory-budget", **logs),
+                                started=[main])
+            engines[light.model_info["name"]] = light
+        own_template = main.model_info["chat_template"]
+        bos, eos = main.model_info["bos_token"], main.model_info["eos_token"]
+    else:
+        bundle = _load(model, tokenizer, device, dtype)
+        main_name = served_model_name or bundle.name
+        engines = {main_name: _build_engine(bundle, _config(**main_config, served_model_name=main_name), precision)}
+        if light_model:
+            light_bundle = _load(light_model, light_tokenizer, device, dtype)
+            name = light_name or light_bundle.name
+            if name == main_name:
+                name = f"{name}-light"
+            engines[name] = _build_engine(light_bundle, _config(**light_config, served_model_name=name), precision,
+                                          "--light-memory-budget")
+        own_template = getattr(bundle, "chat_template", None)
+        tok = bundle.tokenizer
+        bos, eos = tok.id_to_piece(tok.bos_id), tok.id_to_piece(tok.eos_id)
 
     try:
-        template = resolve_chat_template(chat_template, getattr(bundle, "chat_template", None),
-                                         bos_token=bundle.tokenizer.id_to_piece(bundle.tokenizer.bos_id),
-                                         eos_token=bundle.tokenizer.id_to_piece(bundle.tokenizer.eos_id))
+        template = resolve_chat_template(chat_template, own_template, bos_token=bos, eos_token=eos)
     except ValueError as exc:
+        for eng in engines.values():
+            if core_process:
+                eng.shutdown()
         _die(str(exc))
     app = create_app(engines, admin_token=admin_token, default_model=main_name, chat_template=template,
                      max_body_bytes=body_limit, manage_engines=True, bind_host=host,

@@ -24,6 +24,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -46,6 +48,7 @@ HEALTH_SCHEMA = {"type": "object", "required": ["status", "precision", "models",
 READY_SCHEMA = {"type": "object", "required": ["ready", "status", "model", "models"],
                 "properties": {"ready": {"type": "boolean"}, "reason": {"enum": ["starting", "draining", "stopping"]},
                                "status": {"type": "string"}, "model": {"type": "string"}, "models": {"type": "object"}}}
+log = logging.getLogger(__name__)
 router = APIRouter()
 
 
@@ -131,6 +134,13 @@ async def stats(request: Request, state: State) -> Response:
 @router.get("/metrics", **route_doc(metrics=True))
 async def metrics(state: State) -> Response:
     """Prometheus text exposition of every served engine's registry, merged."""
+    for served in state.models.values():
+        refresh = getattr(served.async_engine, "refresh_metrics", None)
+        if refresh is not None:   # an engine core process: fetch its families first
+            try:
+                await refresh()
+            except Exception as exc:  # noqa: BLE001 - a dead core: its last families, the rest as usual
+                log.warning("metrics of %s not refreshed: %s", served.name, exc)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(MergedCollector(state))
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -109,20 +109,21 @@ class ServedModel:
 
     @classmethod
     def from_async_engine(cls, name: str, async_engine: AsyncEngineHandle) -> ServedModel:
-        """Read the model's numbers from ``async_engine.engine`` (its bundle and config)."""
-        llm = async_engine.engine
-        bundle = llm.bundle
-        tokenizer = bundle.tokenizer
-        config = llm.config
-        vocab = int(getattr(tokenizer, "vocab_size", 0) or bundle.args.vocab_size)
-        blocks = getattr(llm, "num_kv_blocks", None)
-        metrics = getattr(llm, "metrics", None) or {}
-        return cls(name=name, async_engine=async_engine, tokenizer=tokenizer,
-                   max_model_len=int(config.max_model_len), vocab_size=min(vocab, int(bundle.args.vocab_size)),
-                   kv_capacity_tokens=int(blocks) * int(config.block_size) if blocks else None,
-                   registry=getattr(llm, "registry", None),
+        """Read the model's numbers from ``async_engine.engine`` (its bundle and config), or from
+        ``async_engine.model_info`` for an engine core in its own process
+        (:class:`inferctl.engine.core_client.CoreClient`, which sent :func:`model_numbers`)."""
+        info = getattr(async_engine, "model_info", None)
+        if info is None:
+            llm = async_engine.engine
+            info = model_numbers(llm)
+            registry, metrics = getattr(llm, "registry", None), getattr(llm, "metrics", None) or {}
+        else:
+            registry, metrics = async_engine.registry, async_engine.metrics
+        return cls(name=name, async_engine=async_engine, tokenizer=info["tokenizer"],
+                   max_model_len=info["max_model_len"], vocab_size=info["vocab_size"],
+                   kv_capacity_tokens=info["kv_capacity_tokens"], registry=registry,
                    error_counter=metrics.get("inferctl_engine_request_errors_total"),
-                   max_prompt_chars=prompt_char_bound(tokenizer, int(config.max_model_len)),
+                   max_prompt_chars=prompt_char_bound(info["tokenizer"], info["max_model_len"]),
                    abort_counter=metrics.get("inferctl_engine_request_aborts_total"))
 
     def precision(self) -> str | None:
@@ -240,6 +241,20 @@ class ServerState:
             return [self.lookup(name)]
         first = self.models[self.default_model]
         return [first] + [m for n, m in self.models.items() if n != self.default_model]
+
+
+def model_numbers(llm) -> dict:  # noqa: ANN001 - an LLMEngine
+    """What the server reads from an engine's bundle and config: ``tokenizer``, ``max_model_len``
+    and ``vocab_size`` (tokens), ``kv_capacity_tokens`` (KV blocks × block size, None without a
+    fixed pool)."""
+    bundle = llm.bundle
+    tokenizer = bundle.tokenizer
+    config = llm.config
+    vocab = int(getattr(tokenizer, "vocab_size", 0) or bundle.args.vocab_size)
+    blocks = getattr(llm, "num_kv_blocks", None)
+    return {"tokenizer": tokenizer, "max_model_len": int(config.max_model_len),
+            "vocab_size": min(vocab, int(bundle.args.vocab_size)),
+            "kv_capacity_tokens": int(blocks) * int(config.block_size) if blocks else None}
 
 
 async def server_state(request: Request) -> ServerState:

@@ -1,0 +1,368 @@
+"""The API process's side of an engine core in its own process (``--core-process``).
+
+:class:`CoreClient` is an :class:`~inferctl.engine.entrypoints.state.AsyncEngineHandle`, like
+:class:`~inferctl.engine.async_engine.AsyncLLMEngine`, so the server uses either unchanged. It
+starts the child (:func:`inferctl.engine.core_process.core_main`, ``multiprocessing``'s spawn
+context: the child never inherits the parent's threads), waits until the model is loaded, and
+then relays requests, aborts and commands to it over one pipe (the wire is in
+:mod:`inferctl.engine.core_process`). A reader thread blocks in ``recv`` (no GIL while it
+waits), unpickles each step's outputs and posts them to each request's event loop with one
+``call_soon_threadsafe`` per loop per step, as the stepping thread does in one process.
+
+What the server reads synchronously is kept here: the precision (updated by the core's
+``state`` messages), the model's numbers and tokenizer (sent once), and the engine's metric
+families (fetched by :meth:`refresh_metrics` before each ``/metrics`` render). ``/stats`` and
+``set_draining`` are answered by the core between steps, as in one process.
+
+When the core process dies (killed, crashed), every open request fails with
+:class:`~inferctl.engine.async_engine.EngineDeadError`, :attr:`is_running` turns False (the
+server's readiness answers 503) and new requests are refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import multiprocessing
+import threading
+import time
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
+
+from inferctl.engine import commands
+from inferctl.engine.async_engine import EngineDeadError, OutputQueue, OutputStreams, _put_all
+from inferctl.engine.core_process import CoreSpec, PackedError, core_main
+from inferctl.engine.sampling_params import SamplingParams
+from inferctl.engine.scheduler import AdmissionError
+
+log = logging.getLogger(__name__)
+
+
+class CoreStartError(RuntimeError):
+    """The core process did not start: ``exit_code`` is the CLI's (2: a bad flag or model,
+    printed by the child), 1 otherwise."""
+
+    def __init__(self, exit_code: int, message: str) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class _Waiter:
+    """One ``("call", …)`` awaiting its reply: a thread waits on ``event``, a coroutine on
+    ``future`` (resolved on its loop)."""
+
+    __slots__ = ("event", "ok", "value", "future")
+
+    def __init__(self, future: asyncio.Future | None = None) -> None:
+        self.event = threading.Event()
+        self.ok, self.value, self.future = False, None, future
+
+    def resolve(self, ok: bool, value) -> None:  # noqa: ANN001
+        self.ok, self.value = ok, value
+        self.event.set()
+        fut = self.future
+        if fut is not None:
+            try:
+                fut.get_loop().call_soon_threadsafe(_settle, fut, ok, value)
+            except RuntimeError:   # that loop is closed
+                pass
+
+    def result(self):  # noqa: ANN201
+        if self.ok:
+            return self.value
+        raise self.value.unpack() if isinstance(self.value, PackedError) else self.value
+
+
+def _settle(fut: asyncio.Future, ok: bool, value) -> None:  # noqa: ANN001
+    if fut.done():
+        return
+    if ok:
+        fut.set_result(value)
+    else:
+        fut.set_exception(value.unpack() if isinstance(value, PackedError) else value)
+
+
+class _Snapshot:
+    """The core's metric families as last fetched (a collector of the server's registry)."""
+
+    def __init__(self) -> None:
+        self.families: list[Metric] = []
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
+
+class _RemoteCounter:
+    """A counter of the core's registry the HTTP layer increments (``labels(...).inc()``)."""
+
+    def __init__(self, client: CoreClient, name: str) -> None:
+        self._client, self._name, self._labels = client, name, {}
+
+    def labels(self, **labels: str) -> _RemoteCounter:
+        child = _RemoteCounter(self._client, self._name)
+        child._labels = labels
+        return child
+
+    def inc(self, amount: float = 1) -> None:
+        """Counted in the core (lost, without error, when the core is gone: its registry is too)."""
+        try:
+            self._client.send(("count", self._name, self._labels, amount))
+        except EngineDeadError:
+            pass
+
+
+class CoreClient(OutputStreams):
+    """An engine core in a child process, built from ``spec`` (module docstring).
+
+    The constructor starts the child and blocks until its model is loaded. Raises
+    :class:`CoreStartError` when the child could not build its engine (the child printed why).
+    ``model_info``: what :func:`inferctl.engine.core_process.model_info` sent."""
+
+    #: Seconds a synchronous call (``stats``, ``set_draining``) waits for the core's reply.
+    CALL_TIMEOUT = 30.0
+
+    def __init__(self, spec: CoreSpec) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child_end = ctx.Pipe(duplex=True)
+        self._proc = ctx.Process(target=core_main, args=(child_end, spec), name="inferctl-engine-core", daemon=True)
+        self._proc.start()
+        child_end.close()
+        try:
+            message = self._conn.recv()
+        except (EOFError, OSError):
+            self._proc.join(5)
+            raise CoreStartError(1, f"the engine core process exited while starting (exit code "
+                                    f"{self._proc.exitcode})") from None
+        if message[0] != "ready":
+            self._proc.join(5)
+            raise CoreStartError(int(message[1]), "the engine core process could not build its engine")
+        self.model_info: dict = message[1]
+        self._precision = self.model_info["precision"]
+        self._requested = self.model_info["requested_precision"]
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, OutputQueue]] = {}
+        self._queues: dict[str, OutputQueue] = {}
+        self._waiters: dict[int, _Waiter] = {}
+        self._ids = itertools.count()
+        self._dead = False
+        self._snapshot = _Snapshot()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self._snapshot)
+        self.metrics = {name: _RemoteCounter(self, name) for name in
+                        ("inferctl_engine_request_errors_total", "inferctl_engine_request_aborts_total")}
+        self._reader = threading.Thread(target=self._read, name="inferctl-core-reader", daemon=True)
+        self._reader.start()
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def pid(self) -> int | None:
+        """The core process's pid."""
+        return self._proc.pid
+
+    def start(self) -> None:
+        """Nothing to do: the core's stepping thread runs since the constructor (the protocol's
+        ``start``). Raises ``RuntimeError`` when the core process is gone."""
+        if not self.is_running:
+            raise RuntimeError(f"the engine core process is not running (exit code {self._proc.exitcode})")
+
+    @property
+    def is_running(self) -> bool:
+        return not self._dead and self._proc.is_alive()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the core (its stepping thread ends; then the process) and fail every open
+        stream with :class:`EngineDeadError`. Kills the process if it has not exited within
+        ``timeout`` seconds."""
+        try:
+            self.send(("shutdown",))
+        except EngineDeadError:   # already gone
+            pass
+        self._proc.join(timeout)
+        if self._proc.is_alive():
+            log.warning("the engine core process did not stop within %.0f s: killing it", timeout)
+            self._proc.kill()
+            self._proc.join(5)
+        self._dead = True
+        self._fail_all(EngineDeadError("the engine was shut down"))
+        try:
+            self._conn.close()
+        except OSError:
+            pass
+
+    def send(self, message: tuple) -> None:
+        """Send one message to the core (any thread). Raises :class:`EngineDeadError` when the
+        pipe is closed."""
+        with self._send_lock:
+            try:
+                self._conn.send(message)
+            except (OSError, ValueError) as exc:
+                raise EngineDeadError(f"the engine core process is gone: {exc}") from exc
+
+    # ------------------------------------------------------------------ requests
+    def _submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                arrival_time: float | None, x_request_id: str | None) -> OutputQueue:
+        if not self.is_running:
+            raise EngineDeadError(f"the engine core process is not running (exit code {self._proc.exitcode})")
+        queue = OutputQueue()
+        with self._lock:
+            if request_id in self._streams:
+                raise AdmissionError(400, "request_id", f"request {request_id!r} is already running")
+            self._streams[request_id] = (asyncio.get_running_loop(), queue)
+        try:
+            self.send(("add", request_id, list(prompt_token_ids), params,
+                       time.time() if arrival_time is None else arrival_time, x_request_id))
+        except EngineDeadError:
+            with self._lock:
+                self._streams.pop(request_id, None)
+            raise
+        return queue
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (its stream is dropped; the core frees its blocks at a step boundary)."""
+        with self._lock:
+            self._streams.pop(request_id, None)
+        try:
+            self.send(("abort", request_id))
+        except EngineDeadError:
+            pass
+
+    def abort_all(self, message: str) -> int:
+        """Fail every open request with ``EngineDeadError(message)`` and abort them in the core.
+        Returns how many were open."""
+        n = self._fail_all(EngineDeadError(message))
+        try:
+            self.send(("abort_all", message))
+        except EngineDeadError:
+            pass
+        return n
+
+    # ------------------------------------------------------------------ admin
+    def request_precision(self, mode: str) -> None:
+        """Switch precision before the core's next step. Raises ``ValueError`` for a bad mode."""
+        self._post(commands.SwitchPrecision(mode=mode), mode=mode)
+
+    def inject_fault(self, kind: str = "oom", count: int = 1) -> None:
+        """See :meth:`LLMEngine.inject_fault`. Raises ``ValueError`` for a bad kind/count."""
+        self._post(commands.InjectFault(kind=kind, count=count), kind=kind, count=count)
+
+    def _post(self, command: commands.Command, **fields) -> None:
+        # validated here (the constructor raises), rebuilt and applied in the core
+        self.send(("post", type(command).__name__, fields))
+
+    def set_draining(self, draining: bool) -> None:
+        """Returns once the core applied it (at most one step)."""
+        self._call("set_draining", bool(draining))
+
+    @property
+    def precision(self) -> str:
+        return self._precision
+
+    @property
+    def requested_precision(self) -> str:
+        return self._requested
+
+    def stats(self) -> dict:
+        """The core's ``/stats`` document (blocks until the core answers, between steps)."""
+        return self._with_process(self._call("stats"))
+
+    async def get_stats(self) -> dict:
+        """:meth:`stats` without blocking the event loop."""
+        return self._with_process(await self._acall("stats"))
+
+    def latency_histograms(self) -> dict:
+        """The engine's cumulative latency histograms (``requests.latency_histograms``)."""
+        return self._call("latency_histograms")
+
+    async def refresh_metrics(self) -> None:
+        """Fetch the core's metric families for the next collection of :attr:`registry`."""
+        self._snapshot.families = await self._acall("metrics")
+
+    def _with_process(self, doc: dict) -> dict:
+        doc.setdefault("engine", {})["core_process"] = {"pid": self._proc.pid, "alive": self.is_running}
+        return doc
+
+    # ------------------------------------------------------------------ calls
+    def _call(self, name: str, *args):  # noqa: ANN202
+        waiter = self._register(_Waiter(), name, args)
+        if not waiter.event.wait(self.CALL_TIMEOUT):
+            raise TimeoutError(f"the engine core did not answer {name!r} within {self.CALL_TIMEOUT:.0f} s")
+        return waiter.result()
+
+    async def _acall(self, name: str, *args):  # noqa: ANN202
+        future = asyncio.get_running_loop().create_future()
+        self._register(_Waiter(future), name, args)
+        return await asyncio.wait_for(future, self.CALL_TIMEOUT)
+
+    def _register(self, waiter: _Waiter, name: str, args: tuple) -> _Waiter:
+        call_id = next(self._ids)
+        with self._lock:
+            if self._dead:
+                raise EngineDeadError("the engine core process is not running")
+            self._waiters[call_id] = waiter
+        try:
+            self.send(("call", call_id, name, args))
+        except EngineDeadError:
+            with self._lock:
+                self._waiters.pop(call_id, None)
+            raise
+        return waiter
+
+    # ------------------------------------------------------------------ the reader thread
+    def _read(self) -> None:
+        while True:
+            try:
+                message = self._conn.recv()
+            except (EOFError, OSError):
+                break
+            kind = message[0]
+            if kind == "out":
+                self._dispatch(message[1])
+            elif kind == "reply":
+                with self._lock:
+                    waiter = self._waiters.pop(message[1], None)
+                if waiter is not None:
+                    waiter.resolve(message[2], message[3])
+            elif kind == "state":
+                self._precision, self._requested = message[1], message[2]
+        self._dead = True
+        self._proc.join(1)
+        if self._proc.exitcode not in (0, None):
+            log.error("the engine core process died (exit code %s): failing its open requests", self._proc.exitcode)
+        self._fail_all(EngineDeadError(f"the engine core process exited (exit code {self._proc.exitcode})"))
+
+    def _dispatch(self, batch: list) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        with self._lock:
+            streams = self._streams
+            for request_id, item in batch:
+                entry = streams.get(request_id)
+                if entry is None:
+                    continue
+                if isinstance(item, PackedError):
+                    item = item.unpack()
+                    del streams[request_id]
+                elif item.finished:
+                    del streams[request_id]
+                by_loop.setdefault(entry[0], []).append((entry[1], item))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:   # the caller's loop is closed: nobody is listening
+                pass
+
+    def _fail_all(self, err: BaseException) -> int:
+        with self._lock:
+            streams, self._streams = self._streams, {}
+            waiters, self._waiters = (self._waiters, {}) if self._dead else ({}, self._waiters)
+        for loop, queue in streams.values():
+            try:
+                loop.call_soon_threadsafe(queue.deliver, err)
+            except RuntimeError:
+                pass
+        for waiter in waiters.values():
+            waiter.resolve(False, err)
+        return len(streams)

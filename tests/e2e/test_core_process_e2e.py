@@ -1,0 +1,89 @@
+"""``inferctl engine serve --core-process`` as a real server: the official openai client, SIGTERM,
+and a core process that never outlives its server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.server_helpers import REFERENCE, STORIES, free_port, start_inferctl, stop_all
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def _core_pid(server_pid: int) -> int:
+    """The engine core: the child of the server that runs ``multiprocessing``'s spawn main."""
+    for child in _children(server_pid):
+        cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        if b"spawn_main" in cmdline:
+            return child
+    raise AssertionError(f"no engine core process under {server_pid}: {_children(server_pid)}")
+
+
+def _gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return True
+        if state == "Z":          # exited, not yet reaped by its (dead) parent's reaper
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+def server(stories_dir, tmp_path):
+    port = free_port()
+    proc = start_inferctl(["engine", "serve", "--model", str(stories_dir / "stories260K.bin"), "--port", str(port),
+                           "--core-process", "--device", "cpu"], tmp_path / "serve.log",
+                          ready_url=f"http://127.0.0.1:{port}/ready")
+    yield proc, port, tmp_path / "serve.log"
+    stop_all([proc])
+
+
+def test_openai_client_and_sigterm_through_a_core_process_server(server):
+    proc, port, log = server
+    core = _core_pid(proc.pid)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+    done = client.completions.create(model=STORIES, prompt="Once upon a time", max_tokens=24, temperature=0)
+    assert REFERENCE.startswith(done.choices[0].text) and done.usage.completion_tokens == 24
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=STORIES, prompt="Once upon a time", max_tokens=24, temperature=0, stream=True) if c.choices)
+    assert streamed == done.choices[0].text
+    chat = client.chat.completions.create(model=STORIES, messages=[{"role": "user", "content": "Hi"}], max_tokens=5)
+    assert chat.choices[0].finish_reason in ("length", "stop")
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.completions.create(model=STORIES, prompt="x", max_tokens=100000)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0, log.read_text()[-2000:]
+    assert _gone(core, 10)
+
+
+def test_the_core_exits_when_its_server_is_killed(server):
+    proc, _, _ = server
+    core = _core_pid(proc.pid)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    assert _gone(core, 15)          # the pipe closed: no orphan holding the model's memory
+
+
+def test_a_bad_model_exits_2_with_the_clis_message(tmp_path):
+    bad = tmp_path / "model.bin"
+    bad.write_bytes(b"not a model")
+    proc = start_inferctl(["engine", "serve", "--model", str(bad), "--port", str(free_port()), "--core-process"],
+                          tmp_path / "serve.log")
+    assert proc.wait(120) == 2
+    text = (tmp_path / "serve.log").read_text()
+    assert "error:" in text and "Traceback" not in text
