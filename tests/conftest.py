@@ -74,7 +74,9 @@ def pytest_sessionstart(session) -> None:
 
 def _marked_pids(mark: str) -> list[int]:
     """PIDs (not this one) whose environment holds ``SESSION_MARK=mark``, read from
-    ``/proc/PID/environ`` (Linux; none elsewhere)."""
+    ``/proc/PID/environ`` (Linux; none elsewhere). multiprocessing's resource tracker (started
+    with the first spawned engine core of this process, ``--core-process``) is not counted: it
+    lives as long as this process and exits with it."""
     needle = f"{SESSION_MARK}={mark}".encode()
     found = []
     for d in Path("/proc").glob("[0-9]*"):
@@ -82,7 +84,8 @@ def _marked_pids(mark: str) -> list[int]:
         if pid == os.getpid():
             continue
         try:
-            if needle in (d / "environ").read_bytes().split(b"\0"):
+            if needle in (d / "environ").read_bytes().split(b"\0") \
+                    and b"multiprocessing.resource_tracker" not in (d / "cmdline").read_bytes():
                 found.append(pid)
         except OSError:
             continue
