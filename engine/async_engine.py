@@ -300,11 +300,7 @@ class AsyncLLMEngine(OutputStreams):
                 if out.finished:
                     del streams[out.request_id]
                 by_loop.setdefault(entry[0], []).append((entry[1], out))
-        for loop, items in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_put_all, items)
-            except RuntimeError:   # the caller's loop is closed: nobody is listening
-                pass
+        post_by_loop(by_loop)
 
     def _deliver_error(self, request_id: str, err: BaseException) -> None:
         with self._cv:
@@ -361,6 +357,16 @@ class OutputQueue(asyncio.Queue):
         if isinstance(item, BaseException) or item.finished:
             self.ended = True
         sink(item)
+
+
+def post_by_loop(by_loop: dict) -> None:
+    """One :func:`_put_all` of ``items`` per event loop (``{loop: [(queue, item), ...]}``), from
+    any thread; a closed loop (nobody listening) is skipped."""
+    for loop, items in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_put_all, items)
+        except RuntimeError:   # the caller's loop is closed
+            pass
 
 
 def _put_all(items: list) -> None:

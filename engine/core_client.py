@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
 from inferctl.engine import commands
-from inferctl.engine.async_engine import EngineDeadError, OutputQueue, OutputStreams, _put_all
+from inferctl.engine.async_engine import EngineDeadError, OutputQueue, OutputStreams, post_by_loop
 from inferctl.engine.core_process import CoreSpec, PackedError, core_main
 from inferctl.engine.sampling_params import SamplingParams
 from inferctl.engine.scheduler import AdmissionError
@@ -348,11 +348,7 @@ class CoreClient(OutputStreams):
                 elif item.finished:
                     del streams[request_id]
                 by_loop.setdefault(entry[0], []).append((entry[1], item))
-        for loop, items in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_put_all, items)
-            except RuntimeError:   # the caller's loop is closed: nobody is listening
-                pass
+        post_by_loop(by_loop)
 
     def _fail_all(self, err: BaseException) -> int:
         with self._lock:
