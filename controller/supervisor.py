@@ -40,6 +40,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -93,6 +94,42 @@ def read_process(pid: int, proc: Path = PROC) -> ProcessInfo | None:
         if sep:
             env[key] = value
     return ProcessInfo(pid, start, tuple(a.decode(errors="replace") for a in cmdline if a), env)
+
+
+def descendants(pid: int, proc: Path = PROC) -> list[int]:
+    """Every process below ``pid`` (children, their children, …), from
+    ``/proc/PID/task/TID/children`` (Linux 3.5+); empty when ``pid`` is gone or unreadable. An
+    engine started with ``--core-process`` runs its model in a child: that child's GPU memory is
+    the engine's (the GPU reset rails count it as ours)."""
+    out: list[int] = []
+    todo, seen = [pid], {pid}
+    while todo:
+        current = todo.pop()
+        try:
+            tasks = list((proc / str(current) / "task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except (OSError, ValueError):
+                continue
+            for child in children:
+                if child not in seen:
+                    seen.add(child)
+                    out.append(child)
+                    todo.append(child)
+    return out
+
+
+def owned_pids(supervisors: Iterable, proc: Path = PROC) -> list[int]:
+    """The pids of the supervised engines (``.pid``, None when not running) and of every process
+    below them (:func:`descendants`): the processes the GPU reset rails allow on a GPU."""
+    out: list[int] = []
+    for sup in supervisors:
+        if sup.pid is not None:
+            out += [sup.pid, *descendants(sup.pid, proc)]
+    return out
 
 
 def find_owned(owner: str, proc: Path = PROC) -> list[ProcessInfo]:

@@ -39,7 +39,7 @@ from inferctl.controller.state import ControllerState
 from inferctl.controller.metrics import build_registry
 from inferctl.controller.reset import GpuResetter
 from inferctl.controller.router_watch import RouterWatch
-from inferctl.controller.supervisor import find_owned, owner_key
+from inferctl.controller.supervisor import find_owned, owned_pids, owner_key
 
 #: where ``inferctl up --replicas N`` (N > 1) puts the router (``--router-port``)
 DEFAULT_ROUTER_PORT = 8080
@@ -258,7 +258,7 @@ def build_runtime(config: ControllerConfig, admin_token: str, *, engine_log_dir:
         rails = config.rails
         resetter = GpuResetter(rails.nvidia_smi, gpu_source, event_log,
                                min_interval_seconds=rails.reset_min_interval_seconds, dry_run=rails.dry_run,
-                               allowed_pids=lambda: [s.pid for s in supervisors.values() if s.pid is not None],
+                               allowed_pids=lambda: owned_pids(supervisors.values()),
                                command_timeout_seconds=rails.command_timeout_seconds, metrics=metrics)
         light = {e.name: config.policies.breaker.options().get("light_model") for e in config.engines}
         state = ControllerState.for_config(config)
