@@ -287,17 +287,31 @@ class CoreClient(OutputStreams):
 
     # ------------------------------------------------------------------ calls
     def _call(self, name: str, *args):  # noqa: ANN202
-        waiter = self._register(_Waiter(), name, args)
-        if not waiter.event.wait(self.CALL_TIMEOUT):
-            raise TimeoutError(f"the engine core did not answer {name!r} within {self.CALL_TIMEOUT:.0f} s")
+        """Ask the core and wait for its answer (this thread blocks). Raises ``TimeoutError``
+        after :attr:`CALL_TIMEOUT` s, :class:`EngineDeadError` when the core is gone, or what the
+        call raised in the core."""
+        call_id, waiter = self._register(_Waiter(), name, args)
+        try:
+            if not waiter.event.wait(self.CALL_TIMEOUT):
+                raise TimeoutError(f"the engine core did not answer {name!r} within {self.CALL_TIMEOUT:.0f} s")
+        finally:
+            with self._lock:
+                self._waiters.pop(call_id, None)
         return waiter.result()
 
     async def _acall(self, name: str, *args):  # noqa: ANN202
+        """:meth:`_call` without blocking the event loop."""
         future = asyncio.get_running_loop().create_future()
-        self._register(_Waiter(future), name, args)
-        return await asyncio.wait_for(future, self.CALL_TIMEOUT)
+        call_id, _ = self._register(_Waiter(future), name, args)
+        try:
+            return await asyncio.wait_for(future, self.CALL_TIMEOUT)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"the engine core did not answer {name!r} within {self.CALL_TIMEOUT:.0f} s") from None
+        finally:
+            with self._lock:
+                self._waiters.pop(call_id, None)
 
-    def _register(self, waiter: _Waiter, name: str, args: tuple) -> _Waiter:
+    def _register(self, waiter: _Waiter, name: str, args: tuple) -> tuple[int, _Waiter]:
         call_id = next(self._ids)
         with self._lock:
             if self._dead:
@@ -309,7 +323,7 @@ class CoreClient(OutputStreams):
             with self._lock:
                 self._waiters.pop(call_id, None)
             raise
-        return waiter
+        return call_id, waiter
 
     # ------------------------------------------------------------------ the reader thread
     def _read(self) -> None:

@@ -242,3 +242,22 @@ def test_a_core_that_cannot_build_reports_the_clis_exit_code(tmp_path):
         CoreClient(CoreSpec(model=str(bad), tokenizer=None, device="cpu", dtype="auto", config={},
                             served_model_name=None, precision="full", builder=build_core))
     assert info.value.exit_code == 2
+
+
+def test_a_stopped_core_times_calls_out_and_answers_again_once_resumed(stories_dir):
+    client = CoreClient(_spec(stories_dir))
+    client.CALL_TIMEOUT = 0.5
+    try:
+        os.kill(client.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="did not answer 'stats' within"):
+            run(client.get_stats())
+        with pytest.raises(TimeoutError, match="did not answer 'set_draining'"):
+            client.set_draining(True)
+        assert time.monotonic() - t0 < 5 and client._waiters == {}    # nothing left waiting
+        os.kill(client.pid, signal.SIGCONT)
+        client.CALL_TIMEOUT = 10
+        assert run(client.get_stats())["engine"]["core_process"]["alive"] is True
+    finally:
+        os.kill(client.pid, signal.SIGCONT)
+        client.shutdown()
