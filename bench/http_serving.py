@@ -65,20 +65,10 @@ def _cpu_seconds(pid: int) -> float:
 
 def _tree_cpu_seconds(pid: int) -> float:
     """:func:`_cpu_seconds` of ``pid`` and of every process below it (``--core-process``'s engine
-    core, multiprocessing's resource tracker), found through ``/proc/PID/task/TID/children``."""
-    total, todo, seen = 0.0, [pid], set()
-    while todo:
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.add(p)
-        total += _cpu_seconds(p)
-        try:
-            for task in Path(f"/proc/{p}/task").iterdir():
-                todo.extend(int(c) for c in (task / "children").read_text().split())
-        except OSError:
-            pass
-    return total
+    core, multiprocessing's resource tracker: :func:`inferctl.controller.supervisor.descendants`)."""
+    from inferctl.controller.supervisor import descendants
+
+    return _cpu_seconds(pid) + sum(_cpu_seconds(child) for child in descendants(pid))
 
 
 def start_server(model: Path, max_num_seqs: int, log: Path, extra: Sequence[str] = (),

@@ -214,10 +214,8 @@ def _build_engine(bundle, config, precision: str, budget_flag: str = "--memory-b
 
 def build_core(spec):  # noqa: ANN001, ANN201 - CoreSpec → AsyncLLMEngine, imported lazily
     """What ``engine serve`` builds for one model, from a :class:`~inferctl.engine.core_process.CoreSpec`
-    (run in the engine core process, ``--core-process``): the same messages and exit codes."""
-    from inferctl.contract.logs import configure_logging
-
-    configure_logging(spec.log_format, spec.log_level)
+    (in this process, or in the engine core process with ``--core-process``): the same messages and
+    exit codes either way."""
     bundle = _load(spec.model, spec.tokenizer, spec.device, spec.dtype)
     name = spec.served_model_name or bundle.name
     if spec.clash is not None and name == spec.clash:
@@ -339,6 +337,7 @@ def serve(
 
     from inferctl.contract.logs import configure_logging
     from inferctl.engine.chat_template import resolve_chat_template
+    from inferctl.engine.core_process import CoreSpec, model_info
     from inferctl.engine.entrypoints.lifecycle import DEFAULT_FLUSH_SECONDS, GracefulServer
     from inferctl.engine.server import create_app
 
@@ -397,40 +396,30 @@ def serve(
     main_config = dict(**common, num_kv_blocks=num_kv_blocks, memory_budget_bytes=budget,
                        gpu_memory_utilization=main_util, speculative_config=spec)
     light_config = dict(**common, memory_budget_bytes=light_budget, gpu_memory_utilization=light_util)
-    if core_process:
-        from inferctl.engine.core_process import CoreSpec
 
-        logs = dict(log_format=log_format, log_level=log_level, builder=build_core)
-        main = _start_core(CoreSpec(model, tokenizer, device, dtype, main_config, served_model_name, precision, **logs))
-        main_name = main.model_info["name"]
-        engines = {main_name: main}
-        if light_model:
-            light = _start_core(CoreSpec(light_model, light_tokenizer, device, dtype, light_config, light_name,
-                                         precision, clash=main_name, budget_flag="--light-memory-budget", **logs),
-                                started=[main])
-            engines[light.model_info["name"]] = light
-        own_template = main.model_info["chat_template"]
-        bos, eos = main.model_info["bos_token"], main.model_info["eos_token"]
-    else:
-        bundle = _load(model, tokenizer, device, dtype)
-        main_name = served_model_name or bundle.name
-        engines = {main_name: _build_engine(bundle, _config(**main_config, served_model_name=main_name), precision)}
-        if light_model:
-            light_bundle = _load(light_model, light_tokenizer, device, dtype)
-            name = light_name or light_bundle.name
-            if name == main_name:
-                name = f"{name}-light"
-            engines[name] = _build_engine(light_bundle, _config(**light_config, served_model_name=name), precision,
-                                          "--light-memory-budget")
-        own_template = getattr(bundle, "chat_template", None)
-        tok = bundle.tokenizer
-        bos, eos = tok.id_to_piece(tok.bos_id), tok.id_to_piece(tok.eos_id)
+    def start(spec: CoreSpec, started: list):  # noqa: ANN202 - (engine, its model_info)
+        if core_process:
+            eng = _start_core(spec, started)
+            return eng, eng.model_info
+        eng = build_core(spec)
+        return eng, model_info(eng)
+
+    logs = dict(log_format=log_format, log_level=log_level, builder=build_core)
+    main, info = start(CoreSpec(model, tokenizer, device, dtype, main_config, served_model_name, precision, **logs), [])
+    main_name = info["name"]
+    engines = {main_name: main}
+    if light_model:
+        light, light_info = start(CoreSpec(light_model, light_tokenizer, device, dtype, light_config, light_name,
+                                           precision, clash=main_name, budget_flag="--light-memory-budget", **logs),
+                                  [main])
+        engines[light_info["name"]] = light
 
     try:
-        template = resolve_chat_template(chat_template, own_template, bos_token=bos, eos_token=eos)
+        template = resolve_chat_template(chat_template, info["chat_template"], bos_token=info["bos_token"],
+                                         eos_token=info["eos_token"])
     except ValueError as exc:
-        for eng in engines.values():
-            if core_process:
+        if core_process:
+            for eng in engines.values():
                 eng.shutdown()
         _die(str(exc))
     app = create_app(engines, admin_token=admin_token, default_model=main_name, chat_template=template,

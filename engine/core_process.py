@@ -275,6 +275,9 @@ def core_main(conn: Connection, spec: CoreSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
+        from inferctl.contract.logs import configure_logging
+
+        configure_logging(spec.log_format, spec.log_level)   # the server's logging, in this process too
         aeng = spec.build()
     except SystemExit as exc:          # typer.Exit is click's Exit, not SystemExit: both handled
         conn.send(("failed", exc.code if isinstance(exc.code, int) else 1))

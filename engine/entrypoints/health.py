@@ -25,7 +25,6 @@
 from __future__ import annotations
 
 import logging
-
 from collections.abc import Iterator
 from typing import Annotated
 

@@ -11,23 +11,17 @@ from pathlib import Path
 import openai
 import pytest
 
+from inferctl.controller.supervisor import descendants
 from tests.server_helpers import REFERENCE, STORIES, free_port, start_inferctl, stop_all
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        out += [int(c) for c in (task / "children").read_text().split()]
-    return out
 
 
 def _core_pid(server_pid: int) -> int:
     """The engine core: the child of the server that runs ``multiprocessing``'s spawn main."""
-    for child in _children(server_pid):
+    for child in descendants(server_pid):
         cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
         if b"spawn_main" in cmdline:
             return child
-    raise AssertionError(f"no engine core process under {server_pid}: {_children(server_pid)}")
+    raise AssertionError(f"no engine core process under {server_pid}: {descendants(server_pid)}")
 
 
 def _gone(pid: int, timeout: float) -> bool:
