@@ -329,7 +329,8 @@ def serve(
         False, "--core-process/--no-core-process",
         help="Run each engine core (scheduler, model runner, detokenizer, command mailbox) in a child process "
              "and the HTTP server in this one, as vLLM V1 does: the server's per-token work no longer waits for "
-             "the stepping thread's GIL (docs/architecture.md, 'Engine core process')."),
+             "the stepping thread's GIL. Experimental: known defects with a stalled or dead core, see "
+             "docs/architecture.md, 'Engine core process'."),
 ) -> None:
     ("Serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions) "
      "with /health, /stats, /metrics, /admin.")
