@@ -107,7 +107,7 @@ def test_json_format_is_one_object_per_line_with_the_request_id(app):
     logger.setLevel(logging.INFO)
     try:
         for rid in ("json-1", "json-2"):
-            assert http_post(app, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3},
+            assert http_post(app, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3, "temperature": 0},
                              headers={"x-request-id": rid}).status_code == 200
     finally:
         logger.removeHandler(handler)
@@ -128,7 +128,7 @@ def test_the_request_id_reaches_the_engines_stats_and_its_oom_faults(app):
     assert recent[-1]["x_request_id"] == "stats-trace" and recent[-1]["request_id"].startswith("cmpl-")
     # an injected OOM blamed on the only running request: the fault names it
     assert http_post(app, "/admin/fault", {"kind": "oom", "count": 1}, headers=auth(ADMIN_TOKEN)).status_code == 200
-    r = http_post(app, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3},
+    r = http_post(app, "/v1/completions", {"prompt": PROMPT, "max_tokens": 3, "temperature": 0},
                   headers={"x-request-id": "oom-trace"})
     assert r.status_code == 200
     fault = http_get(app, "/stats").json()["faults"]["recent"][-1]
