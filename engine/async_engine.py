@@ -35,6 +35,11 @@ class EngineDeadError(RuntimeError):
     """The engine was shut down while a request was in flight."""
 
 
+class EngineOverloadedError(RuntimeError):
+    """The engine cannot take a request now (its core process does not read its input: the
+    bytes waiting for it passed their bound); the server answers 503 with ``Retry-After``."""
+
+
 class OutputStreams:
     """The caller's side of a request's outputs, shared by :class:`AsyncLLMEngine` and the
     engine core process's client (:class:`inferctl.engine.core_client.CoreClient`): each
@@ -223,6 +228,10 @@ class AsyncLLMEngine(OutputStreams):
         (at most one step), so a request admitted after this call sees the drain."""
         self.engine.post(SetDraining(draining=draining)).wait(self.DRAIN_APPLY_TIMEOUT)
 
+    async def set_draining_async(self, draining: bool) -> None:
+        """:meth:`set_draining` without blocking the event loop (it waits for the step in flight)."""
+        await asyncio.get_running_loop().run_in_executor(None, self.set_draining, draining)
+
     @property
     def precision(self) -> str:
         return self.engine.precision
@@ -242,6 +251,10 @@ class AsyncLLMEngine(OutputStreams):
         ``/stats``, :meth:`inferctl.engine.stats.EngineStats.latency_histograms`), read without
         waiting for the step in flight: the server adds every served model's to ``/stats``."""
         return self.engine.stats_.latency_histograms()
+
+    async def get_latency_histograms(self) -> dict:
+        """:meth:`latency_histograms` (read at once: nothing waits for the step in flight)."""
+        return self.latency_histograms()
 
     async def get_stats(self) -> dict:
         """:meth:`stats` without blocking the event loop."""

@@ -14,26 +14,38 @@ What the server reads synchronously is kept here: the precision (updated by the 
 families (fetched by :meth:`refresh_metrics` before each ``/metrics`` render). ``/stats`` and
 ``set_draining`` are answered by the core between steps, as in one process.
 
+Messages to the core are pickled by the caller and written by a writer thread, so the event
+loop never blocks on a full pipe (a stopped core reads nothing): a request is refused with
+:class:`~inferctl.engine.async_engine.EngineOverloadedError` (503) once the bytes waiting for
+the core pass :attr:`CoreClient.MAX_PENDING_BYTES`; aborts, counts and calls are always queued.
+
 When the core process dies (killed, crashed), every open request fails with
 :class:`~inferctl.engine.async_engine.EngineDeadError`, :attr:`is_running` turns False (the
-server's readiness answers 503) and new requests are refused.
+server's readiness answers 503), new requests are refused and :attr:`CoreClient.fatal` says why:
+the server then exits 1 so its supervisor restarts both (vLLM's API server does the same when
+its engine core dies). A watchdog pings a core that has been silent for
+:attr:`CoreClient.PING_SECONDS`; one that answers nothing for :attr:`CoreClient.STALL_SECONDS`
+(stopped, wedged, swapped out) is killed, which is the same death.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import multiprocessing
+import pickle
 import threading
 import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from inferctl.engine import commands
-from inferctl.engine.async_engine import EngineDeadError, OutputQueue, OutputStreams, post_by_loop
+from inferctl.engine.async_engine import (EngineDeadError, EngineOverloadedError, OutputQueue, OutputStreams,
+                                          post_by_loop)
 from inferctl.engine.core_process import CoreSpec, PackedError, core_main
 from inferctl.engine.sampling_params import SamplingParams
 from inferctl.engine.scheduler import AdmissionError
@@ -86,13 +98,21 @@ def _settle(fut: asyncio.Future, ok: bool, value) -> None:  # noqa: ANN001
 
 
 class _Snapshot:
-    """The core's metric families as last fetched (a collector of the server's registry)."""
+    """The core's metric families as last fetched (a collector of the server's registry), and
+    ``inferctl_engine_core_process_up{model}``: 1 when the last fetch succeeded, 0 when it failed
+    (the core's families are then left out: no data, never a dead core's last values)."""
 
-    def __init__(self) -> None:
+    def __init__(self, model: str) -> None:
+        self.model = model
         self.families: list[Metric] = []
+        self.up = 1
 
     def collect(self) -> Iterator[Metric]:
-        return iter(self.families)
+        up = GaugeMetricFamily("inferctl_engine_core_process_up",
+                               "1 when the engine core process answered the last scrape, 0 when it is dead or "
+                               "did not answer in time (its other series are then absent)", labels=["model"])
+        up.add_metric([self.model], self.up)
+        return iter([*self.families, up])
 
 
 class _RemoteCounter:
@@ -117,12 +137,22 @@ class _RemoteCounter:
 class CoreClient(OutputStreams):
     """An engine core in a child process, built from ``spec`` (module docstring).
 
-    The constructor starts the child and blocks until its model is loaded. Raises
+    The constructor starts the child and blocks until its model is loaded; call it on a thread
+    that lives as long as the client (the main thread: the child is killed when the thread that
+    started it ends, :func:`~inferctl.engine.core_process.die_with_parent`). Raises
     :class:`CoreStartError` when the child could not build its engine (the child printed why).
     ``model_info``: what :func:`inferctl.engine.core_process.model_info` sent."""
 
-    #: Seconds a synchronous call (``stats``, ``set_draining``) waits for the core's reply.
-    CALL_TIMEOUT = 30.0
+    #: Seconds a call (``stats``, ``set_draining``, ``latency_histograms``) waits for the core's reply.
+    CALL_TIMEOUT = 10.0
+    #: Seconds ``/metrics`` waits for the core's families (a scrape must not hang).
+    METRICS_TIMEOUT = 3.0
+    #: Bytes of messages waiting for the core above which a new request is refused (503).
+    MAX_PENDING_BYTES = 64 * 1024 * 1024
+    #: Seconds of silence from the core after which the watchdog pings it.
+    PING_SECONDS = 1.0
+    #: Seconds the core may answer nothing (no output, no reply, no pong) before it is killed.
+    STALL_SECONDS = 30.0
 
     def __init__(self, spec: CoreSpec) -> None:
         ctx = multiprocessing.get_context("spawn")
@@ -143,19 +173,29 @@ class CoreClient(OutputStreams):
         self._precision = self.model_info["precision"]
         self._requested = self.model_info["requested_precision"]
         self._lock = threading.Lock()
-        self._send_lock = threading.Lock()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, OutputQueue]] = {}
         self._queues: dict[str, OutputQueue] = {}
         self._waiters: dict[int, _Waiter] = {}
         self._ids = itertools.count()
         self._dead = False
-        self._snapshot = _Snapshot()
+        self._closing = False
+        #: why the core is gone when it died on its own (None: alive, or stopped by :meth:`shutdown`)
+        self.fatal: str | None = None
+        self._last_heard = time.monotonic()
+        self._outbox: collections.deque[bytes] = collections.deque()
+        self._pending_bytes = 0
+        self._out_cv = threading.Condition()
+        self._snapshot = _Snapshot(self.model_info["name"])
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self._snapshot)
         self.metrics = {name: _RemoteCounter(self, name) for name in
                         ("inferctl_engine_request_errors_total", "inferctl_engine_request_aborts_total")}
         self._reader = threading.Thread(target=self._read, name="inferctl-core-reader", daemon=True)
+        self._writer = threading.Thread(target=self._write, name="inferctl-core-writer", daemon=True)
+        self._watchdog = threading.Thread(target=self._watch, name="inferctl-core-watchdog", daemon=True)
         self._reader.start()
+        self._writer.start()
+        self._watchdog.start()
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -177,6 +217,7 @@ class CoreClient(OutputStreams):
         """Stop the core (its stepping thread ends; then the process) and fail every open
         stream with :class:`EngineDeadError`. Kills the process if it has not exited within
         ``timeout`` seconds."""
+        self._closing = True
         try:
             self.send(("shutdown",))
         except EngineDeadError:   # already gone
@@ -186,21 +227,78 @@ class CoreClient(OutputStreams):
             log.warning("the engine core process did not stop within %.0f s: killing it", timeout)
             self._proc.kill()
             self._proc.join(5)
-        self._dead = True
+        self._mark_dead()
         self._fail_all(EngineDeadError("the engine was shut down"))
         try:
             self._conn.close()
         except OSError:
             pass
 
-    def send(self, message: tuple) -> None:
-        """Send one message to the core (any thread). Raises :class:`EngineDeadError` when the
-        pipe is closed."""
-        with self._send_lock:
+    def send(self, message: tuple, *, bounded: bool = False) -> None:
+        """Queue one message for the core (any thread; never blocks on the pipe: the writer
+        thread writes it). Raises :class:`EngineDeadError` when the core is gone and, with
+        ``bounded`` (a new request), :class:`EngineOverloadedError` when more than
+        :attr:`MAX_PENDING_BYTES` wait for the core already."""
+        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._out_cv:
+            if self._dead:
+                raise EngineDeadError(f"the engine core process is gone ({self.fatal or 'shut down'})")
+            if bounded and self._outbox and self._pending_bytes + len(payload) > self.MAX_PENDING_BYTES:
+                raise EngineOverloadedError(
+                    f"the engine core is not reading its input ({self._pending_bytes} bytes wait for it, "
+                    f"bound {self.MAX_PENDING_BYTES}); retry later")
+            self._outbox.append(payload)
+            self._pending_bytes += len(payload)
+            self._out_cv.notify()
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of messages queued for the core and not yet written to the pipe."""
+        return self._pending_bytes
+
+    def _write(self) -> None:
+        """The writer thread: writes the queued messages in order until the core is gone."""
+        while True:
+            with self._out_cv:
+                while not self._outbox and not self._dead:
+                    self._out_cv.wait()
+                if self._dead:
+                    return
+                payload = self._outbox[0]
             try:
-                self._conn.send(message)
-            except (OSError, ValueError) as exc:
-                raise EngineDeadError(f"the engine core process is gone: {exc}") from exc
+                self._conn.send_bytes(payload)
+            except (OSError, ValueError):   # the pipe closed: the reader sees EOF and fails the streams
+                return
+            with self._out_cv:
+                if self._outbox and self._outbox[0] is payload:
+                    self._outbox.popleft()
+                    self._pending_bytes -= len(payload)
+
+    def _mark_dead(self) -> None:
+        with self._out_cv:
+            self._dead = True
+            self._outbox.clear()
+            self._pending_bytes = 0
+            self._out_cv.notify_all()
+
+    def _watch(self) -> None:
+        """The watchdog thread: ping a silent core; kill one silent for :attr:`STALL_SECONDS`."""
+        while not self._dead:
+            time.sleep(min(self.PING_SECONDS, self.STALL_SECONDS) / 2)
+            if self._dead or self._closing:
+                return
+            silent = time.monotonic() - self._last_heard
+            if silent >= self.STALL_SECONDS:
+                self.fatal = (f"the engine core process (pid {self._proc.pid}) answered nothing for {silent:.0f} s "
+                              f"(stopped or wedged; bound {self.STALL_SECONDS:g} s): killed")
+                log.error("%s", self.fatal)
+                self._proc.kill()
+                return
+            if silent >= self.PING_SECONDS:
+                try:
+                    self.send(("ping",))
+                except EngineDeadError:
+                    return
 
     # ------------------------------------------------------------------ requests
     def _submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -214,8 +312,8 @@ class CoreClient(OutputStreams):
             self._streams[request_id] = (asyncio.get_running_loop(), queue)
         try:
             self.send(("add", request_id, list(prompt_token_ids), params,
-                       time.time() if arrival_time is None else arrival_time, x_request_id))
-        except EngineDeadError:
+                       time.time() if arrival_time is None else arrival_time, x_request_id), bounded=True)
+        except (EngineDeadError, EngineOverloadedError):
             with self._lock:
                 self._streams.pop(request_id, None)
             raise
@@ -257,6 +355,12 @@ class CoreClient(OutputStreams):
         """Returns once the core applied it (at most one step)."""
         self._call("set_draining", bool(draining))
 
+    async def set_draining_async(self, draining: bool) -> None:
+        """:meth:`set_draining` without blocking the event loop. Raises ``TimeoutError`` after
+        :attr:`CALL_TIMEOUT` s (the drain is still applied when the core reads it) and
+        :class:`EngineDeadError` when the core is gone."""
+        await self._acall("set_draining", bool(draining))
+
     @property
     def precision(self) -> str:
         return self._precision
@@ -270,19 +374,38 @@ class CoreClient(OutputStreams):
         return self._with_process(self._call("stats"))
 
     async def get_stats(self) -> dict:
-        """:meth:`stats` without blocking the event loop."""
-        return self._with_process(await self._acall("stats"))
+        """:meth:`stats` without blocking the event loop. A dead core gives the document of what
+        is known here: ``engine.step_thread_alive`` false and ``engine.core_process`` (``alive``
+        false, ``exit_code``, ``error``), nothing the core counted (no data). Raises
+        ``TimeoutError`` when a live core does not answer within :attr:`CALL_TIMEOUT` s."""
+        try:
+            return self._with_process(await self._acall("stats"))
+        except EngineDeadError:
+            return self._with_process({"engine": {"step_thread_alive": False}})
 
     def latency_histograms(self) -> dict:
         """The engine's cumulative latency histograms (``requests.latency_histograms``)."""
         return self._call("latency_histograms")
 
+    async def get_latency_histograms(self) -> dict:
+        """:meth:`latency_histograms` without blocking the event loop (same errors as :meth:`get_stats`)."""
+        return await self._acall("latency_histograms")
+
     async def refresh_metrics(self) -> None:
-        """Fetch the core's metric families for the next collection of :attr:`registry`."""
-        self._snapshot.families = await self._acall("metrics")
+        """Fetch the core's metric families for the next collection of :attr:`registry`, within
+        :attr:`METRICS_TIMEOUT` s. On failure (dead, or too slow) the core's families are dropped
+        and ``inferctl_engine_core_process_up`` is 0; the error is raised again."""
+        try:
+            families = await self._acall("metrics", timeout=self.METRICS_TIMEOUT)
+        except BaseException:
+            self._snapshot.families, self._snapshot.up = [], 0
+            raise
+        self._snapshot.families, self._snapshot.up = families, 1
 
     def _with_process(self, doc: dict) -> dict:
-        doc.setdefault("engine", {})["core_process"] = {"pid": self._proc.pid, "alive": self.is_running}
+        doc.setdefault("engine", {})["core_process"] = {
+            "pid": self._proc.pid, "alive": self.is_running, "exit_code": self._proc.exitcode,
+            "error": self.fatal, "pending_bytes": self._pending_bytes}
         return doc
 
     # ------------------------------------------------------------------ calls
@@ -299,14 +422,16 @@ class CoreClient(OutputStreams):
                 self._waiters.pop(call_id, None)
         return waiter.result()
 
-    async def _acall(self, name: str, *args):  # noqa: ANN202
-        """:meth:`_call` without blocking the event loop."""
+    async def _acall(self, name: str, *args, timeout: float | None = None):  # noqa: ANN202
+        """:meth:`_call` without blocking the event loop (``timeout``: seconds, default
+        :attr:`CALL_TIMEOUT`)."""
+        wait = self.CALL_TIMEOUT if timeout is None else timeout
         future = asyncio.get_running_loop().create_future()
         call_id, _ = self._register(_Waiter(future), name, args)
         try:
-            return await asyncio.wait_for(future, self.CALL_TIMEOUT)
+            return await asyncio.wait_for(future, wait)
         except asyncio.TimeoutError:
-            raise TimeoutError(f"the engine core did not answer {name!r} within {self.CALL_TIMEOUT:.0f} s") from None
+            raise TimeoutError(f"the engine core did not answer {name!r} within {wait:g} s") from None
         finally:
             with self._lock:
                 self._waiters.pop(call_id, None)
@@ -332,6 +457,7 @@ class CoreClient(OutputStreams):
                 message = self._conn.recv()
             except (EOFError, OSError):
                 break
+            self._last_heard = time.monotonic()
             kind = message[0]
             if kind == "out":
                 self._dispatch(message[1])
@@ -342,11 +468,14 @@ class CoreClient(OutputStreams):
                     waiter.resolve(message[2], message[3])
             elif kind == "state":
                 self._precision, self._requested = message[1], message[2]
-        self._dead = True
+        self._mark_dead()
         self._proc.join(1)
-        if self._proc.exitcode not in (0, None):
+        if not self._closing:
+            if self.fatal is None:
+                self.fatal = f"the engine core process exited (exit code {self._proc.exitcode})"
             log.error("the engine core process died (exit code %s): failing its open requests", self._proc.exitcode)
-        self._fail_all(EngineDeadError(f"the engine core process exited (exit code {self._proc.exitcode})"))
+        self._fail_all(EngineDeadError(self.fatal or f"the engine core process exited (exit code "
+                                                     f"{self._proc.exitcode})"))
 
     def _dispatch(self, batch: list) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}

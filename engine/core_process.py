@@ -21,7 +21,8 @@ API process → core: ``("add", request_id, prompt_token_ids, params, arrival_ti
 validated :mod:`~inferctl.engine.commands` command, rebuilt here), ``("call", call_id, name,
 args)`` (answered by ``("reply", call_id, ok, value)``; ``name`` in :data:`CALLS`),
 ``("count", metric, labels, amount)`` (the HTTP layer's error and abort counters live in the
-engine's registry), ``("shutdown",)``.
+engine's registry), ``("ping",)`` (the API process's watchdog: answered ``("pong",)`` at once by
+this process's main thread), ``("shutdown",)``.
 
 core → API process: ``("ready", info)`` once (:func:`model_info`) or ``("failed", exit_code)``;
 ``("out", [(request_id, item), ...])`` where ``item`` is a
@@ -30,15 +31,22 @@ requested_precision)`` whenever the precision changes.
 
 The child ignores SIGINT and SIGTERM (a terminal's Ctrl-C reaches the whole process group: the
 API process drains first, then tells the core to stop) and exits when the pipe closes (the API
-process died).
+process died). On Linux it also asks the kernel for SIGKILL when its parent dies
+(``prctl(PR_SET_PDEATHSIG)``, prctl(2)): a stopped core (SIGSTOP) reads no pipe, and would
+otherwise outlive a killed server holding its model's memory.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import importlib
 import logging
+import multiprocessing
+import os
 import pickle
 import signal
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -241,6 +249,9 @@ class EngineCoreProc:
         except Exception as exc:  # noqa: BLE001 - the request's own error, raised in the API process
             self.send_outputs([(request_id, exc)])
 
+    def _on_ping(self) -> None:
+        self.send(("pong",))
+
     def _on_abort(self, request_id: str) -> None:
         self.aeng.abort(request_id)
 
@@ -270,10 +281,33 @@ class EngineCoreProc:
         self.send(("reply", call_id, True, value))
 
 
+#: prctl(2) option: the signal this process gets when its parent dies.
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> bool:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux ``prctl``); then exit
+    at once if the parent is already gone. Returns False where that is not available. (The
+    kernel means the parent *thread*: the API process creates its cores on its main thread.)"""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    parent = multiprocessing.parent_process()
+    if parent is not None and parent.pid != os.getppid():   # it died before the prctl
+        os._exit(1)
+    return True
+
+
 def core_main(conn: Connection, spec: CoreSpec) -> None:
     """The child process's target: build, then serve messages (module docstring)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    die_with_parent()
     try:
         from inferctl.contract.logs import configure_logging
 

@@ -6,7 +6,10 @@ has no token configured. The token is checked before the body is read. Bodies ar
 shapes of :mod:`inferctl.contract.admin` (unknown fields refused, 400 naming the field).
 ``model`` omitted means every served model (precision, drain); ``/admin/route {"model":
 "main", "to": "light"}`` sends requests for ``main`` to ``light`` (one hop), ``"to": null``
-clears the route.
+clears the route. An engine that cannot take the command (an engine core process that is gone,
+or did not answer within its call timeout) is a 503 ``engine_unavailable`` with ``Retry-After``.
+A drain sets the server's own gate first: ``/ready`` and admission follow it at once, even when
+the engine's confirmation then times out (the engine applies it when it reads it).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from inferctl.contract.http import Unauthorized, check_bearer
 from inferctl.contract.openai import validate_model
 from inferctl.contract.openapi import route_doc
 from inferctl.contract.precision import START_ONLY_MODES
+from inferctl.engine.async_engine import EngineDeadError
 from inferctl.engine.entrypoints.serving import read_json
 from inferctl.engine.entrypoints.sse import json_response
 from inferctl.engine.entrypoints.state import ServerState, server_state
@@ -49,7 +53,15 @@ router = APIRouter(prefix="/admin")
 ROUTES_SCHEMA = {"type": "object", "required": ["routes"],
                  "properties": {"routes": {"type": "object", "additionalProperties": {"type": "string"}}}}
 #: The statuses every admin route can give (bearer token: 401; no token configured: 403).
-ADMIN_ERRORS = (400, 403, 404, 413)
+ADMIN_ERRORS = (400, 403, 404, 413, 503)
+
+
+def engine_unavailable(served_name: str, exc: BaseException, state: ServerState, done: str = "") -> APIError:
+    """503 ``engine_unavailable`` for an engine that could not take an admin command
+    (``EngineDeadError``, ``TimeoutError``); ``done``: what was applied anyway."""
+    return APIError(503, f"model {served_name!r}: the engine did not take the command: {exc}{done}",
+                    code="engine_unavailable", err_type="service_unavailable_error",
+                    headers={"Retry-After": str(state.retry_after_seconds)})
 
 
 async def _body(request: Request, state: ServerState, cls: type[B]) -> B:
@@ -82,6 +94,8 @@ async def admin_precision(request: Request, state: AdminState) -> Response:
             served.request_precision(body.mode)
         except ValueError as exc:
             raise APIError(400, f"mode: {exc}", param="mode", code="invalid_value") from None
+        except EngineDeadError as exc:
+            raise engine_unavailable(served.name, exc, state) from None
     main = targets[0]
     return json_response({"requested": body.mode, "current": main.precision(), "models": [t.name for t in targets]})
 
@@ -97,18 +111,27 @@ async def admin_fault(request: Request, state: AdminState) -> Response:
         served.inject_fault(body.kind, body.count)
     except (ValueError, TypeError) as exc:
         raise APIError(400, f"kind: {exc}", param="kind", code="invalid_value") from None
+    except EngineDeadError as exc:
+        raise engine_unavailable(served.name, exc, state) from None
     return json_response({"injected": body.kind, "count": body.count, "model": served.name})
 
 
 @router.post("/drain", **route_doc(request=AdminDrainRequest, bearer=True, errors=ADMIN_ERRORS,
                                         response_schema={"type": "object", "required": ["draining", "models"]}))
 async def admin_drain(request: Request, state: AdminState) -> Response:
-    """Stop (or resume) admitting requests on the named (or every) model."""
+    """Stop (or resume) admitting requests on the named (or every) model: the server's gate is
+    set first (``/ready``, admission), then each engine's, waited for without blocking the loop."""
     body = await _body(request, state, AdminDrainRequest)
     targets = state.admin_targets(body.model)
     for served in targets:
-        served.set_draining(body.draining)
         state.draining[served.name] = body.draining
+    for served in targets:
+        try:
+            await served.set_draining(body.draining)
+        except (EngineDeadError, TimeoutError) as exc:
+            gate = "admits no new requests" if body.draining else "admits requests again"
+            raise engine_unavailable(served.name, exc, state,
+                                     f"; the server's own gate is set (it {gate}); retry to confirm") from None
     return json_response({"draining": body.draining, "models": [t.name for t in targets]})
 
 

@@ -77,9 +77,14 @@ def engine_error_to_api(exc: Exception, served: ServedModel, retry_after: int) -
     ``AdmissionError`` (counted by the engine itself) keeps its status, field and message;
     a 503 (draining) gets ``Retry-After`` (seconds). ``SamplingParamsError`` is a 400 naming
     its field (counted here, the engine never saw the request). ``EngineDeadError`` or an
-    engine that is not started is a 503 ``engine_unavailable``.
+    engine that is not started is a 503 ``engine_unavailable``; ``EngineOverloadedError`` (an
+    engine core process that reads nothing) a 503 ``engine_overloaded``, both with ``Retry-After``.
     """
     name = type(exc).__name__
+    if name == "EngineOverloadedError":
+        served.count_error("overloaded")
+        return APIError(503, str(exc), code="engine_overloaded", err_type="service_unavailable_error",
+                        headers={"Retry-After": str(retry_after)})
     if name == "AdmissionError":
         status = int(getattr(exc, "status", 400) or 400)
         param = getattr(exc, "field", None)

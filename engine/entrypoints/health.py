@@ -17,8 +17,13 @@
   valid JSON; ``engine.models`` lists the served set and ``routes`` the active routes. With more
   than one served model, ``latency_histograms_by_model`` gives every served model's
   ``requests.latency_histograms`` by name (a controller reads the latency breaker's per-model
-  TTFT from one ``GET /stats``, without ``/metrics``).
+  TTFT from one ``GET /stats``, without ``/metrics``); a model whose engine core process is
+  gone or silent is left out of it (no data). With ``--core-process``, a dead core's document
+  holds only ``engine.core_process`` (``alive: false``, ``exit_code``, ``error``) and
+  ``engine.step_thread_alive: false``; a live core that does not answer in time is a 503.
 * ``/metrics`` — Prometheus text of the engine registries, merged (:class:`MergedCollector`).
+  An engine core process's families are fetched first, within a few seconds; a core that is
+  gone or too slow has none (no data) and ``inferctl_engine_core_process_up{model}`` 0.
 * ``/v1/models`` — the served models (never the route table); each card has ``max_model_len``.
 """
 
@@ -33,8 +38,10 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
+from inferctl.contract.errors import APIError
 from inferctl.contract.openai import ModelCard, ModelList
 from inferctl.contract.openapi import Param, route_doc
+from inferctl.engine.async_engine import EngineDeadError
 from inferctl.engine.entrypoints.sse import json_response
 from inferctl.engine.entrypoints.state import ServerState, server_state
 
@@ -106,12 +113,17 @@ async def ready(state: State) -> Response:
     return json_response(doc, status=503, headers={"Retry-After": str(state.retry_after_seconds)})
 
 
-@router.get("/stats", **route_doc(response_schema={"type": "object", "required": ["engine"]}, errors=(404,),
+@router.get("/stats", **route_doc(response_schema={"type": "object", "required": ["engine"]}, errors=(404, 503),
                                   params=[Param("model", {"type": "string"}, "a served model (default: main)")]))
 async def stats(request: Request, state: State) -> Response:
     """The named (default: main) model's ``/stats`` document; 404 for an unknown model."""
     served = state.lookup(request.query_params.get("model"))
-    doc = await served.stats()
+    try:
+        doc = await served.stats()
+    except TimeoutError as exc:
+        raise APIError(503, f"model {served.name!r}: {exc}", code="engine_unavailable",
+                       err_type="service_unavailable_error",
+                       headers={"Retry-After": str(state.retry_after_seconds)}) from None
     doc = dict(doc) if isinstance(doc, dict) else {"engine": {}}
     engine_part = dict(doc.get("engine") or {})
     engine_part["model"] = served.name
@@ -123,9 +135,10 @@ async def stats(request: Request, state: State) -> Response:
     if len(state.models) > 1:
         by_model = {}
         for name, other in state.models.items():
-            read = getattr(other.async_engine, "latency_histograms", None)
-            if callable(read):
-                by_model[name] = read()
+            try:
+                by_model[name] = await other.latency_histograms()
+            except (EngineDeadError, TimeoutError) as exc:   # that model's are no data; the rest stand
+                log.warning("latency histograms of %s not read: %s", name, exc)
         doc["latency_histograms_by_model"] = by_model
     return json_response(doc)
 
@@ -138,7 +151,7 @@ async def metrics(state: State) -> Response:
         if refresh is not None:   # an engine core process: fetch its families first
             try:
                 await refresh()
-            except Exception as exc:  # noqa: BLE001 - a dead core: its last families, the rest as usual
+            except Exception as exc:  # noqa: BLE001 - a dead or silent core: its series absent, up 0
                 log.warning("metrics of %s not refreshed: %s", served.name, exc)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(MergedCollector(state))

@@ -23,7 +23,13 @@ A supervisor's kill timeout (Kubernetes ``terminationGracePeriodSeconds`` after 
 exceed grace + 2 × flush (5 s each by default) + a few seconds.
 
 A second signal during the drain exits at once (uvicorn's force exit): open requests are cut and
-the exit code is 1 (:attr:`GracefulServer.forced`). The pattern is Kubernetes' pod termination
+the exit code is 1 (:attr:`GracefulServer.forced`).
+
+An engine core process (``--core-process``) that dies, or that its watchdog killed for answering
+nothing, sets its ``fatal`` reason: the server then stops as on a signal (readiness 503, the
+other models' in-flight requests drain; the dead core's already failed) and exits 1
+(:attr:`GracefulServer.engine_failure`), so the supervisor that restarts a crashed engine
+restarts this one too. The pattern is Kubernetes' pod termination
 (kubernetes.io, "Pod Lifecycle: Termination of Pods"): the pod leaves the Service endpoints
 when readiness fails, in-flight work gets ``terminationGracePeriodSeconds``.
 """
@@ -118,6 +124,8 @@ class GracefulServer(uvicorn.Server):
         self.signalled = False
         self.forced = False
         self.drained: bool | None = None
+        #: ``"<model>: <why>"`` once an engine core process died (the server then stops, exit 1)
+        self.engine_failure: str | None = None
         self._drain_task: asyncio.Task | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -131,8 +139,22 @@ class GracefulServer(uvicorn.Server):
         self.signalled = True
         self.state.stopping = True
 
+    def _check_engines(self) -> None:
+        for served in self.state.models.values():
+            fatal = getattr(served.async_engine, "fatal", None)
+            if isinstance(fatal, str) and fatal:
+                self.engine_failure = f"{served.name}: {fatal}"
+                log.error("the engine of %s failed (%s): stopping the server (exit 1) for its supervisor to "
+                          "restart it", served.name, fatal)
+                self.signalled = True
+                self.state.stopping = True
+                return
+
     async def on_tick(self, counter: int) -> bool:
-        """uvicorn's 0.1 s tick: start the drain after a signal, exit once it is done."""
+        """uvicorn's 0.1 s tick: start the drain after a signal or an engine core's death, exit
+        once it is done."""
+        if self.engine_failure is None and not self.should_exit:
+            self._check_engines()
         if self.signalled and self._drain_task is None and not self.should_exit:
             log.info("stop signal received: readiness is now 503, draining")
             self._drain_task = asyncio.ensure_future(

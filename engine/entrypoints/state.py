@@ -52,8 +52,10 @@ class AsyncEngineHandle(Protocol):
     ``redirect(request_id, sink)`` hands a started request's further outputs to ``sink`` on the
     loop instead (the streaming fast path, :mod:`inferctl.engine.entrypoints.push_stream`);
     ``request_precision``, ``inject_fault`` and ``set_draining`` may be called from any
-    thread (applied by the stepping thread); ``abort_all(message)`` fails every open request
-    (returns how many); ``get_stats`` is the ``/stats`` document.
+    thread (applied by the stepping thread; ``set_draining_async`` is the event loop's, which
+    waits without blocking); ``abort_all(message)`` fails every open request (returns how many);
+    ``get_stats`` is the ``/stats`` document, ``get_latency_histograms`` its
+    ``requests.latency_histograms``.
     ``engine`` is the wrapped ``LLMEngine``, read once at start for the model's bundle,
     config and metric registry.
     """
@@ -80,6 +82,10 @@ class AsyncEngineHandle(Protocol):
     def inject_fault(self, kind: str, count: int) -> None: ...
 
     def set_draining(self, draining: bool) -> None: ...
+
+    async def set_draining_async(self, draining: bool) -> None: ...
+
+    async def get_latency_histograms(self) -> dict: ...
 
     def abort_all(self, message: str) -> int: ...
 
@@ -139,9 +145,15 @@ class ServedModel:
         """Make the next ``count`` steps run out of memory (ValueError for a bad kind)."""
         self.async_engine.inject_fault(kind, count)
 
-    def set_draining(self, draining: bool) -> None:
-        """Stop or resume admitting requests; in-flight ones continue."""
-        self.async_engine.set_draining(draining)
+    async def set_draining(self, draining: bool) -> None:
+        """Stop or resume admitting requests; in-flight ones continue. Returns once the engine
+        applied it; raises ``TimeoutError`` or ``EngineDeadError`` (an engine core process that
+        does not answer, or is gone)."""
+        await self.async_engine.set_draining_async(draining)
+
+    async def latency_histograms(self) -> dict:
+        """The engine's ``requests.latency_histograms`` (same errors as :meth:`set_draining`)."""
+        return await self.async_engine.get_latency_histograms()
 
     async def stats(self) -> dict:
         """The engine's ``/stats`` document, taken between steps without blocking the loop."""

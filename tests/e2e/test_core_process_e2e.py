@@ -81,3 +81,29 @@ def test_a_bad_model_exits_2_with_the_clis_message(tmp_path):
     assert proc.wait(120) == 2
     text = (tmp_path / "serve.log").read_text()
     assert "error:" in text and "Traceback" not in text
+
+
+def test_a_stopped_core_dies_with_its_killed_server(server):
+    """A stopped core reads no pipe: only the kernel's parent-death signal ends it."""
+    proc, _, _ = server
+    core = _core_pid(proc.pid)
+    os.kill(core, signal.SIGSTOP)
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        assert _gone(core, 10)
+    finally:
+        try:
+            os.kill(core, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+def test_the_server_exits_1_when_its_core_dies(server):
+    """The supervisor (controller, Kubernetes) restarts a crashed engine: a server whose core
+    died must not stay up answering 503 for ever."""
+    proc, port, log = server
+    os.kill(_core_pid(proc.pid), signal.SIGKILL)
+    assert proc.wait(60) == 1, log.read_text()[-2000:]
+    text = log.read_text()
+    assert "the engine core process failed" in text and "exit code -9" in text and "Traceback" not in text

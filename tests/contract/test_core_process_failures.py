@@ -1,0 +1,212 @@
+"""An engine core process that stops, dies or floods: the server stays answerable and honest.
+
+Real child processes (stories260K) stopped with SIGSTOP or killed with SIGKILL, behind the app
+``inferctl engine serve --core-process`` builds. What must hold: the event loop never blocks on
+the core's pipe (new requests get a 503 once too much waits for the core, nothing queued is
+lost), admin calls and ``/stats`` answer 503/200 instead of hanging or 500, ``/metrics`` drops a
+dead core's series and says so, and a core that answers nothing is killed by the watchdog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from inferctl.engine.async_engine import EngineDeadError, EngineOverloadedError
+from inferctl.engine.cli import build_core
+from inferctl.engine.core_client import CoreClient
+from inferctl.engine.core_process import CoreSpec
+from inferctl.engine.sampling_params import SamplingParams
+from tests.server_helpers import (  # noqa: F401 - stories_engine_fixture: the in-process engine
+    STORIES,
+    auth,
+    client,
+    make_app,
+    run,
+    stories_engine_fixture,
+)
+
+PROMPT = "Once upon a time"
+
+
+def _spec(stories_dir, name: str = STORIES) -> CoreSpec:
+    return CoreSpec(model=str(stories_dir / "stories260K.bin"), tokenizer=None, device="cpu", dtype="auto",
+                    config={"max_num_seqs": 8}, served_model_name=name, precision="full", builder=build_core)
+
+
+@pytest.fixture
+def core(stories_dir):
+    c = CoreClient(_spec(stories_dir))
+    yield c
+    try:
+        os.kill(c.pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+    c.shutdown()
+
+
+def _wait(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _core_series(exposition: str) -> list[str]:
+    """The samples of an exposition but ``inferctl_engine_core_process_up``."""
+    return [line for line in exposition.splitlines() if line and not line.startswith("#")
+            and "core_process_up" not in line]
+
+
+async def _collect(agen) -> list:
+    return [out async for out in agen]
+
+
+@pytest.mark.timeout(120)
+def test_a_stopped_core_never_blocks_the_loop_and_refuses_with_503_past_the_bound(core):
+    """Without the writer thread the loop blocked in ``send`` once the pipe (64 KiB) filled."""
+    core.MAX_PENDING_BYTES = 256 * 1024
+    ids = core.model_info["tokenizer"].encode(PROMPT * 60, bos=True)[:400]      # ~1.3 KB pickled each
+    os.kill(core.pid, signal.SIGSTOP)
+
+    async def go():
+        gaps, beat = [], time.monotonic()
+        tasks = []
+        for i in range(600):
+            params = SamplingParams(max_tokens=2, ignore_eos=True)
+            tasks.append(asyncio.ensure_future(_collect(core.generate(f"r{i}", ids, params))))
+            await asyncio.sleep(0)
+            now = time.monotonic()
+            gaps.append(now - beat)
+            beat = now
+        await asyncio.sleep(0.2)
+        refused = [t for t in tasks if t.done() and isinstance(t.exception(), EngineOverloadedError)]
+        pending_at_peak = core.pending_bytes
+        os.kill(core.pid, signal.SIGCONT)
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        return max(gaps), refused, pending_at_peak, results
+
+    max_gap, refused, pending, results = run(go())
+    assert max_gap < 1.0                          # the loop kept running while the core was stopped
+    assert refused and "bound 262144" in str(refused[0].exception())
+    assert 0 < pending <= 256 * 1024 + 4096       # the bound held (one message may straddle it)
+    served = [r for r in results if isinstance(r, list)]
+    assert len(served) + len(refused) == 600      # every request: served or refused, none lost
+    assert all(r[-1].finished and r[-1].finish_reason == "length" and sum(len(o.new_token_ids) for o in r) == 2
+               for r in served)
+
+
+@pytest.mark.timeout(60)
+def test_the_watchdog_kills_a_core_that_answers_nothing(core):
+    core.PING_SECONDS, core.STALL_SECONDS = 0.2, 1.5
+    ids = core.model_info["tokenizer"].encode(PROMPT, bos=True)
+
+    async def go():
+        agen = core.generate("open", ids, SamplingParams(max_tokens=400, ignore_eos=True))
+        await anext(agen)
+        os.kill(core.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(EngineDeadError, match="answered nothing"):
+            async for _ in agen:
+                pass
+        return time.monotonic() - t0
+    took = run(go())
+    assert 1.5 <= took < 10
+    assert not core.is_running and core._proc.exitcode == -signal.SIGKILL
+    assert "answered nothing for" in core.fatal and "bound 1.5 s" in core.fatal
+
+
+def test_a_healthy_idle_core_is_pinged_not_killed(core):
+    core.PING_SECONDS, core.STALL_SECONDS = 0.1, 0.6
+    time.sleep(2.0)                               # idle: no outputs, only pongs keep it heard
+    assert core.is_running and core.fatal is None
+
+
+def test_a_dead_core_gives_stats_200_admin_503_and_no_stale_metrics(core):
+    app = make_app({STORIES: core})
+
+    async def go():
+        async with client(app) as c:
+            before = (await c.get("/metrics")).text
+            os.kill(core.pid, signal.SIGKILL)
+            assert await asyncio.get_running_loop().run_in_executor(None, _wait, lambda: not core.is_running, 10)
+            stats = await c.get("/stats")
+            admin = {path: await c.post(f"/admin/{path}", json=body, headers=auth()) for path, body in
+                     (("drain", {"draining": True}), ("precision", {"mode": "int8"}),
+                      ("fault", {"kind": "oom", "count": 1}))}
+            after = (await c.get("/metrics")).text
+            ready = await c.get("/ready")
+            return before, stats, admin, after, ready
+    before, stats, admin, after, ready = run(go())
+    assert "inferctl_engine_core_process_up{model=\"stories260K\"} 1.0" in before
+    assert len(_core_series(before)) > 20         # the core's families were there while it lived
+    assert stats.status_code == 200, stats.text
+    proc = stats.json()["engine"]["core_process"]
+    assert proc["alive"] is False and proc["exit_code"] == -9 and "exit code -9" in proc["error"]
+    assert stats.json()["engine"]["step_thread_alive"] is False and "scheduler" not in stats.json()
+    for path, r in admin.items():
+        assert r.status_code == 503, (path, r.text)
+        assert r.json()["error"]["code"] == "engine_unavailable" and r.headers["retry-after"] == "5"
+    assert "inferctl_engine_core_process_up{model=\"stories260K\"} 0.0" in after
+    assert _core_series(after) == []              # a dead core's last values are not served
+    assert ready.status_code == 503 and ready.json()["reason"] == "draining"
+
+
+@pytest.mark.timeout(60)
+def test_drain_on_a_stopped_core_answers_503_and_the_gate_holds(core):
+    """The server's gate is set first: /ready and admission follow it while the core is stopped,
+    and the core applies the drain once it runs again (no state where /ready lies)."""
+    core.CALL_TIMEOUT = 0.5
+    core.METRICS_TIMEOUT = 0.3
+    app = make_app({STORIES: core})
+
+    async def go():
+        async with client(app) as c:
+            os.kill(core.pid, signal.SIGSTOP)
+            t0 = time.monotonic()
+            drain = await c.post("/admin/drain", json={"draining": True}, headers=auth())
+            took = time.monotonic() - t0
+            ready = await c.get("/ready")
+            refused = await c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2})
+            t1 = time.monotonic()
+            metrics = await c.get("/metrics")
+            metrics_took = time.monotonic() - t1
+            stats_stopped = await c.get("/stats")
+            os.kill(core.pid, signal.SIGCONT)
+            core.CALL_TIMEOUT = 10
+            stats = await c.get("/stats")
+            return drain, took, ready, refused, metrics, metrics_took, stats_stopped, stats
+    drain, took, ready, refused, metrics, metrics_took, stats_stopped, stats = run(go())
+    assert drain.status_code == 503 and drain.json()["error"]["code"] == "engine_unavailable"
+    assert "own gate is set" in drain.json()["error"]["message"] and took < 3
+    assert ready.status_code == 503 and ready.json()["reason"] == "draining"
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "engine_draining"
+    assert metrics.status_code == 200 and metrics_took < 3
+    assert "inferctl_engine_core_process_up{model=\"stories260K\"} 0.0" in metrics.text
+    assert stats_stopped.status_code == 503 and "did not answer 'stats'" in stats_stopped.json()["error"]["message"]
+    assert stats.status_code == 200 and stats.json()["engine"]["draining"] is True
+
+
+def test_a_dead_light_core_leaves_the_main_models_stats_whole(engine, stories_dir):
+    light = CoreClient(_spec(stories_dir, name="light"))
+    try:
+        app = make_app({STORIES: engine, "light": light})
+        os.kill(light.pid, signal.SIGKILL)
+        assert _wait(lambda: not light.is_running, 10)
+
+        async def go():
+            async with client(app) as c:
+                return await c.get("/stats"), await c.get("/stats", params={"model": "light"})
+        main, dead = run(go())
+        assert main.status_code == 200, main.text
+        by_model = main.json()["latency_histograms_by_model"]
+        assert STORIES in by_model and "light" not in by_model      # no data, not zeros
+        assert dead.status_code == 200 and dead.json()["engine"]["core_process"]["alive"] is False
+    finally:
+        light.shutdown()
