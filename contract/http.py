@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
+import re
 import secrets
+import stat
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Literal, Protocol
@@ -208,17 +211,88 @@ def read_token_file(path: str, source: str) -> str:
     """The token in the file at ``path``: its first non-blank line, surrounding whitespace (the
     final newline) stripped. ``source`` names the flag for the error.
 
+    The file is opened non-blocking, so nothing waits for ever: a regular file is read; a pipe
+    (a shell's ``<(cat secret)``, a ``mkfifo``) is read up to its first line, its end, or
+    :data:`TOKEN_PIPE_SECONDS` seconds, whichever comes first (a FIFO nobody writes to reads as
+    empty); a directory, socket or device is refused at once.
+
     Raises:
-        ValueError: the file cannot be read, is not UTF-8, or is empty.
+        ValueError: the file cannot be read, is not a regular file, is not UTF-8, or is empty.
     """
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = next((ln.strip() for ln in fh.read(64 * 1024).splitlines() if ln.strip()), "")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError) as exc:      # ValueError: a NUL in the path
+        raise ValueError(f"{source}: cannot read the token file {path!r} ({exc})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISFIFO(mode):
+            raw = _read_pipe(fd, path, source)
+        elif not stat.S_ISREG(mode):
+            raise ValueError(f"{source}: {path!r} is {_file_kind(mode)}, not a regular file: give a file"
+                             " holding the token")
+        else:
+            with os.fdopen(fd, "rb") as fh:
+                fd = -1                          # closed by the file object from here on
+                raw = fh.read(64 * 1024)
+        text = next((ln.strip() for ln in raw.decode("utf-8").splitlines() if ln.strip()), "")
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{source}: cannot read the token file {path!r} ({exc})") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
     if not text:
         raise ValueError(f"{source}: the token file {path!r} is empty")
     return text
+
+
+#: Seconds a token file that is a pipe may take to give its first line (``read_token_file``).
+TOKEN_PIPE_SECONDS = 5.0
+
+
+def _read_pipe(fd: int, path: str, source: str) -> bytes:
+    """A pipe's bytes up to its first newline, its end or 64 KiB, waiting at most
+    :data:`TOKEN_PIPE_SECONDS` (``select``). Raises ValueError naming ``source`` on the timeout."""
+    import select
+    import time
+
+    deadline = time.monotonic() + TOKEN_PIPE_SECONDS
+    raw = b""
+    while b"\n" not in raw and len(raw) < 64 * 1024:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise ValueError(f"{source}: the pipe {path!r} gave no complete line within {TOKEN_PIPE_SECONDS:g} s")
+        try:
+            chunk = os.read(fd, 64 * 1024)
+        except BlockingIOError:
+            continue
+        if not chunk:                # its end (or a FIFO no writer opened: empty)
+            break
+        raw += chunk
+    return raw
+
+
+def _file_kind(mode: int) -> str:
+    """What a non-regular file is, for a message (``a FIFO (named pipe)``, ``a directory``...)."""
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a special file"
+
+
+#: A URL's ``user:password@`` (everything between ``//`` and the last ``@`` before the path).
+_URL_CREDENTIALS = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@")
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its credentials (``user:password@``) shown as ``<credentials>@``, for error
+    messages and output (``http://u:p@host:8900/x`` → ``http://<credentials>@host:8900/x``); a
+    URL without credentials is returned as is. Never raises (also for a URL that does not parse)."""
+    return _URL_CREDENTIALS.sub(r"\1<credentials>@", url, count=1)
 
 
 # ---------------------------------------------------------------------------------------------

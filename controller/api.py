@@ -23,7 +23,9 @@
   otherwise: a browser page cannot send one without asking first) (no NaN/Infinity, no key
   given twice, no unknown keys, no type coercion, at most :data:`MAX_BODY_BYTES`, nested at
   most :data:`MAX_JSON_DEPTH` deep); a bad one is 400 (413 when too large) naming the field;
-  a GPU index is 0..:data:`MAX_GPU_INDEX`. An unknown engine is 404. An optional
+  a GPU index is 0..:data:`MAX_GPU_INDEX`. An unknown engine is 404, and so is a GPU index the
+  controller does not know (``reset-gpu`` while the last GPU reading is good, ``pause``/``resume``
+  ``gpu``), ``{"error": {"code": "gpu_not_found", "field": "gpu"}}``. An optional
   ``X-Inferctl-Actor: NAME`` header (1–64 of ``A-Z a-z 0-9 _ . @ -``) names the operator:
   the event log then says ``operator:NAME`` — a request never picks a policy's name as the
   source of an event, nor a metric label value.
@@ -340,11 +342,25 @@ def create_app(controller: Any, admin_token: str, *, bind_host: str | None = Non
                       "message": decisions[0].reason if decisions else "unpinned",
                       "decisions": [json_safe(d) for d in decisions]})
 
-    @app.post("/actions/reset-gpu", **_action_doc(ResetGpuBody))
+    def _known_gpu(gpu: int, *, telemetry_says: bool = False) -> None:
+        """404 ``gpu_not_found`` naming ``gpu`` for a GPU index the controller does not know (the
+        last GPU reading's, plus the GPUs engines are configured on). ``telemetry_says``: only
+        when the last reading is good (telemetry down or not read yet: the caller's own checks
+        answer, e.g. the reset rails' 409 "telemetry is down")."""
+        reading = controller.state.reading
+        if telemetry_says and (reading is None or not reading.ok):
+            return
+        known = controller.state.known_gpu_indices()
+        if gpu not in known:
+            raise ApiError(404, "gpu_not_found", f"gpu: {gpu} is not a GPU this controller knows "
+                           f"(known: {', '.join(map(str, sorted(known))) or 'none'})", "gpu")
+
+    @app.post("/actions/reset-gpu", **_action_doc(ResetGpuBody, 404))
     async def reset_gpu(request: Request) -> Response:
         actor = auth(request)
         body = await _body(request, ResetGpuBody)
         _check_gpu(body.gpu)
+        _known_gpu(body.gpu, telemetry_says=True)
         res = await run_in_threadpool(controller.reset_gpu, body.gpu, body.dry_run, actor)
         return _result(res)
 
@@ -355,10 +371,7 @@ def create_app(controller: Any, admin_token: str, *, bind_host: str | None = Non
             return f"engine:{_engine(EngineActionBody(engine=body.engine))}"
         if body.gpu is not None:
             _check_gpu(body.gpu)
-            known = controller.state.known_gpu_indices()
-            if body.gpu not in known:
-                raise ApiError(404, "gpu_not_found", f"gpu: {body.gpu} is not a GPU this controller knows "
-                               f"(known: {', '.join(map(str, sorted(known))) or 'none'})", "gpu")
+            _known_gpu(body.gpu)
             return f"gpu:{body.gpu}"
         return "all"
 

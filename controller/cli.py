@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
 import time
+import unicodedata
 from typing import Any, Callable, NoReturn, Optional
 
 import typer
@@ -33,6 +35,12 @@ DEFAULT_URL = "http://127.0.0.1:8900"
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
 URL_ENV = "INFERCTL_URL"
 TOKEN_ENV = "INFERCTL_ADMIN_TOKEN"
+ACTOR_ENV = "INFERCTL_ACTOR"
+#: ``--timeout`` of a client command (s): at least a second, at most an hour (inf, nan and huge
+#: values were an OverflowError traceback).
+MIN_TIMEOUT_SECONDS, MAX_TIMEOUT_SECONDS = 1.0, 3600.0
+#: What the controller accepts as ``X-Inferctl-Actor`` (controller/api.py ``_ACTOR``).
+ACTOR_CHARS = "1-64 characters of letters, digits, '_', '.', '@', '-'"
 
 UrlOpt = typer.Option(None, "--url", help=f"Controller URL (default ${URL_ENV} or {DEFAULT_URL}).")
 TokenOpt = typer.Option(None, "--token", help=f"Admin token (default ${TOKEN_ENV}). A flag's value is visible"
@@ -49,18 +57,81 @@ def _die(message: str, code: int = 1) -> NoReturn:
 
 def _base(url: Optional[str]) -> str:
     """The controller's base URL (``--url``, else ``$INFERCTL_URL``, else the default); a value
-    that is not an http(s) URL with a valid port is bad usage (exit 2, naming where it came from)."""
+    that is not an http(s) URL with a valid port is bad usage (exit 2, naming where it came from):
+    an empty ``--url``, control characters or bytes that are not UTF-8 (which no HTTP request
+    line can carry). Credentials in the URL are never echoed (``<credentials>``). An empty
+    ``$INFERCTL_URL`` counts as unset."""
+    from inferctl.contract.http import redact_url
     from inferctl.controller.config import check_http_url
 
+    if url is not None and not url.strip():
+        _die(f"--url: empty; give the controller's URL (e.g. {DEFAULT_URL}) or leave --url out"
+             f" (default ${URL_ENV} or {DEFAULT_URL})", code=2)
     where = "--url" if url else f"${URL_ENV}" if os.environ.get(URL_ENV) else None
     base = url or os.environ.get(URL_ENV) or DEFAULT_URL
     if where is not None:
+        bad = next((c for c in base if unicodedata.category(c) in ("Cc", "Cs")), None)
+        if bad is not None:
+            what = "bytes that are not UTF-8" if unicodedata.category(bad) == "Cs" else "control characters"
+            _die(f"{where}: {redact_url(base)!r} holds {what}; give an http:// or https:// URL such as"
+                 f" {DEFAULT_URL}", code=2)
         try:
             check_http_url(base)
         except ValueError:
-            _die(f"{where}: {base!r} is not an http:// or https:// URL with a host and a port 1-65535"
-                 f" (e.g. {DEFAULT_URL})", code=2)
+            _die(f"{where}: {redact_url(base)!r} is not an http:// or https:// URL with a host and a port"
+                 f" 1-65535 (e.g. {DEFAULT_URL})", code=2)
     return base.rstrip("/")
+
+
+def _shown(url: Optional[str]) -> str:
+    """The controller's base URL as messages and output show it: credentials as ``<credentials>``."""
+    from inferctl.contract.http import redact_url
+
+    return redact_url(_base(url))
+
+
+def _check_timeout(timeout: float) -> float:
+    """``--timeout`` when it is a number of seconds in :data:`MIN_TIMEOUT_SECONDS`..
+    :data:`MAX_TIMEOUT_SECONDS`; exit 2 naming the flag and the limits otherwise (inf, nan,
+    negative, huge: an OverflowError traceback before)."""
+    if not (math.isfinite(timeout) and MIN_TIMEOUT_SECONDS <= timeout <= MAX_TIMEOUT_SECONDS):
+        _die(f"--timeout: must be a number of seconds in {MIN_TIMEOUT_SECONDS:g}..{MAX_TIMEOUT_SECONDS:g},"
+             f" got {timeout:g}", code=2)
+    return timeout
+
+
+def _check_actor(actor: Optional[str]) -> Optional[str]:
+    """The operator's name sent as ``X-Inferctl-Actor``: ``--actor``, else ``$INFERCTL_ACTOR``
+    (empty: none, the controller says ``operator``). A name the controller refuses (it travels in
+    an HTTP header: ASCII only; a non-ASCII one was a UnicodeEncodeError traceback) is exit 2
+    naming where it came from."""
+    import re
+
+    where = "--actor"
+    if actor is None:
+        actor, where = os.environ.get(ACTOR_ENV) or None, f"${ACTOR_ENV}"
+    if actor is None:
+        return None
+    if re.fullmatch(r"[A-Za-z0-9_.@-]{1,64}", actor) is None:
+        _die(f"{where}: {actor[:80]!r} must be {ACTOR_CHARS} (it names you in the event log as"
+             " operator:NAME)", code=2)
+    return actor
+
+
+def _check_reason(reason: str) -> str:
+    """``--reason`` when the controller accepts it: not blank, at most ``MAX_REASON_CHARS``
+    characters, no control characters, valid UTF-8; exit 2 naming ``--reason`` otherwise (the
+    controller's own 400 named its body field ``reason``)."""
+    from inferctl.controller.api import MAX_REASON_CHARS
+
+    if not reason.strip():
+        _die("--reason: empty; say why automation is paused (shown in /status and every event)", code=2)
+    if len(reason) > MAX_REASON_CHARS:
+        _die(f"--reason: at most {MAX_REASON_CHARS} characters, got {len(reason)}", code=2)
+    if any(unicodedata.category(c) in ("Cc", "Cs") for c in reason):
+        _die("--reason: control characters (newline, tab, NUL, …) or bytes that are not UTF-8 are not"
+             " allowed", code=2)
+    return reason
 
 
 def _request(method: str, url: Optional[str], path: str, *, token: Optional[str] = None,
@@ -73,45 +144,53 @@ def _request(method: str, url: Optional[str], path: str, *, token: Optional[str]
     import httpx
 
     base = _base(url)
+    shown = _shown(url)
     headers = {}
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
     if actor:
         headers["X-Inferctl-Actor"] = actor      # the event log then names operator:ACTOR
+    from inferctl.contract.http import redact_url
     from inferctl.controller.scrape.http import ResponseTooLarge, bounded_request
 
     try:
         with httpx.Client(timeout=timeout) as client:
             resp = bounded_request(client, method, f"{base}{path}", deadline_s=timeout,
                                    max_bytes=MAX_ANSWER_BYTES, params=params, json=body, headers=headers)
+    except UnicodeEncodeError:           # a value from argv with bytes that are not UTF-8 (surrogates)
+        _die("a value given holds bytes that are not UTF-8 (or, in a header, not ASCII): it cannot be sent;"
+             " retype it", code=2)
     except ResponseTooLarge:
-        _die(f"{base} answered {method} {path} with more than {MAX_ANSWER_BYTES} bytes: not a controller's"
+        _die(f"{shown} answered {method} {path} with more than {MAX_ANSWER_BYTES} bytes: not a controller's"
              " answer (is --url the controller?)")
     except httpx.ConnectError:
-        _die(f"controller not reachable at {base} (is `inferctl up` or `inferctl controller run` running?"
+        _die(f"controller not reachable at {shown} (is `inferctl up` or `inferctl controller run` running?"
              f" set --url or ${URL_ENV})")
     except httpx.TimeoutException:
-        _die(f"controller at {base} did not answer {method} {path} within {timeout:g} s")
+        _die(f"controller at {shown} did not answer {method} {path} within {timeout:g} s")
+    except httpx.InvalidURL as exc:     # what check_http_url let through (a URL httpx cannot send)
+        where = "--url" if url else f"${URL_ENV}"
+        _die(f"{where}: {shown!r} is not a URL a request can be sent to ({redact_url(str(exc))})", code=2)
     except httpx.HTTPError as exc:
-        _die(f"controller at {base}: {type(exc).__name__}: {exc}")
+        _die(f"controller at {shown}: {type(exc).__name__}: {redact_url(str(exc))}")
     try:
         doc = resp.json()
     except (ValueError, RecursionError):
-        _die(f"controller at {base} answered {method} {path} with HTTP {resp.status_code} and no JSON")
+        _die(f"controller at {shown} answered {method} {path} with HTTP {resp.status_code} and no JSON")
     if not isinstance(doc, dict):
-        _die(f"{base} answered {method} {path} with HTTP {resp.status_code} and JSON that is not a"
+        _die(f"{shown} answered {method} {path} with HTTP {resp.status_code} and JSON that is not a"
              f" controller's (a {type(doc).__name__}, not an object): is --url the controller?")
     if resp.status_code == 401:
         _die(f"unauthorized: {_message(doc)} (pass --token or set ${TOKEN_ENV})")
     if resp.status_code == 404 and path in ("/status", "/events"):
         # every controller serves these: a 404 is another server, most often an engine
-        _die(f"{base}: this looks like an engine ({method} {path} 404): the controller listens on another port"
+        _die(f"{shown}: this looks like an engine ({method} {path} 404): the controller listens on another port"
              f" (default {DEFAULT_URL.rsplit(':', 1)[1]})")
     if resp.status_code not in ok_statuses:
         _die(f"{_message(doc)} (HTTP {resp.status_code})")
     missing = [k for k in expect if k not in doc]
     if missing:
-        _die(f"{base} answered {method} {path} without {', '.join(repr(k) for k in missing)}:"
+        _die(f"{shown} answered {method} {path} without {', '.join(repr(k) for k in missing)}:"
              " not a controller's answer (is --url the controller?)")
     return resp.status_code, doc
 
@@ -128,15 +207,20 @@ def _message(doc: Any) -> str:
 
 def _token(token: Optional[str], token_file: Optional[str] = None) -> str:
     """The admin token a client command sends: ``--token``, else ``--token-file``'s content,
-    else ``$INFERCTL_ADMIN_TOKEN``; exits 1 when none, unreadable or refused by ``check_token_chars``."""
+    else ``$INFERCTL_ADMIN_TOKEN``; exits 1 when none or refused by ``check_token_chars``, 2 when
+    ``--token-file`` cannot be read (missing, empty, not a regular file: a FIFO is refused, never
+    waited on)."""
     from inferctl.contract.http import check_token_chars, read_token_file
 
     if token and token_file:
         _die("--token-file: give either --token or --token-file, not both")
     tok, src = (token, "--token") if token else (os.environ.get(TOKEN_ENV), f"${TOKEN_ENV}")
-    try:   # checked here: a token no header can carry was a traceback (non-ASCII) or h11's error
-        if token_file:
+    if token_file:
+        try:
             tok, src = read_token_file(token_file, "--token-file"), "--token-file"
+        except ValueError as exc:
+            _die(str(exc), code=2)
+    try:   # checked here: a token no header can carry was a traceback (non-ASCII) or h11's error
         if tok:
             return check_token_chars(tok, src)
     except ValueError as exc:
@@ -203,7 +287,7 @@ def status(url: Optional[str] = UrlOpt,
 
     con = _console()
     c = doc.get("controller", {})
-    con.print(f"controller {_base(url)}  up {_fmt(c.get('uptime_seconds'))} s, "
+    con.print(f"controller {_shown(url)}  up {_fmt(c.get('uptime_seconds'))} s, "
               f"last event #{c.get('last_event_id')}, actions running: "
               f"{', '.join(c.get('actions_in_flight') or []) or 'none'}")
     t = Table(title="engines")
@@ -271,7 +355,7 @@ def events(url: Optional[str] = UrlOpt,
             _, doc = _request("GET", url, "/events", params=params, expect=("events",))
             rows = doc.get("events")
             if not isinstance(rows, list) or not all(isinstance(e, dict) for e in rows):
-                _die(f"{_base(url)} answered GET /events with 'events' that is not a list of events")
+                _die(f"{_shown(url)} answered GET /events with 'events' that is not a list of events")
             if as_json:
                 for e in rows:
                     typer.echo(json.dumps(e))
@@ -313,6 +397,7 @@ def _print_result(doc: dict, status_code: int) -> None:
 
 def _engine_action(action: str, url: Optional[str], token: Optional[str], engine: Optional[str],
                    timeout: float = 30.0, token_file: Optional[str] = None, force: bool = False) -> None:
+    _check_timeout(timeout)
     tok = _token(token, token_file)
     name = _pick_engine(url, engine)
     body: dict[str, Any] = {"engine": name, "force": True} if force else {"engine": name}
@@ -343,8 +428,8 @@ ENGINE_ACTIONS = (
 
 def restart(url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
             engine: Optional[str] = EngineOpt,
-            timeout: float = typer.Option(300.0, "--timeout", min=1.0,
-                                          help="Seconds to wait (drain + restart + health)."),
+            timeout: float = typer.Option(300.0, "--timeout", help="Seconds to wait (drain + restart +"
+                                          f" health; 1..{MAX_TIMEOUT_SECONDS:g})."),
             token_file: Optional[str] = TokenFileOpt,
             force: bool = typer.Option(False, "--force", help="Skip the fleet rails (max_unavailable, never"
                                        " the last ready replica while it has work).")) -> None:
@@ -381,10 +466,12 @@ def reset_gpu(gpu: int = typer.Argument(..., min=0, help="GPU index (as nvidia-s
               yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
               dry_run: bool = typer.Option(False, "--dry-run", help="Check the rails and show the"
                                            " nvidia-smi commands; run nothing."),
-              timeout: float = typer.Option(600.0, "--timeout", min=1.0),
+              timeout: float = typer.Option(600.0, "--timeout", help="Seconds to wait for the reset"
+                                            f" (1..{MAX_TIMEOUT_SECONDS:g})."),
               token_file: Optional[str] = TokenFileOpt) -> None:
     """Reset GPU N (nvidia-smi --gpu-reset) through the rails: never a lost GPU, one at a time,
     at most one per GPU per interval, persistence mode restored, verified afterwards."""
+    _check_timeout(timeout)
     tok = _token(token, token_file)
     _base(url)          # a bad --url is bad usage before anything is asked
     if not dry_run and not yes:
@@ -408,11 +495,13 @@ def reset_gpu(gpu: int = typer.Argument(..., min=0, help="GPU index (as nvidia-s
 def release_gpu(gpu: int = typer.Argument(..., min=0, help="GPU index (as nvidia-smi numbers it)."),
                 url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
                 yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
-                timeout: float = typer.Option(30.0, "--timeout", min=1.0),
+                timeout: float = typer.Option(30.0, "--timeout", help="Seconds to wait for the controller"
+                                              f" (1..{MAX_TIMEOUT_SECONDS:g})."),
                 token_file: Optional[str] = TokenFileOpt) -> None:
     """Release GPU N after the node was rebooted or the GPU replaced: the hardware policy's
     isolation and the reset rails' lost mark are cleared (refused while the GPU source shows it
     lost, or when there is nothing to release)."""
+    _check_timeout(timeout)
     tok = _token(token, token_file)
     _base(url)          # a bad --url is bad usage before anything is asked
     if not yes:
@@ -423,8 +512,9 @@ def release_gpu(gpu: int = typer.Argument(..., min=0, help="GPU index (as nvidia
     typer.echo(f"ok: {doc.get('message')}" + (f"  (event #{doc['event_id']})" if doc.get("event_id") else ""))
 
 
-ActorOpt = typer.Option(None, "--actor", envvar="INFERCTL_ACTOR",
-                        help="Your name for the event log (operator:NAME; default $INFERCTL_ACTOR, else 'operator').")
+ActorOpt = typer.Option(None, "--actor",
+                        help=f"Your name for the event log (operator:NAME; {ACTOR_CHARS}; default"
+                             f" ${ACTOR_ENV}, else 'operator').")
 GpuScopeOpt = typer.Option(None, "--gpu", min=0, max=999, help="Only GPU N (and the engines on it).")
 ScopeEngineOpt = typer.Option(None, "--engine", "-e", help="Only this engine (default: every automatic action).")
 
@@ -441,6 +531,7 @@ def pause(reason: str = typer.Option(..., "--reason", "-r", help="Why (shown in 
           token_file: Optional[str] = TokenFileOpt) -> None:
     """Pause automatic actions (all, one engine or one GPU): policies still decide and log
     "would have acted"; nothing is executed until `inferctl resume`. Operator commands still act."""
+    reason, actor = _check_reason(reason), _check_actor(actor)
     tok = _token(token, token_file)
     _, doc = _request("POST", url, "/actions/pause", token=tok, body={**_scope_body(engine, gpu), "reason": reason},
                       ok_statuses=(200,), expect=("ok", "message"), actor=actor)
@@ -451,6 +542,7 @@ def resume(engine: Optional[str] = ScopeEngineOpt, gpu: Optional[int] = GpuScope
            actor: Optional[str] = ActorOpt, url: Optional[str] = UrlOpt, token: Optional[str] = TokenOpt,
            token_file: Optional[str] = TokenFileOpt) -> None:
     """Resume automatic actions for the scope an operator paused (same --engine / --gpu)."""
+    actor = _check_actor(actor)
     tok = _token(token, token_file)
     _, doc = _request("POST", url, "/actions/resume", token=tok, body=_scope_body(engine, gpu),
                       ok_statuses=(200,), expect=("ok", "message"), actor=actor)

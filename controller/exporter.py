@@ -33,6 +33,13 @@ _ENGINE_ONLY = frozenset(name for name, labels in _LABELS.items() if labels == (
 _GPU_ONLY = frozenset(name for name, labels in _LABELS.items() if labels == ("gpu", "uuid"))
 #: how many fault keys per engine are remembered before the ones no longer reported are dropped
 _MAX_SEEN_FAULTS = 10_000
+#: the gauges an engine poll sets (:meth:`Exporter.export_engine`), removed when a poll fails:
+#: a dead engine's last values are no data, not its state now (``inferctl_engine_up`` says 0)
+ENGINE_POLL_GAUGES = frozenset({
+    "inferctl_precision_mode", "inferctl_degraded_seconds", "inferctl_kv_cache_usage_ratio",
+    "inferctl_kv_cache_waste_ratio", "inferctl_fragmentation_ratio", "inferctl_padding_ratio",
+    "inferctl_effective_batch_size", "inferctl_repetition_ratio", "inferctl_degenerate_ratio",
+    "inferctl_perplexity"})
 
 
 class Exporter:
@@ -57,6 +64,8 @@ class Exporter:
         self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
         self._set: dict[tuple[str, tuple[str, ...]], float] = {}
         self._quality = QualityMemo()
+        #: engines whose last poll failed (their poll gauges are removed once, at the failure)
+        self._engines_down: set[str] = set()
 
     # ------------------------------------------------------------------ primitives
     def _child(self, name: str, labels: Mapping[str, str]) -> tuple[tuple[str, tuple[str, ...]], Any] | None:
@@ -163,12 +172,17 @@ class Exporter:
         """An engine poll's gauges (up, precision mode, degraded seconds, KV usage/waste,
         fragmentation, padding, effective batch, repetition, degenerate rate by prompt-length
         bucket, perplexity) and its new OOM faults by kind. ``prev`` is the poll before (the
-        batch window)."""
+        batch window). A failed poll sets ``inferctl_engine_up`` to 0 and removes the engine's
+        other poll gauges (:data:`ENGINE_POLL_GAUGES`: no data, never the dead engine's last values)."""
         self.engine_gauge("inferctl_engine_up", name, 1.0 if snap.ok else 0.0)
-        if snap.ok and snap.precision in PRECISION_MODES:
-            self._export_precision(name, snap)
         if not snap.ok:
+            if name not in self._engines_down:
+                self._engines_down.add(name)
+                self._forget_engine(name)
             return
+        self._engines_down.discard(name)
+        if snap.precision in PRECISION_MODES:
+            self._export_precision(name, snap)
         c = self.counter
         put = self._put
         # the plain case of each value (a finite number in range) without its Signal; anything
@@ -189,6 +203,12 @@ class Exporter:
             put("inferctl_degenerate_ratio", ("inferctl_degenerate_ratio", (name, bucket)), rate.rate)
         put("inferctl_perplexity", ("inferctl_perplexity", (name,)), quality.perplexity.value)
         self._count_faults(name, snap)
+
+    def _forget_engine(self, name: str) -> None:
+        """Remove every series of :data:`ENGINE_POLL_GAUGES` labelled ``engine=name`` (the engine
+        label comes first in each)."""
+        for key in [k for k in self._children if k[0] in ENGINE_POLL_GAUGES and k[1][:1] == (name,)]:
+            self._put(key[0], key, None)
 
     def _export_precision(self, name: str, snap: EngineSnapshot) -> None:
         for mode in PRECISION_MODES:

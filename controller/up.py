@@ -5,9 +5,10 @@ the engines the controller launches (:class:`~controller.actions.EngineSuperviso
 and healthy), engine clients for every engine (launched or only watched, e.g. a vLLM URL),
 the GPU source, the policies, the reset rails, the actions, the loop and the HTTP API.
 
-:func:`serve` runs it in the foreground: it binds the API socket, starts the router when asked
-(``inferctl up --replicas N``: :class:`RouterSpec`, :func:`up_config`), prints the router's URL
-first, then the engine and controller URLs, serves until SIGINT/SIGTERM, then shuts down in
+:func:`serve` runs it in the foreground: it binds the API socket, prints the router's URL first
+when asked for one (``inferctl up --replicas N``: :class:`RouterSpec`, :func:`up_config`), then
+the engine URLs as they become healthy, starts the router (after the engines, so that the
+controller answers its first reads), prints the controller's URL, serves until SIGINT/SIGTERM, then shuts down in
 order — the API stops, the loop stops (running actions finish), each launched engine gets
 SIGTERM (SIGKILL after its ``stop_timeout_seconds``), the router stops last. The controller
 never imports the engine or the router: they run as ``python -m inferctl engine serve ...`` /
@@ -43,6 +44,47 @@ from inferctl.controller.supervisor import find_owned, owned_pids, owner_key
 
 #: where ``inferctl up --replicas N`` (N > 1) puts the router (``--router-port``)
 DEFAULT_ROUTER_PORT = 8080
+#: the exit code of ``inferctl engine serve`` (and of every inferctl command) for bad usage
+USAGE_EXIT_CODE = 2
+
+
+class EngineUsageError(ConfigError):
+    """A launched engine exited with :data:`USAGE_EXIT_CODE` before it was healthy: its command
+    line (``--engine-arg``, ``launch.args``, the model) is bad usage, so ``inferctl up`` exits 2
+    too (:func:`serve`), with the engine's own message."""
+
+
+def engine_usage_message(log_path: str | Path | None) -> str | None:
+    """The engine's own usage error from the end of its log (its last ``error: ...`` /
+    ``Error: ...`` line), or None (no log: the message went to the terminal, or none found)."""
+    if log_path is None:
+        return None
+    try:
+        with open(log_path, "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - 64 * 1024))
+            tail = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    found = [ln.strip() for ln in tail.splitlines() if ln.strip()[:6].lower() == "error:"]
+    return found[-1][6:].strip() if found else None
+
+
+def check_log_dir(path: str | Path | None, flag: str = "--engine-log-dir") -> None:
+    """Raise :class:`ConfigError` naming ``flag`` unless ``path`` (None: not given) is a
+    directory this process can write, creating it when missing (an existing file there was
+    errno 17 from the first launch, exit 1)."""
+    if path is None:
+        return
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{flag}: {str(p)!r} is a file, not a directory; give a directory for the"
+                          " engines' logs (created when missing)")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{flag}: cannot create the directory {str(p)!r} ({exc.strerror or exc})") from None
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag}: the directory {str(p)!r} is not writable")
 
 
 def generate_token() -> str:
@@ -246,7 +288,16 @@ def build_runtime(config: ControllerConfig, admin_token: str, *, engine_log_dir:
                                    owner=owner, on_launch=lambda s: record_launch(event_log, s))
             supervisors[e.name] = sup      # from here on, stopped if the build fails
             adopt_engine(event_log, sup)   # a previous controller's engine: adopt it or stop it
-            sup.start()                    # returns at once when adopted
+            try:
+                sup.start()                # returns at once when adopted
+            except RuntimeError:
+                if sup.exited_unexpectedly() != USAGE_EXIT_CODE:
+                    raise
+                said = engine_usage_message(log_path)
+                raise EngineUsageError(
+                    f"engine {e.name!r} refused its command line (exit code {USAGE_EXIT_CODE}, bad usage): "
+                    + (said if said else "its message is above") + " (check --engine-arg, --model and the"
+                    " configuration's launch.args)") from None
             if on_engine_started is not None:
                 on_engine_started(e.name, sup)
         timeout = config.intervals.call_timeout_seconds
@@ -313,7 +364,7 @@ def up_flags(positional: str | None, model: str | None, memory_budget: str | Non
     model = model if model is not None else positional
     if model and model != "demo" and looks_like_hub_id(model):
         raise ConfigError(f"--model: {model!r} looks like a Hugging Face hub id: hub ids are not downloaded; give"
-                          " a local path (a llama2.c .bin or a Hugging Face directory)")
+                          " a local path (a llama2.c .bin, a Hugging Face directory or a .gguf file)")
     if memory_budget is not None:
         try:
             parse_size(memory_budget, "--memory-budget", min_bytes=1)
@@ -509,7 +560,8 @@ def serve(config: ControllerConfig, admin_token: str | None = None, *, token_sou
           router: RouterSpec | None = None, port_flags: dict[str, str] | None = None) -> int:
     """Run the controller (and its launched engines, and with ``router`` the router in front of
     them) until SIGINT/SIGTERM. Returns 0 on a clean stop, 2 when the configuration cannot be
-    used (:class:`ConfigError`: the field is named), 1 when startup failed otherwise (a port in
+    used (:class:`ConfigError`: the field or flag is named; an ``engine_log_dir`` that is no
+    directory; an engine that exits 2 at start, :class:`EngineUsageError`), 1 when startup failed otherwise (a port in
     use, an engine or the router that did not start). The reason is one line through
     ``echo_error`` (default ``echo``), never raised. The router's URL (the one clients use) is
     printed first; on the way out the router stops last, after the engines drained. A port in
@@ -533,12 +585,12 @@ def serve(config: ControllerConfig, admin_token: str | None = None, *, token_sou
     router_sup: EngineSupervisor | None = None
     watch: RouterWatch | None = None
     try:
+        check_log_dir(engine_log_dir)
         check_ports_free(config, router, port_flags)
         sock = _bind(config.listen.host, config.listen.port)
         port = sock.getsockname()[1]
-        if router is not None:
-            router_sup = _start_router(router, config, _url(config.listen.host, port), engine_log_dir)
-            echo(f"router:     {router_sup.base_url}  (OpenAI API: {router_sup.base_url}/v1; the URL clients use)")
+        if router is not None:      # said first (the URL clients use); started once the controller can answer
+            echo(f"router:     {_url(router.host, router.port)}  (the URL clients use; OpenAI API under /v1)")
 
         def started(name: str, sup: EngineSupervisor) -> None:
             echo(f"engine:     {sup.base_url}  ({name}, pid {sup.pid})")
@@ -548,6 +600,11 @@ def serve(config: ControllerConfig, admin_token: str | None = None, *, token_sou
         for e in config.engines:
             if e.launch is None:
                 echo(f"watching:   {e.url}  ({e.name}, {e.kind})")
+        if router is not None:
+            # after the engines: the router reads the controller's /status from its start, and
+            # the API answers as soon as uvicorn serves the bound socket below (a router started
+            # before a slow model load warned "controller unreachable" on a healthy start)
+            router_sup = _start_router(router, config, _url(config.listen.host, port), engine_log_dir)
         freeze_startup_heap()           # the start-up heap out of every full GC (controller/heap.py)
         runtime.controller.start()
         if router_sup is not None:      # a router that exits on its own is started again
