@@ -16,6 +16,7 @@ Routing is by the decision's kind and action, never by the policy's name:
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import logging
 import time
 from typing import Any, Callable, Mapping
@@ -25,6 +26,7 @@ from inferctl.controller.events import EventLog
 from inferctl.controller.exporter import Exporter
 from inferctl.controller.pause import decision_scopes
 from inferctl.controller.policies.base import Policy
+from inferctl.controller.policies.liveness import EngineLiveness, Liveness
 from inferctl.controller.state import ControllerState
 from inferctl.controller.types import Decision, GpuSnapshot
 
@@ -57,6 +59,9 @@ class Dispatcher:
         self.resetter = resetter
         #: the pause board (controller.pause.PauseBoard), set by the loop; None: never paused
         self.pause: Any = None
+        #: ``held(engine)`` → the lifecycle an action holds it in (``draining``, ``restarting``…) or
+        #: None; set by the loop (the fleet rail). A liveness ``down`` while held is planned.
+        self.held: Callable[[str], str | None] | None = None
         self.clock = clock
         self.in_flight: set[tuple[str, str]] = set()
         self._pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="action")
@@ -112,6 +117,7 @@ class Dispatcher:
         The event never stands in the action's way: an event log that cannot be written keeps
         the event in memory (:class:`~inferctl.controller.events.EventLog`), and any other
         failure to record it is logged while the action still starts."""
+        d = self._planned_outage(d)
         try:
             self.event_log.append(d.kind, d.policy, d.reason, target=d.target, severity=d.severity,
                                   inputs=d.inputs, outcome={"from": d.from_state, "to": d.to_state,
@@ -133,6 +139,20 @@ class Dispatcher:
                 self._would_have_acted(d, held, now)
                 return
             self.submit(d)
+
+    def _planned_outage(self, d: Decision) -> Decision:
+        """``d`` as an ``info`` event when it is the liveness policy's ``down`` of an engine an
+        action holds out of rotation (a restart the controller asked for: planned, not an
+        outage); ``inputs`` gain ``planned: true`` and the lifecycle. Any other decision as is."""
+        if (self.held is None or d.policy != EngineLiveness.NAME or d.to_state != Liveness.DOWN.value
+                or d.from_state == d.to_state):
+            return d
+        lifecycle = self.held(d.target)
+        if not lifecycle:
+            return d
+        return dataclasses.replace(d, severity="info", inputs={**(d.inputs or {}), "planned": True,
+                                                                "lifecycle": lifecycle},
+                                   reason=f"{d.reason}; planned: an action holds it out of rotation ({lifecycle})")
 
     # ------------------------------------------------------------------ pause gate
     def _paused(self, d: Decision, now: float) -> Any:

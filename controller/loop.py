@@ -116,6 +116,7 @@ class Controller:
                                      self.state, resetter=resetter, clock=clock)
         # operator pause and maintenance windows (controller/pause.py): the dispatcher's gate
         self.pause_board = self.dispatcher.pause = PauseBoard(config.maintenance, clock=clock, metrics=metrics)
+        self.dispatcher.held = self._held_lifecycle
         self._restore_pauses()
         self.status_builder = StatusBuilder(
             state=self.state, sources=self.sources, engines=engines, policies=policies,
@@ -139,6 +140,11 @@ class Controller:
         polls keep the normal interval while it is down (controller/sources.py ``steady``)."""
         rail = getattr(self.actions, "rail", None)
         return rail is not None and name in rail.held()
+
+    def _held_lifecycle(self, name: str) -> str | None:
+        """The lifecycle an action holds engine ``name`` in (the fleet rail), None when not held."""
+        rail = getattr(self.actions, "rail", None)
+        return None if rail is None else rail.held().get(name)
 
     def _restore_pauses(self) -> None:
         """Operator pauses survive a restart: rebuilt from the event log (controller/pause.py)."""

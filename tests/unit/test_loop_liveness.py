@@ -82,3 +82,30 @@ def test_a_hang_through_the_loop_is_one_critical_transition_and_a_restart_engine
     # still stalled hang_seconds later: one critical note, no second restart
     notes = [e for e in log.query(kind="observation", limit=50) if e["source"] == "liveness"]
     assert len(notes) == 1 and "still hung" in notes[0]["reason"] and notes[0]["severity"] == "critical"
+
+
+def test_an_outage_while_an_action_holds_the_engine_is_planned_info_not_a_warning(tmp_path):
+    """A restart the controller asked for takes the engine down on purpose: its liveness ``down``
+    is recorded as info with ``planned: true``; the same outage unheld stays a warning."""
+    client = SteppingClient()
+    ctl, _, log = make_controller(tmp_path, {"main": client},
+                                  policies={"main": {"liveness": EngineLiveness(engine="main")}})
+    try:
+        t = T0
+        for step, (ok, held) in enumerate([(True, False), (False, True), (True, True), (True, False),
+                                           (False, False), (True, False)]):
+            if held:
+                ctl.actions.rail.set("main", "restarting")
+            else:
+                ctl.actions.rail.release("main")
+            client.ok = ok
+            t += 2
+            ctl.tick(t)
+        downs = [e for e in log.query(limit=200) if e["source"] == "liveness" and e["kind"] == "transition"
+                 and e["outcome"]["to"] == "down"]
+        assert [e["severity"] for e in downs] == ["info", "warning"]
+        assert downs[0]["inputs"]["planned"] is True and downs[0]["inputs"]["lifecycle"] == "restarting"
+        assert "planned: an action holds it out of rotation (restarting)" in downs[0]["reason"]
+        assert "planned" not in downs[1]["inputs"]
+    finally:
+        ctl.stop()
