@@ -63,6 +63,41 @@ def _die(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+#: Upper bound of ``--num-threads``: a fixed number, not a multiple of this host's cores, so one
+#: command line means the same on every host. torch and the kernels start one OpenMP thread each;
+#: past the cores they only contend, and far past (32768 threads on a 2-core host) libgomp's
+#: thread creation failed and the process died with SIGSEGV (exit 139).
+MAX_NUM_THREADS = 1024
+#: Upper bound of ``--block-size`` (tokens): the largest block the engine's paged-attention
+#: kernels take (``engine.attention.KERNEL_MAX_BLOCK_SIZE``, csrc/paged_attention.h
+#: ``MAX_BLOCK_SIZE``: one block's scores per head live on the stack). Above it every step took
+#: the slow plain path, and a huge block made one block bigger than memory.
+MAX_BLOCK_SIZE = 256
+#: Largest ``--max-body-bytes`` (1 GiB, as the router's): a request body is held in memory whole.
+MAX_BODY_BYTES = 1 << 30
+#: ``--log-level`` values (any case), the stdlib's level names that uvicorn takes too.
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def check_log_level(level: str, flag: str = "--log-level") -> str:
+    """``level`` lowercased when it is one of :data:`LOG_LEVELS` (any case); exits 2 naming
+    ``flag`` otherwise (``trace`` reached ``logging`` and stopped the server with a traceback)."""
+    if level.lower() not in LOG_LEVELS:
+        _die(f"{flag}: must be one of {', '.join(LOG_LEVELS)} (any case), got {level!r}")
+    return level.lower()
+
+
+def check_device(device: str, flag: str = "--device") -> str:
+    """``device`` lowercased when it is ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (N a device
+    index, any case); exits 2 naming ``flag`` otherwise (``tpu`` reached torch and stopped
+    the command with a traceback)."""
+    import re
+
+    if not re.fullmatch(r"auto|cpu|cuda(:[0-9]{1,4})?", device.lower()):
+        _die(f"{flag}: must be auto, cpu, cuda or cuda:N (N a CUDA device index), got {device!r}")
+    return device.lower()
+
+
 def _config(**kwargs):  # noqa: ANN202 - EngineConfig, imported lazily
     from inferctl.engine.config import ConfigError, EngineConfig
 
@@ -157,11 +192,15 @@ def _load(spec: Optional[str], tokenizer: Optional[str], device: str, dtype: str
     if spec and spec != "demo" and looks_like_hub_id(spec):
         _die(f"--model: {spec!r} looks like a Hugging Face hub id: hub ids are not downloaded; give a local path"
              " (a llama2.c .bin or a Hugging Face directory)")
-    dev = device
+    dev = check_device(device)
     if dev == "auto":
         dev = "cuda" if torch.cuda.is_available() else "cpu"
     if dev.startswith("cuda") and not torch.cuda.is_available():
         _die(f"--device: {dev!r} asked for but CUDA is not available")
+    if dev.startswith("cuda:") and int(dev[5:]) >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        _die(f"--device: {dev!r} asked for but this machine has {count} CUDA device(s) "
+             f"(cuda:0 .. cuda:{count - 1})")
     names = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dtype == "auto":
         if dev == "cpu":
@@ -196,7 +235,8 @@ def _flag_message(msg: str, budget_flag: str = "--memory-budget") -> str:
     """An engine ConfigError's ``field: why`` with the field named as the flag the user typed."""
     msg = msg.replace("memory_budget_bytes:", f"{budget_flag}:", 1)
     field, sep, why = msg.partition(":")
-    return f"--{field.replace('_', '-')}{sep}{why}" if field in ("precision", "max_model_len") else msg
+    return (f"--{field.replace('_', '-')}{sep}{why}"
+            if field in ("precision", "max_model_len", "num_kv_blocks", "block_size") else msg)
 
 
 def _build_engine(bundle, config, precision: str, budget_flag: str = "--memory-budget"):  # noqa: ANN001, ANN202
@@ -266,10 +306,16 @@ def serve(
     num_threads: Optional[int] = typer.Option(
         None, "--num-threads", min=1, help="CPU threads of torch and the engine's kernels (torch.set_num_threads, "
         "process-wide). Default: torch's ($OMP_NUM_THREADS, else the cores), 1 for models under 16 MiB. Engines "
-        "sharing a machine: give each its share of the cores (a busy core stalls every multi-threaded step)."),
+        "sharing a machine: give each its share of the cores (a busy core stalls every multi-threaded step). "
+        f"At most {MAX_NUM_THREADS}, a fixed bound on every host: threads past the cores only contend, and tens "
+        "of thousands crashed the process."),
     max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", min=1),
-    block_size: int = typer.Option(16, "--block-size", min=1),
-    num_kv_blocks: Optional[int] = typer.Option(None, "--num-kv-blocks", min=1),
+    block_size: int = typer.Option(16, "--block-size", min=1,
+                                   help=f"Tokens per KV cache block, 1..{MAX_BLOCK_SIZE} (the largest block the "
+                                        "paged-attention kernels take)."),
+    num_kv_blocks: Optional[int] = typer.Option(None, "--num-kv-blocks", min=1,
+                                                help="KV cache blocks (default: what the memory budget leaves); "
+                                                     "the pool must fit in the device's free memory."),
     kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", help="auto | int8"),
     precision: str = typer.Option("full", "--precision", help=(
         "Initial precision: full | int8 | int4 (int4: start-only, CPU; GGUF Q4_0/Q4_1 weights kept 4-bit, "
@@ -293,7 +339,8 @@ def serve(
     chat_template: Optional[str] = typer.Option(
         None, "--chat-template", help="Jinja chat template: a file path or the template text (vLLM's flag), or "
                                       "plain | roles. Default: the model's own template (GGUF metadata), else plain."),
-    max_body_bytes: str = typer.Option("4MiB", "--max-body-bytes", help="Largest request body (413 above)."),
+    max_body_bytes: str = typer.Option("4MiB", "--max-body-bytes",
+                                       help="Largest request body (413 above); at most 1GiB."),
     max_oom_retries: int = typer.Option(3, "--max-oom-retries",
                                         help="Times the request blamed for an OOM is re-queued before it fails "
                                              "(503, retry later)."),
@@ -305,7 +352,8 @@ def serve(
     shutdown_grace_seconds: float = typer.Option(30.0, "--shutdown-grace-seconds",
                                                  help="After SIGTERM/SIGINT, seconds in-flight requests get to "
                                                       "finish before they are aborted (then exit 0)."),
-    log_level: str = typer.Option("info", "--log-level"),
+    log_level: str = typer.Option("info", "--log-level", help="debug | info | warning | error | critical "
+                                                                 "(any case)."),
     log_format: str = typer.Option("text", "--log-format",
                                    help="text | json (one JSON object per line; a /v1 request's line carries its "
                                         "X-Request-Id as request_id)."),
@@ -345,6 +393,14 @@ def serve(
     if model_arg is not None and model is not None and model_arg != model:
         _die(f"--model: the model is given twice ({model_arg!r} as MODEL and {model!r} as --model); give one")
     model = model if model is not None else model_arg
+    device = check_device(device)
+    log_level = check_log_level(log_level)
+    if num_threads is not None and num_threads > MAX_NUM_THREADS:
+        _die(f"--num-threads: must be at most {MAX_NUM_THREADS}, got {num_threads} (threads past the cores "
+             "only contend; give the cores this engine may use)")
+    if block_size > MAX_BLOCK_SIZE:
+        _die(f"--block-size: must be at most {MAX_BLOCK_SIZE} tokens (the largest block the paged-attention "
+             f"kernels take), got {block_size}")
     try:
         check_bind_host(host)   # before the port check: "port 8000 is in use on bad host!" misled
         in_use = port_in_use(host, port)
@@ -371,6 +427,8 @@ def serve(
     budget = parse_size(memory_budget) if memory_budget else None
     light_budget = parse_size(light_memory_budget, "--light-memory-budget") if light_memory_budget else None
     body_limit = parse_size(max_body_bytes, "--max-body-bytes")
+    if body_limit > MAX_BODY_BYTES:
+        _die(f"--max-body-bytes: must be at most {MAX_BODY_BYTES} bytes (1 GiB), got {body_limit}")
     admin_token = admin_token_option(admin_token, admin_token_file)
     if api_key is not None:   # click drops an empty $INFERCTL_API_KEY; an explicit --api-key "" lands here
         try:
@@ -438,6 +496,10 @@ def serve(
         typer.echo("error: stopped by a second signal before the drain ended; in-flight requests were cut",
                    err=True)
         raise typer.Exit(1)
+    if server.engine_failure is not None:
+        typer.echo(f"error: the engine core process failed ({server.engine_failure}); exiting for a restart",
+                   err=True)
+        raise typer.Exit(1)
 
 
 def generate(
@@ -453,13 +515,14 @@ def generate(
     repetition_penalty: float = typer.Option(1.0, "--repetition-penalty"),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", min=1),
     allow_long_max_model_len: bool = AllowLongOpt,
-    device: str = typer.Option("cpu", "--device", help="auto | cpu | cuda"),
+    device: str = typer.Option("cpu", "--device", help="auto | cpu | cuda | cuda:N"),
 ) -> None:
     """Generate one completion in-process and print only its text to stdout."""
     from inferctl.engine.sampling_params import SamplingParams, SamplingParamsError
 
     if prompt == "":
         _die("--prompt: must not be empty")
+    device = check_device(device)
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, top_p=top_p,
                                 top_k=top_k, repetition_penalty=repetition_penalty)

@@ -9,6 +9,7 @@ what is wrong.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -237,27 +238,44 @@ def load_hf_dir(path: str | Path, device: str | torch.device = "cpu", dtype: tor
         raise FileNotFoundError(f"{d}: no config.json")
     try:
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except ValueError as e:
+    except ValueError as e:   # UnicodeDecodeError too
         raise ValueError(f"{cfg_path}: invalid JSON: {e}") from e
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{cfg_path}: must be a JSON object of the model's settings, got {type(cfg).__name__}")
     if cfg.get("model_type", "llama") != "llama":
         raise ValueError(f"{cfg_path}: model_type {cfg.get('model_type')!r} is not supported (only 'llama')")
     scaling = _rope_scaling(cfg, cfg_path)
     if cfg.get("attention_bias") or cfg.get("mlp_bias"):
         raise ValueError(f"{cfg_path}: attention_bias/mlp_bias are not supported")
+
+    def number(key: str, kind: type = int, value: object = None) -> int | float:
+        """``cfg[key]`` (or ``value``, its default applied) as a finite ``kind``: ValueError
+        naming the file and the key for a string, a null, a bool or a fraction where a count goes."""
+        v = cfg[key] if value is None else value
+        ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+        if not ok or (kind is int and v != int(v)):
+            raise ValueError(f"{cfg_path}: field {key!r} must be {'an integer' if kind is int else 'a number'}, "
+                             f"got {v!r}")
+        return kind(v)
+
     try:
-        n_heads = int(cfg["num_attention_heads"])
+        n_heads = number("num_attention_heads")
         rope_theta = cfg.get("rope_theta")
         if rope_theta is None and isinstance(cfg.get("rope_parameters"), dict):
             rope_theta = cfg["rope_parameters"].get("rope_theta")
         args = ModelArgs(
-            dim=int(cfg["hidden_size"]), n_layers=int(cfg["num_hidden_layers"]), n_heads=n_heads,
-            n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads), vocab_size=int(cfg["vocab_size"]),
-            hidden_dim=int(cfg["intermediate_size"]), max_seq_len=int(cfg.get("max_position_embeddings", 2048)),
-            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), rope_theta=float(rope_theta or 10000.0),
+            dim=number("hidden_size"), n_layers=number("num_hidden_layers"), n_heads=n_heads,
+            n_kv_heads=number("num_key_value_heads", value=cfg.get("num_key_value_heads") or n_heads),
+            vocab_size=number("vocab_size"), hidden_dim=number("intermediate_size"),
+            max_seq_len=number("max_position_embeddings", value=cfg.get("max_position_embeddings", 2048)),
+            norm_eps=number("rms_norm_eps", float, cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=number("rope_theta", float, rope_theta or 10000.0),
             rope_style="half", tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            head_dim=int(cfg["head_dim"]) if cfg.get("head_dim") else None, **scaling)
+            head_dim=number("head_dim") if cfg.get("head_dim") else None, **scaling)
     except KeyError as e:
         raise ValueError(f"{cfg_path}: missing field {e.args[0]!r}") from e
+    except ValueError as e:   # ModelArgs: a size below 1, heads that do not divide
+        raise ValueError(str(e) if str(e).startswith(str(cfg_path)) else f"{cfg_path}: {e}") from None
     files = sorted(d.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{d}: no *.safetensors weights")

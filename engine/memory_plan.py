@@ -103,6 +103,54 @@ class MemoryPlan:
 _ROUNDING_SLACK = 4 * 512
 
 
+def host_available_bytes() -> int | None:
+    """Bytes a new allocation in this process can take now on the host (CPU): ``MemAvailable``
+    of ``/proc/meminfo``, lowered to what the cgroup v2 limit leaves (``memory.max`` minus
+    ``memory.current`` less its page cache, ``memory.stat`` ``file``) in a container; the
+    physical memory where there is no ``/proc/meminfo``;
+    None when nothing says. An upper bound for the CPU KV pool: ``torch.zeros`` touches every
+    page, so a pool past it either fails to allocate or wakes the OOM killer."""
+    import os
+
+    avail = None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        avail = None
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, AttributeError):
+            return None
+    try:
+        with open("/sys/fs/cgroup/memory.max", encoding="ascii") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current", encoding="ascii") as f:
+            current = int(f.read().strip())
+        cache = 0             # the page cache is reclaimed before the cgroup's OOM killer runs
+        with open("/sys/fs/cgroup/memory.stat", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("file "):
+                    cache = int(line.split()[1])
+                    break
+        if limit.isdigit():
+            avail = min(avail, max(0, int(limit) - max(0, current - cache)))
+    except (OSError, ValueError, IndexError):
+        pass
+    return avail
+
+
+def _is_allocation_failure(err: RuntimeError) -> bool:
+    """A failed allocation: CUDA's ``torch.OutOfMemoryError``, or the CPU allocator's
+    ``RuntimeError`` ("DefaultCPUAllocator: can't allocate memory")."""
+    text = str(err)
+    return isinstance(err, torch.OutOfMemoryError) or "can't allocate memory" in text or "out of memory" in text
+
+
 def start_weights_bytes(model, precision: str | None) -> int | None:
     """The weight bytes to plan the budget with when an engine starts ``model`` in ``precision``
     ("full", "int8", "int4"; None = as loaded), for :func:`plan_memory`'s ``weights_bytes``.
@@ -163,7 +211,9 @@ def plan_memory(model, args, cfg, device: torch.device, acts: ActivationModel, d
 
     Raises:
         ConfigError: the budget cannot hold the weights, one KV block and the profile step, or
-            the device cannot hold the pool (the message gives the numbers).
+            the device cannot hold the pool: on CPU a pool larger than
+            :func:`host_available_bytes`, or an allocation that fails (the message gives the
+            numbers; field ``num_kv_blocks`` when it was given, else ``memory_budget_bytes``).
     """
     kv_int8 = cfg.kv_cache_dtype == "int8"
     bpb = KVCache.bytes_per_block(args.n_layers, cfg.block_size, args.n_kv_heads, args.head_dim,
@@ -206,6 +256,15 @@ def plan_memory(model, args, cfg, device: torch.device, acts: ActivationModel, d
             f"({format_size(bpb)}): weights take {format_size(weights)}{draft_text} and a "
             f"{B}-token step needs {format_size(headroom)} of activations; raise the budget "
             "or lower max_num_batched_tokens"))
+    # the flag to blame for a pool too large: --num-kv-blocks when given, else the budget it came from
+    pool_field = "num_kv_blocks" if cfg.num_kv_blocks is not None else "memory_budget_bytes"
+    if device.type == "cpu":
+        avail = host_available_bytes()
+        if avail is not None and num_blocks * per_block > avail:
+            raise ConfigError(pool_field, (
+                f"{num_blocks} KV blocks ({format_size(num_blocks * per_block)}, {format_size(per_block)} "
+                f"each) do not fit in the {format_size(avail)} this host has available: at most "
+                f"{avail // per_block} blocks would (before weights and activations)"))
     accountant = MemoryAccountant(budget, device)
     try:
         weights_handle = accountant.allocate(weights, "weights")
@@ -214,7 +273,7 @@ def plan_memory(model, args, cfg, device: torch.device, acts: ActivationModel, d
             accountant.allocate(d_weights, "draft_weights")
             accountant.allocate(num_blocks * d_bpb, "draft_kv_cache")
     except torch.OutOfMemoryError as err:
-        raise ConfigError("memory_budget_bytes", (
+        raise ConfigError(pool_field, (
             f"budget {format_size(budget)} cannot hold the weights ({format_size(weights + d_weights)}) "
             f"and {num_blocks} KV blocks ({format_size(num_blocks * per_block)})")) from err
     try:
@@ -223,9 +282,11 @@ def plan_memory(model, args, cfg, device: torch.device, acts: ActivationModel, d
         draft_kv = None if draft is None else KVCache.allocate(
             draft.args.n_layers, num_blocks, cfg.block_size, draft.args.n_kv_heads, draft.args.head_dim,
             draft.dtype, device, kv_int8=kv_int8)
-    except torch.OutOfMemoryError as err:   # CUDA: the device itself could not hold it
+    except RuntimeError as err:   # the device itself could not hold it (CUDA OOM, the CPU allocator)
+        if not _is_allocation_failure(err):
+            raise
         raise ConfigError("num_kv_blocks", (
             f"{num_blocks} KV blocks ({format_size(num_blocks * per_block)}) do not fit on "
-            f"{device}: {err}")) from err
+            f"{device}: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}")) from err
     return MemoryPlan(accountant, kv_cache, num_blocks, bpb, profile, weights_handle, kv_handle,
                       draft_kv, d_bpb, d_weights, d_profile)

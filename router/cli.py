@@ -12,7 +12,24 @@ import typer
 
 from inferctl.contract.hosts import check_bind_host
 from inferctl.contract.units import parse_size
-from inferctl.router.config import ConfigError, RouterConfig, load_config_file, parse_engine, upstream_key_from_env
+from inferctl.router.config import (ConfigError, RouterConfig, check_log_level, load_config_file, parse_engine,
+                                     upstream_key_from_env)
+
+#: Third-party loggers quieted to WARNING unless ``--log-level debug``: httpx logs every request
+#: it sends at INFO ("HTTP Request: GET http://.../ready"), i.e. every probe of every replica.
+NOISY_LOGGERS = ("httpx", "httpcore")
+
+
+def configure_router_logging(log_format: str, log_level: str) -> None:
+    """The router's logging: the root logger (contract/logs.py) at ``log_level``, and the
+    :data:`NOISY_LOGGERS` at WARNING unless ``log_level`` is ``debug`` (then they follow the root)."""
+    import logging
+
+    from inferctl.contract.logs import configure_logging
+
+    configure_logging(log_format, log_level)
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if log_level.lower() == "debug" else logging.WARNING)
 
 
 def router(
@@ -35,14 +52,17 @@ def router(
                                            help="Shorter prompts go to the least-loaded replica."),
     epsilon: float = typer.Option(0.25, "--epsilon",
                                   help="Bounded-load slack: skip a replica above (1+eps) x the average load."),
-    max_body_bytes: str = typer.Option("4MiB", "--max-body-bytes", help="Largest request body (413 above)."),
+    max_body_bytes: str = typer.Option("4MiB", "--max-body-bytes",
+                                       help="Largest request body (413 above); at most 1GiB."),
     upstream_timeout: float = typer.Option(600.0, "--upstream-timeout",
                                            help="Seconds to wait for the next upstream byte."),
     upstream_connections: int = typer.Option(1000, "--upstream-connections",
                                              help="Most upstream connections open at once (all replicas; "
                                                   "each in-flight request holds one)."),
     log_format: str = typer.Option("text", "--log-format", help="text | json (one JSON object per line)."),
-    log_level: str = typer.Option("info", "--log-level", help="debug | info | warning | error."),
+    log_level: str = typer.Option("info", "--log-level", help="debug | info | warning | error | critical (any "
+                                                             "case); httpx's per-probe request lines show "
+                                                             "only at debug."),
     upstream_api_key_env: Optional[str] = typer.Option(
         None, "--upstream-api-key-env", metavar="NAME",
         help="The environment variable holding the replicas' API key (their --api-key), sent on the router's "
@@ -60,9 +80,9 @@ def router(
     import uvicorn
 
     from inferctl.router.app import create_app
-    from inferctl.contract.logs import configure_logging
 
     try:
+        log_level = check_log_level(log_level)
         check_bind_host(host)   # exit 2 naming --host (uvicorn's getaddrinfo failure exited 3)
         from_file = load_config_file(config_file) if config_file else {"engines": [], "controller": None,
                                                                           "rate_keys": {}, "rate_default": None,
@@ -81,7 +101,7 @@ def router(
     except (ConfigError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2)
-    configure_logging(config.log_format, log_level)
+    configure_router_logging(config.log_format, log_level)
     app = create_app(config, bind_host=host, allowed_hosts=tuple(allowed_host))
     typer.echo(f"router: http://{host}:{port} -> {', '.join(f'{e.name}={e.url}' for e in config.engines)}",
                err=True)

@@ -89,6 +89,23 @@ def _url_problem(url: str, parts: Any) -> str | None:
 
 #: Longest interval or timeout a flag accepts (a day): above, a probe or a request is never awaited.
 MAX_SECONDS = 86400.0
+#: Largest ``--max-body-bytes`` (1 GiB): the router holds a whole request body in memory before
+#: forwarding it; a prompt is far smaller (a 1M-token context is a few MiB of text).
+MAX_BODY_BYTES = 1 << 30
+#: ``--log-level`` values (any case): the stdlib's level names, which uvicorn takes too.
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def check_log_level(level: str, flag: str = "--log-level") -> str:
+    """``level`` lowercased when it is one of :data:`LOG_LEVELS` (any case).
+
+    Raises:
+        ConfigError: another value (``trace`` reached ``logging`` and stopped the router with a
+            traceback), naming ``flag`` and the accepted values.
+    """
+    if not isinstance(level, str) or level.lower() not in LOG_LEVELS:
+        raise ConfigError(f"{flag}: must be one of {', '.join(LOG_LEVELS)} (any case), got {level!r}")
+    return level.lower()
 
 
 @dataclass(frozen=True)
@@ -145,7 +162,8 @@ class RouterConfig:
 
         Raises:
             ConfigError: no engine, a duplicate name, a non-positive interval/timeout, a
-                negative ``max_retries`` or ``epsilon``, ``affinity_chars`` < 1, an unknown
+                negative ``max_retries`` or ``epsilon``, ``affinity_chars`` < 1, a
+                ``max_body_bytes`` outside 1 .. :data:`MAX_BODY_BYTES`, an unknown
                 ``log_format``, a controller URL that is not http(s), an ``api_key`` no client
                 could send (:func:`inferctl.contract.http.check_api_key`; the message never
                 holds the key).
@@ -173,8 +191,9 @@ class RouterConfig:
             raise ConfigError(f"vnodes: must be >= 1, got {self.vnodes}")
         if self.upstream_connections < 1:
             raise ConfigError(f"--upstream-connections: must be >= 1, got {self.upstream_connections}")
-        if self.max_body_bytes < 1:
-            raise ConfigError(f"--max-body-bytes: must be >= 1, got {self.max_body_bytes}")
+        if not 1 <= self.max_body_bytes <= MAX_BODY_BYTES:
+            raise ConfigError(f"--max-body-bytes: must be >= 1 and <= {MAX_BODY_BYTES} bytes (1 GiB), "
+                              f"got {self.max_body_bytes}")
         if self.api_key is not None:
             try:
                 check_api_key(self.api_key, "--api-key (or $INFERCTL_API_KEY)")

@@ -50,7 +50,8 @@ from inferctl.tools.gpu_specs import GPUS
 from inferctl.tools.plan_draft import FLAG as SPEC_FLAG, DraftError, as_dict, draft_figures, parse_flag
 
 __all__ = ["PRECISION_BITS", "KV_DTYPE_BYTES", "ModelDims", "Plan", "PlanError", "activation_figures",
-           "compute_plan", "dims_from_flags", "llama_params", "parse_count", "read_model", "register"]
+           "MAX_CONCURRENCY", "MAX_CONTEXT", "compute_plan", "dims_from_flags", "llama_params", "parse_count",
+           "precision_words", "read_model", "register"]
 
 #: Bits per weight of each ``--precision`` (the notes' params × bits / 8).
 PRECISION_BITS = {"fp32": 32, "bf16": 16, "fp16": 16, "int8": 8, "int4": 4}
@@ -59,6 +60,11 @@ KV_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 #: The engine's default per-step token budget (``EngineConfig.max_num_batched_tokens``).
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 _LLAMA2C_MAGIC = 0x616B3432
+#: Largest ``--context`` (tokens): 1,048,576 (2**20), 8× a 128k-context model's; a model whose
+#: own context length is longer is planned at this bound, with a note.
+MAX_CONTEXT = 1 << 20
+#: Largest ``--concurrency`` (sequences at full context at once).
+MAX_CONCURRENCY = 100_000
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -133,10 +139,21 @@ def _llama(source: str, name: str, *, layers: int, hidden: int, heads: int, kv_h
 
 
 def _read_llama2c(p: Path) -> ModelDims:
-    buf = p.read_bytes()[:256]
+    """A llama2.c checkpoint's header (legacy, or export version 1: float32), and its size
+    checked against what the header implies (engine/loader.py refuses the same files)."""
+    with p.open("rb") as fh:
+        buf = fh.read(256)
+    size = p.stat().st_size
     if len(buf) < 28:
         raise PlanError("--model", f"{p}: {len(buf)} bytes is too short for a llama2.c header")
+    version = 0
     if struct.unpack_from("<I", buf, 0)[0] == _LLAMA2C_MAGIC:
+        (version,) = struct.unpack_from("<i", buf, 4)
+        if version != 1:
+            raise PlanError("--model", f"{p}: llama2.c export version {version} is not supported "
+                                       "(only legacy and version 1 float32)")
+        if len(buf) < 256:
+            raise PlanError("--model", f"{p}: truncated: {size} bytes, shorter than the 256-byte version-1 header")
         dim, hidden, layers, heads, kv, vocab, seq = struct.unpack_from("<7i", buf, 8)
         tied = bool(buf[36])
     else:
@@ -147,6 +164,13 @@ def _read_llama2c(p: Path) -> ModelDims:
                                    f"heads={heads}, kv_heads={kv})")
     d = _llama("llama2.c", p.name, layers=layers, hidden=dim, heads=heads, kv_heads=kv, head_dim=dim // heads,
                intermediate=hidden, vocab=vocab, tied=tied, ctx=seq, dtype="fp32")
+    # the weights (float32), the legacy format's RoPE tables (seq_len × head_dim), after the header
+    expected = (256 if version == 1 else 28) + 4 * (d.params + (seq * (dim // heads) if version == 0 else 0))
+    if size != expected:
+        raise PlanError("--model", f"{p}: {'truncated' if size < expected else 'too long'}: the header (dim={dim}, "
+                                   f"hidden={hidden}, layers={layers}, heads={heads}, kv_heads={kv}, vocab={vocab}, "
+                                   f"seq_len={seq}, shared classifier={tied}) implies {expected:,} bytes, the file "
+                                   f"has {size:,}")
     d.stored_bytes, d.stored_format = 4 * d.params, "float32"
     return d
 
@@ -159,15 +183,21 @@ def _safetensors_sizes(folder: Path) -> tuple[int, int, dict[str, int]] | None:
     elems = nbytes = 0
     kinds: dict[str, int] = {}
     for f in files:
-        with f.open("rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        for key, t in header.items():
-            if key == "__metadata__":
-                continue
-            elems += math.prod(t["shape"])
-            nbytes += t["data_offsets"][1] - t["data_offsets"][0]
-            kinds[t["dtype"]] = kinds.get(t["dtype"], 0) + 1
+        try:
+            with f.open("rb") as fh:
+                (n,) = struct.unpack("<Q", fh.read(8))
+                if n > f.stat().st_size - 8:
+                    raise ValueError(f"its header length {n} runs past the end of the file")
+                header = json.loads(fh.read(n))
+            for key, t in header.items():
+                if key == "__metadata__":
+                    continue
+                elems += math.prod(int(x) for x in t["shape"])
+                nbytes += int(t["data_offsets"][1]) - int(t["data_offsets"][0])
+                kinds[str(t["dtype"])] = kinds.get(str(t["dtype"]), 0) + 1
+        except (OSError, struct.error, ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+            raise PlanError("--model", f"{f}: not a readable safetensors header ({type(exc).__name__}: "
+                                       f"{exc})") from None
     return elems, nbytes, kinds
 
 
@@ -175,17 +205,40 @@ def _read_hf_dir(p: Path) -> ModelDims:
     cfg_path = p / "config.json"
     if not cfg_path.is_file():
         raise PlanError("--model", f"{p}: a directory without config.json (not a Hugging Face model folder)")
-    c = json.loads(cfg_path.read_text(encoding="utf-8"))
     try:
-        hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
-        kw = dict(layers=int(c["num_hidden_layers"]), hidden=hidden, heads=heads,
-                  kv_heads=int(c.get("num_key_value_heads") or heads),
-                  head_dim=int(c.get("head_dim") or hidden // heads), intermediate=int(c["intermediate_size"]),
-                  vocab=int(c["vocab_size"]), tied=bool(c.get("tie_word_embeddings", False)),
-                  ctx=c.get("max_position_embeddings"))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise PlanError("--model", f"{cfg_path}: missing or bad {exc} (needs hidden_size, num_hidden_layers, "
-                                   "num_attention_heads, intermediate_size, vocab_size)") from None
+        c = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise PlanError("--model", f"{cfg_path}: cannot read it ({exc.strerror or exc})") from None
+    except ValueError as exc:   # json.JSONDecodeError, UnicodeDecodeError
+        raise PlanError("--model", f"{cfg_path}: not valid JSON ({exc})") from None
+    if not isinstance(c, dict):
+        raise PlanError("--model", f"{cfg_path}: must be a JSON object of the model's settings, "
+                                   f"got {type(c).__name__}")
+
+    def count(key: str, required: bool = True) -> int | None:
+        """``c[key]`` as an integer >= 1; None for an optional key that is absent or null."""
+        v = c.get(key)
+        if v is None:
+            if required:
+                raise PlanError("--model", f"{cfg_path}: missing key {key!r} (needs hidden_size, num_hidden_layers, "
+                                           "num_attention_heads, intermediate_size, vocab_size)")
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v != int(v) or v < 1:
+            raise PlanError("--model", f"{cfg_path}: key {key!r} must be an integer >= 1, got {v!r}")
+        return int(v)
+
+    hidden, heads = count("hidden_size"), count("num_attention_heads")
+    kv_heads, head_dim = count("num_key_value_heads", False) or heads, count("head_dim", False)
+    if head_dim is None and hidden % heads:
+        raise PlanError("--model", f"{cfg_path}: key 'hidden_size' ({hidden}) must be a multiple of "
+                                   f"'num_attention_heads' ({heads}) when there is no 'head_dim'")
+    if heads % kv_heads:
+        raise PlanError("--model", f"{cfg_path}: key 'num_key_value_heads' ({kv_heads}) must divide "
+                                   f"'num_attention_heads' ({heads})")
+    kw = dict(layers=count("num_hidden_layers"), hidden=hidden, heads=heads, kv_heads=kv_heads,
+              head_dim=head_dim or hidden // heads, intermediate=count("intermediate_size"),
+              vocab=count("vocab_size"), tied=bool(c.get("tie_word_embeddings", False)),
+              ctx=count("max_position_embeddings", False))
     dtype = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(str(c.get("torch_dtype")), "bf16")
     st = _safetensors_sizes(p)
     extra: dict[str, Any] = {"dtype": dtype}
@@ -368,13 +421,15 @@ def compute_plan(d: ModelDims, precision: str = "auto", context: int | None = No
     (tools/plan_draft.py).
 
     Raises:
-        PlanError: unknown precision / KV dtype, a context or concurrency below 1, a utilization
+        PlanError: unknown precision / KV dtype, a context or concurrency below 1 or above
+            :data:`MAX_CONTEXT` / :data:`MAX_CONCURRENCY`, a utilization
             outside (0, 1], no context known, or a bad speculative config / draft (naming the flag).
     """
     try:
         spec = parse_flag(speculative_config)
     except DraftError as exc:
         raise PlanError(SPEC_FLAG, str(exc)) from None
+    notes: list[str] = []
     if precision not in ("auto", *PRECISION_BITS):
         raise PlanError("--precision", f"{precision!r} is not one of auto, {', '.join(PRECISION_BITS)}")
     if kv_cache_dtype not in ("auto", *KV_DTYPE_BYTES):
@@ -382,13 +437,20 @@ def compute_plan(d: ModelDims, precision: str = "auto", context: int | None = No
     ctx = context if context is not None else d.context_length
     if ctx is None:
         raise PlanError("--context", "give the context length in tokens (the model does not say its own)")
+    if context is None and isinstance(ctx, int) and ctx > MAX_CONTEXT:
+        notes.append(f"the model's context length {ctx:,} is past the planner's bound: planned at "
+                     f"{MAX_CONTEXT:,} tokens")
+        ctx = MAX_CONTEXT
     for flag, v in (("--context", ctx), ("--concurrency", concurrency),
                     ("--max-num-batched-tokens", max_num_batched_tokens)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise PlanError(flag, f"must be an integer >= 1, got {v!r}")
+    for flag, v, limit, what in (("--context", ctx, MAX_CONTEXT, "tokens"),
+                                 ("--concurrency", concurrency, MAX_CONCURRENCY, "sequences")):
+        if v > limit:
+            raise PlanError(flag, f"must be at most {limit:,} {what}, got {v:,}")
     if not 0 < gpu_memory_utilization <= 1:
         raise PlanError("--gpu-memory-utilization", f"must be in (0, 1], got {gpu_memory_utilization}")
-    notes: list[str] = []
     prec = precision
     if prec == "auto":
         prec = "stored" if d.dtype == "stored" else d.dtype
@@ -456,7 +518,8 @@ def render_rows(plan: Plan) -> tuple[list[tuple[str, str, str]], list[tuple[str,
                                              "vocab") if m.get(k) is not None)
     rows = [("model", f"{m['name']} ({m['source']})", f"{m['params']:,} parameters" + (f"; {dims}" if dims else "")),
             ("weights", format_bytes(plan.weights_bytes),
-             f"{plan.weights_bytes:,} bytes = " + ("as stored" if plan.precision == "stored"
+             f"{plan.weights_bytes:,} bytes = " + (f"as stored in the file ({m['stored_format']})"
+                                                   if plan.precision == "stored"
                                                    else f"params × {PRECISION_BITS[plan.precision]} bits / 8"))]
     if plan.weights_stored_bytes is not None and plan.precision != "stored":
         rows.append(("weights as stored", format_bytes(plan.weights_stored_bytes),
@@ -489,6 +552,16 @@ def render_rows(plan: Plan) -> tuple[list[tuple[str, str, str]], list[tuple[str,
                  "-" if g.decode_tokens_per_s_at_context is None else f"{g.decode_tokens_per_s_at_context:,.0f}")
                 for g in plan.gpus]
     return rows, gpu_rows
+
+
+def precision_words(plan: Plan) -> str:
+    """The plan's precision for its title: the ``--precision`` name (``fp16``), or for a GGUF
+    file planned as stored (``--precision auto``) "the file's own precision" and its tensor
+    types (``Q4_1 ×210, F32 ×61``)."""
+    if plan.precision != "stored":
+        return plan.precision
+    fmt = plan.model.get("stored_format")
+    return "the file's own precision" + (f" ({fmt})" if fmt else "")
 
 
 GPU_HEADERS = ("gpu", "memory", "usable", "fits on one", "bandwidth", "decode bound tok/s (batch 1)",
@@ -565,7 +638,7 @@ def register(app: Any) -> None:
             typer.echo(json.dumps(result.to_dict(), indent=1))
             return
         rows, gpu_rows = render_rows(result)
-        title = (f"plan: {result.model['name']} at {result.precision}, context {result.context:,}, "
+        title = (f"plan: {result.model['name']} at {precision_words(result)}, context {result.context:,}, "
                  f"concurrency {result.concurrency}, KV {result.kv_cache_dtype}")
         if sys.stdout.isatty():
             from rich.console import Console
