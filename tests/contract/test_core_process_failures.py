@@ -21,6 +21,7 @@ from inferctl.engine.cli import build_core
 from inferctl.engine.core_client import CoreClient
 from inferctl.engine.core_process import CoreSpec
 from inferctl.engine.sampling_params import SamplingParams
+from tests.obs_helpers import wait_until
 from tests.server_helpers import (  # noqa: F401 - stories_engine_fixture: the in-process engine
     STORIES,
     auth,
@@ -47,15 +48,6 @@ def core(stories_dir):
     except ProcessLookupError:
         pass
     c.shutdown()
-
-
-def _wait(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def _core_series(exposition: str) -> list[str]:
@@ -135,7 +127,8 @@ def test_a_dead_core_gives_stats_200_admin_503_and_no_stale_metrics(core):
         async with client(app) as c:
             before = (await c.get("/metrics")).text
             os.kill(core.pid, signal.SIGKILL)
-            assert await asyncio.get_running_loop().run_in_executor(None, _wait, lambda: not core.is_running, 10)
+            await asyncio.get_running_loop().run_in_executor(
+                None, lambda: wait_until(lambda: not core.is_running, 10, 0.02, "the core to die"))
             stats = await c.get("/stats")
             admin = {path: await c.post(f"/admin/{path}", json=body, headers=auth()) for path, body in
                      (("drain", {"draining": True}), ("precision", {"mode": "int8"}),
@@ -198,7 +191,7 @@ def test_a_dead_light_core_leaves_the_main_models_stats_whole(engine, stories_di
     try:
         app = make_app({STORIES: engine, "light": light})
         os.kill(light.pid, signal.SIGKILL)
-        assert _wait(lambda: not light.is_running, 10)
+        wait_until(lambda: not light.is_running, 10, 0.02, "the light core to die")
 
         async def go():
             async with client(app) as c:
