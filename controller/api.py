@@ -24,8 +24,8 @@
   given twice, no unknown keys, no type coercion, at most :data:`MAX_BODY_BYTES`, nested at
   most :data:`MAX_JSON_DEPTH` deep); a bad one is 400 (413 when too large) naming the field;
   a GPU index is 0..:data:`MAX_GPU_INDEX`. An unknown engine is 404, and so is a GPU index the
-  controller does not know (``reset-gpu`` while the last GPU reading is good, ``pause``/``resume``
-  ``gpu``), ``{"error": {"code": "gpu_not_found", "field": "gpu"}}``. An optional
+  controller does not know (``reset-gpu`` and ``release-gpu`` while the last GPU reading is good,
+  ``pause``/``resume`` ``gpu``), ``{"error": {"code": "gpu_not_found", "field": "gpu"}}``. An optional
   ``X-Inferctl-Actor: NAME`` header (1–64 of ``A-Z a-z 0-9 _ . @ -``) names the operator:
   the event log then says ``operator:NAME`` — a request never picks a policy's name as the
   source of an event, nor a metric label value.
@@ -393,11 +393,12 @@ def create_app(controller: Any, admin_token: str, *, bind_host: str | None = Non
         app.add_api_route(f"/actions/{verb}", pause_or_resume, methods=["POST"], name=f"action_{verb}",
                           **_action_doc(PauseBody if verb == "pause" else ResumeBody, 404, 409))
 
-    @app.post("/actions/release-gpu", **_action_doc(ReleaseGpuBody, 409))
+    @app.post("/actions/release-gpu", **_action_doc(ReleaseGpuBody, 404, 409))
     async def release_gpu(request: Request) -> Response:
         actor = auth(request)
         body = await _body(request, ReleaseGpuBody)
         _check_gpu(body.gpu)
+        _known_gpu(body.gpu, telemetry_says=True)
         try:   # polls the GPU source and takes the controller lock: off the event loop
             doc = await run_in_threadpool(controller.release_gpu, body.gpu, actor)
         except ReleaseRefused as exc:

@@ -40,6 +40,14 @@ ENGINE_POLL_GAUGES = frozenset({
     "inferctl_kv_cache_waste_ratio", "inferctl_fragmentation_ratio", "inferctl_padding_ratio",
     "inferctl_effective_batch_size", "inferctl_repetition_ratio", "inferctl_degenerate_ratio",
     "inferctl_perplexity"})
+#: the per-GPU gauges a GPU reading sets (:meth:`Exporter.export_gpu`; labels start ``gpu``,
+#: ``uuid``): removed when the reading fails, and for a GPU a good reading no longer lists
+GPU_POLL_GAUGES = frozenset({
+    "inferctl_gpu_lost", "inferctl_gpu_memory_total_bytes", "inferctl_gpu_memory_used_bytes",
+    "inferctl_gpu_memory_free_bytes", "inferctl_gpu_memory_reserved_bytes", "inferctl_gpu_utilization_ratio",
+    "inferctl_gpu_memory_bandwidth_utilization_ratio", "inferctl_gpu_temperature_celsius", "inferctl_gpu_power_watts",
+    "inferctl_gpu_ecc_errors", "inferctl_gpu_standing_fault", "inferctl_gpu_mig_memory_total_bytes",
+    "inferctl_gpu_mig_memory_used_bytes", "inferctl_gpu_mig_memory_free_bytes"})
 
 
 class Exporter:
@@ -66,6 +74,8 @@ class Exporter:
         self._quality = QualityMemo()
         #: engines whose last poll failed (their poll gauges are removed once, at the failure)
         self._engines_down: set[str] = set()
+        #: the (gpu, uuid) pairs of the last good GPU reading; None after a failed one
+        self._gpus_present: set[tuple[str, str]] | None = set()
 
     # ------------------------------------------------------------------ primitives
     def _child(self, name: str, labels: Mapping[str, str]) -> tuple[tuple[str, tuple[str, ...]], Any] | None:
@@ -242,10 +252,19 @@ class Exporter:
     # ------------------------------------------------------------------ GPUs
     def export_gpu(self, reading: GpuReading) -> None:
         """A GPU poll's gauges: telemetry up, and per GPU lost, memory, utilization,
-        temperature, power and ECC counts (a lost GPU's numbers are removed)."""
+        temperature, power and ECC counts (a lost GPU's numbers are removed). A failed reading
+        removes every GPU's gauges (:data:`GPU_POLL_GAUGES`: no data while telemetry is down, never
+        the last values); a GPU a good reading no longer lists loses its gauges too."""
         self.gauge("inferctl_gpu_telemetry_up", 1.0 if reading.ok else 0.0, source=reading.source)
         if not reading.ok:
+            if self._gpus_present is not None:
+                self._gpus_present = None
+                self._forget_gpus(set())
             return
+        present = {(str(g.index), g.uuid) for g in reading.gpus.values()}
+        if self._gpus_present is not None and not self._gpus_present <= present:
+            self._forget_gpus(present)          # only when a GPU went away: no sweep per poll
+        self._gpus_present = present
         for g in reading.gpus.values():
             lab = {"gpu": str(g.index), "uuid": g.uuid}
             if g.index is not None and lab["gpu"] not in self._gpus_counted:
@@ -270,6 +289,13 @@ class Exporter:
             for kind in STANDING_KINDS:
                 self.gauge("inferctl_gpu_standing_fault", None if g.lost else float(kind in standing), kind=kind, **lab)
             self._export_mig(g, lab)
+
+    def _forget_gpus(self, keep: set[tuple[str, str]]) -> None:
+        """Remove the :data:`GPU_POLL_GAUGES` series of every GPU whose (gpu, uuid) is not in ``keep``."""
+        for key in [k for k in self._children if k[0] in GPU_POLL_GAUGES and tuple(k[1][:2]) not in keep]:
+            self._put(key[0], key, None)
+        uuids = {uuid for _, uuid in keep}
+        self._mig_seen = {uuid: seen for uuid, seen in self._mig_seen.items() if uuid in uuids}
 
     def _export_mig(self, g: Any, lab: dict[str, str]) -> None:
         """Per-MIG-instance memory (``inferctl_gpu_mig_memory_*_bytes``), where the source has it;

@@ -345,6 +345,10 @@ def test_reset_of_an_unknown_gpu_is_404_in_the_error_shape(tmp_path):
     assert 'gpu="99"' not in http.get("/metrics").text
     # a known GPU still goes to the rails (dry run: 200)
     assert http.post("/actions/reset-gpu", json={"gpu": 0, "dry_run": True}, headers=AUTH).status_code == 200
+    r = http.post("/actions/release-gpu", json={"gpu": 99}, headers=AUTH)       # release: the same 404
+    assert r.status_code == 404 and r.json()["error"]["field"] == "gpu", r.text
+    r = http.post("/actions/release-gpu", json={"gpu": 0}, headers=AUTH)        # known, nothing held: 409
+    assert r.status_code == 409, r.text
     # telemetry down: which GPUs exist is not known now; the rails refuse (409), never a 404
     src.ok = False
     ctl.tick()
@@ -354,7 +358,9 @@ def test_reset_of_an_unknown_gpu_is_404_in_the_error_shape(tmp_path):
 
 def test_reset_gpu_documents_404(tmp_path):
     http, *_ = api_setup(tmp_path, TOKEN)
-    assert "404" in http.get("/openapi.json").json()["paths"]["/actions/reset-gpu"]["post"]["responses"]
+    paths = http.get("/openapi.json").json()["paths"]
+    assert "404" in paths["/actions/reset-gpu"]["post"]["responses"]
+    assert "404" in paths["/actions/release-gpu"]["post"]["responses"]
 
 
 # --------------------------------------------------------------------------- 13: docs
@@ -371,3 +377,36 @@ def test_configuration_says_launch_model_takes_a_gguf_file():
     row = next(line for line in (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8").splitlines()
                if line.startswith("| `launch.model`"))
     assert ".gguf" in row
+
+
+def test_gpu_gauges_are_no_data_while_telemetry_is_down_and_for_a_gpu_gone_from_the_reading():
+    from inferctl.controller.exporter import GPU_POLL_GAUGES
+    from inferctl.controller.types import GpuReading, GpuSnapshot
+
+    registry, metrics = build_registry()
+    ex = Exporter(metrics, InvalidSampleCounter())
+
+    def gpu(i: int) -> GpuSnapshot:
+        return GpuSnapshot(uuid=f"GPU-{i}", index=i, memory_total_bytes=80 << 30, memory_used_bytes=1 << 30,
+                           memory_free_bytes=79 << 30, utilization_ratio=0.5, temperature_celsius=40.0,
+                           power_watts=100.0, ecc_corrected=0, ecc_uncorrected=0)
+
+    def gpu_series() -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for m in registry.collect():
+            for s in m.samples:
+                if s.name in GPU_POLL_GAUGES:
+                    out.setdefault(s.labels["gpu"], set()).add(s.name)
+        return out
+
+    both = GpuReading("static", True, {"GPU-0": gpu(0), "GPU-1": gpu(1)})
+    ex.export_gpu(both)
+    assert set(gpu_series()) == {"0", "1"} and "inferctl_gpu_temperature_celsius" in gpu_series()["0"]
+    ex.export_gpu(GpuReading("static", False, error="nvml: driver not loaded"))
+    assert registry.get_sample_value("inferctl_gpu_telemetry_up", {"source": "static"}) == 0.0
+    assert gpu_series() == {}                      # no data, not the last temperatures
+    ex.export_gpu(both)
+    assert set(gpu_series()) == {"0", "1"}
+    ex.export_gpu(GpuReading("static", True, {"GPU-0": gpu(0)}))     # GPU 1 fell off the bus
+    assert set(gpu_series()) == {"0"}
+    assert registry.get_sample_value("inferctl_gpu_memory_used_bytes", {"gpu": "0", "uuid": "GPU-0"}) == 1 << 30
