@@ -553,10 +553,10 @@ def check_files(config: ControllerConfig) -> None:
         if model and model != "demo" and not Path(model).exists():
             if looks_like_hub_id(model):
                 raise ConfigError(f"engines[{i}].launch.model: {model!r} looks like a Hugging Face hub id: hub ids"
-                                  " are not downloaded; give a local path (a llama2.c .bin or a Hugging Face"
-                                  " directory)")
+                                  " are not downloaded; give a local path (a llama2.c .bin, a Hugging Face"
+                                  " directory or a .gguf file)")
             raise ConfigError(f"engines[{i}].launch.model: {model} does not exist (a llama2.c .bin,"
-                              " a Hugging Face directory, or leave it out for the demo model)")
+                              " a Hugging Face directory, a .gguf file, or leave it out for the demo model)")
         bad = launch_problem(e.launch)     # a chat template file, an api_key_env variable
         if bad is not None:
             raise ConfigError(f"engines[{i}].launch.{bad[0]}: {bad[1]}")

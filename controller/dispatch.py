@@ -26,7 +26,7 @@ from inferctl.controller.events import EventLog
 from inferctl.controller.exporter import Exporter
 from inferctl.controller.pause import decision_scopes
 from inferctl.controller.policies.base import Policy
-from inferctl.controller.policies.liveness import EngineLiveness, Liveness
+from inferctl.controller.policies.liveness import EngineLiveness, GpuTelemetryLiveness, Liveness
 from inferctl.controller.state import ControllerState
 from inferctl.controller.types import Decision, GpuSnapshot
 
@@ -62,6 +62,8 @@ class Dispatcher:
         #: ``held(engine)`` → the lifecycle an action holds it in (``draining``, ``restarting``…) or
         #: None; set by the loop (the fleet rail). A liveness ``down`` while held is planned.
         self.held: Callable[[str], str | None] | None = None
+        #: the engine a simulated GPU source reads (its telemetry goes down with it), or None
+        self.sim_engine: str | None = None
         self.clock = clock
         self.in_flight: set[tuple[str, str]] = set()
         self._pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="action")
@@ -143,16 +145,24 @@ class Dispatcher:
     def _planned_outage(self, d: Decision) -> Decision:
         """``d`` as an ``info`` event when it is the liveness policy's ``down`` of an engine an
         action holds out of rotation (a restart the controller asked for: planned, not an
-        outage); ``inputs`` gain ``planned: true`` and the lifecycle. Any other decision as is."""
-        if (self.held is None or d.policy != EngineLiveness.NAME or d.to_state != Liveness.DOWN.value
-                or d.from_state == d.to_state):
+        outage) — or the GPU telemetry's ``down`` of a simulated GPU whose engine is so held;
+        ``inputs`` gain ``planned: true`` and the lifecycle. Any other decision as is."""
+        if self.held is None or d.to_state != Liveness.DOWN.value or d.from_state == d.to_state:
             return d
-        lifecycle = self.held(d.target)
+        if d.policy == EngineLiveness.NAME:
+            engine: str | None = d.target
+        elif d.policy == GpuTelemetryLiveness.NAME:
+            engine = self.sim_engine
+        else:
+            return d
+        lifecycle = None if engine is None else self.held(engine)
         if not lifecycle:
             return d
+        whose = "it" if engine == d.target else f"engine {engine}, whose stats the simulated GPU reads,"
         return dataclasses.replace(d, severity="info", inputs={**(d.inputs or {}), "planned": True,
                                                                 "lifecycle": lifecycle},
-                                   reason=f"{d.reason}; planned: an action holds it out of rotation ({lifecycle})")
+                                   reason=f"{d.reason}; planned: an action holds {whose} out of rotation "
+                                          f"({lifecycle})")
 
     # ------------------------------------------------------------------ pause gate
     def _paused(self, d: Decision, now: float) -> Any:

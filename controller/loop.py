@@ -66,6 +66,18 @@ CRASH_RESTARTS = 3
 CRASH_WINDOW_SECONDS = 600.0
 
 
+def sim_engine_of(gpu_source: Any, config: ControllerConfig) -> str | None:
+    """The configured engine a simulated GPU source reads (its ``/stats`` URL is the engine's
+    ``url`` + ``/stats``), None for any other source or when no engine matches."""
+    url = getattr(gpu_source, "engine_stats_url", None)
+    if not getattr(gpu_source, "simulated", False) or not isinstance(url, str):
+        return None
+    for e in config.engines:
+        if e.url and f"{e.url.rstrip('/')}/stats" == url:
+            return e.name
+    return None
+
+
 class Controller:
     """The control loop over engines, a GPU source, policies and actions.
 
@@ -117,6 +129,7 @@ class Controller:
         # operator pause and maintenance windows (controller/pause.py): the dispatcher's gate
         self.pause_board = self.dispatcher.pause = PauseBoard(config.maintenance, clock=clock, metrics=metrics)
         self.dispatcher.held = self._held_lifecycle
+        self.dispatcher.sim_engine = sim_engine_of(gpu_source, config)
         self._restore_pauses()
         self.status_builder = StatusBuilder(
             state=self.state, sources=self.sources, engines=engines, policies=policies,

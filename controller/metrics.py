@@ -20,7 +20,7 @@ DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5
 CONTROLLER_METRICS: list[MetricSpec] = [
     # precision policy
     {"name": "inferctl_precision_mode", "type": "gauge", "unit": "",
-     "help": "1 for the precision mode the engine currently serves (full, int8), 0 otherwise.",
+     "help": "1 for the precision mode the engine currently serves (full, int8, int4), 0 otherwise.",
      "labels": ("engine", "mode")},
     {"name": "inferctl_precision_switches_total", "type": "counter", "unit": "switches",
      "help": "Precision switches made by the controller, by target mode (int8 = degrade, full = rollback).",

@@ -258,11 +258,18 @@ class EngineSupervisor:
         return self._proc is not None and self._proc.poll() is None
 
     def exited_unexpectedly(self) -> int | None:
-        """The exit code if the process died on its own (not stopped by us), else None."""
-        with self._lock:
+        """The exit code if the process died on its own (not stopped by us), else None. None at
+        once, without waiting, while a start, stop or restart holds this supervisor (a start
+        waits for ``/health`` up to its timeout): the supervise job must not block behind it
+        (it runs every second; APScheduler would skip and log each run it blocked)."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
             if self._proc is None or self._stopping:
                 return None
             return self._proc.poll()
+        finally:
+            self._lock.release()
 
     def start(self) -> None:
         """Start the process and wait for ``/health`` 200.

@@ -188,7 +188,7 @@ def load_ops() -> Any | None:
             if build_dir is not None:
                 clear_stale_lock(build_dir, time.time())
                 if not (build_dir / f"{name}.so").exists():   # say why the first start is quiet for a minute
-                    log.info("building the CPU kernels (first start with these sources and flags: ~1-2 min "
+                    log.info("building the CPU kernels (first start with these sources and flags: 30-90 s "
                              "on 2 cores; cached in %s; INFERCTL_CPU_KERNELS=0 skips it)", build_dir)
             load(name=name, sources=[str(f) for f in SOURCES],
                  extra_cflags=list(cflags), extra_ldflags=list(ldflags), is_python_module=False, verbose=False)

@@ -255,7 +255,7 @@ def plan_memory(model, args, cfg, device: torch.device, acts: ActivationModel, d
             f"budget {format_size(budget)} leaves no room for one KV block "
             f"({format_size(bpb)}): weights take {format_size(weights)}{draft_text} and a "
             f"{B}-token step needs {format_size(headroom)} of activations; raise the budget "
-            "or lower max_num_batched_tokens"))
+            "or lower max_num_batched_tokens (--max-num-batched-tokens)"))
     # the flag to blame for a pool too large: --num-kv-blocks when given, else the budget it came from
     pool_field = "num_kv_blocks" if cfg.num_kv_blocks is not None else "memory_budget_bytes"
     if device.type == "cpu":

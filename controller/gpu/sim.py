@@ -52,6 +52,11 @@ class SimGpuSource(GpuSource):
         self.timeout_s = float(timeout_s)
         self._client = httpx.Client(timeout=timeout_s, transport=transport) if engine_stats_url else None
 
+    @property
+    def engine_stats_url(self) -> str | None:
+        """The engine ``/stats`` URL this source reads (None with ``stats_fn``)."""
+        return self._url
+
     def _stats(self) -> dict[str, Any]:
         if self._fn is not None:
             return self._fn()

@@ -156,7 +156,8 @@ class GracefulServer(uvicorn.Server):
         if self.engine_failure is None and not self.should_exit:
             self._check_engines()
         if self.signalled and self._drain_task is None and not self.should_exit:
-            log.info("stop signal received: readiness is now 503, draining")
+            log.info("%s: readiness is now 503, draining",
+                     "stop signal received" if self.engine_failure is None else "stopping after the engine failure")
             self._drain_task = asyncio.ensure_future(
                 drain(self.state, self.grace_seconds, flush_seconds=self.flush_seconds))
         if self._drain_task is not None and self._drain_task.done() and not self.should_exit:

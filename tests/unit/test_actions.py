@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 
@@ -244,3 +246,35 @@ def test_drain_restart_does_not_read_an_unreported_queue_as_empty(env):
     assert not res.ok and "postponed" in res.message
     assert sup.restarts == 0 and client.draining is False
     assert res.details["last_poll"] == {"running": 0, "waiting": None, "ok": True}
+
+
+def test_a_crash_check_never_waits_behind_a_start_in_progress():
+    """The supervise job (every second) asked while another thread starts the engine (which
+    holds the supervisor while it waits for /health): it answers at once, not after the start."""
+    import threading
+
+    sup, _ = fake_supervisor()
+    sup.start()
+    try:
+        os.kill(sup.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while sup.exited_unexpectedly() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sup.exited_unexpectedly() == -9            # a crash is seen when nothing holds it
+        held, release = threading.Event(), threading.Event()
+
+        def hold():
+            with sup._lock:
+                held.set()
+                release.wait(10)
+        t = threading.Thread(target=hold)
+        t.start()
+        held.wait(5)
+        t0 = time.monotonic()
+        assert sup.exited_unexpectedly() is None           # busy: not judged now
+        assert time.monotonic() - t0 < 0.5
+        release.set()
+        t.join(5)
+        assert sup.exited_unexpectedly() == -9
+    finally:
+        sup.stop()

@@ -109,3 +109,36 @@ def test_an_outage_while_an_action_holds_the_engine_is_planned_info_not_a_warnin
         assert "planned" not in downs[1]["inputs"]
     finally:
         ctl.stop()
+
+
+def test_the_simulated_gpus_telemetry_outage_during_a_held_restart_is_planned(tmp_path):
+    """With a simulated GPU (its numbers are the bundled engine's /stats), the engine's planned
+    restart also takes GPU telemetry down: that event is info and planned too."""
+    from inferctl.controller.config import parse_config
+    from inferctl.controller.gpu.sim import SimGpuSource
+    from inferctl.controller.loop import sim_engine_of
+
+    config = parse_config({"engines": [{"name": "main", "kind": "bundled", "url": "http://127.0.0.1:8000"}]})
+    assert sim_engine_of(SimGpuSource("http://127.0.0.1:8000/stats"), config) == "main"
+    assert sim_engine_of(SimGpuSource("http://127.0.0.1:9999/stats"), config) is None
+    assert sim_engine_of(StaticGpuSource(), config) is None
+
+    client = SteppingClient()
+    src = StaticGpuSource()
+    ctl, _, log = make_controller(tmp_path, {"main": client}, gpu_source=src,
+                                  policies={"main": {"liveness": EngineLiveness(engine="main")}})
+    ctl.gpu_policies["telemetry"] = GpuTelemetryLiveness()
+    ctl.dispatcher.sim_engine = "main"
+    try:
+        t = T0
+        for ok, held in [(True, False), (False, True), (True, True), (True, False), (False, False), (True, False)]:
+            (ctl.actions.rail.set("main", "restarting") if held else ctl.actions.rail.release("main"))
+            client.ok = src.ok = ok
+            t += 2
+            ctl.tick(t)
+        downs = [e for e in log.query(limit=200) if e["source"] == "telemetry" and e["kind"] == "transition"
+                 and e["outcome"]["to"] == "down"]
+        assert [e["severity"] for e in downs] == ["info", "warning"]
+        assert downs[0]["inputs"]["planned"] is True and "whose stats the simulated GPU reads" in downs[0]["reason"]
+    finally:
+        ctl.stop()
