@@ -284,6 +284,32 @@ def _file_kind(mode: int) -> str:
     return "a special file"
 
 
+def host_name_problem(host: str) -> str | None:
+    """Why ``host`` (a URL's host, no port) cannot be looked up, in words, or None: an IP
+    literal is fine; a name must encode as IDNA (RFC 5891: no empty label, labels of at most 63
+    characters, an ``xn--`` label must be valid Punycode) — what the resolver would refuse at
+    the first request, with a traceback."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return None
+    except ValueError:
+        pass
+    if not host.rstrip("."):
+        return "no name before the dot"
+    try:
+        host.rstrip(".").encode("idna")
+        for label in host.rstrip(".").split("."):
+            if label.lower().startswith("xn--"):
+                import idna
+
+                idna.decode(label)
+    except (UnicodeError, ImportError) as exc:
+        return str(exc) or type(exc).__name__
+    return None
+
+
 #: A URL's ``user:password@`` (everything between ``//`` and the last ``@`` before the path).
 _URL_CREDENTIALS = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@")
 

@@ -111,6 +111,22 @@ class ResumeBody(_Strict):
 MAX_REASON_CHARS = 1024
 
 
+#: Unicode categories a ``reason`` may not hold: control (Cc), format (Cf: bidi overrides such as
+#: U+202E, zero-width characters), line and paragraph separators (Zl, Zp), lone surrogates (Cs) —
+#: each can forge or hide text where the reason is shown (``/status``, events, a terminal).
+REFUSED_TEXT_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+
+
+def refused_char(value: str) -> str | None:
+    """The first character of ``value`` in :data:`REFUSED_TEXT_CATEGORIES` as ``U+XXXX`` (its
+    category), or None."""
+    for c in value:
+        cat = unicodedata.category(c)
+        if cat in REFUSED_TEXT_CATEGORIES:
+            return f"U+{ord(c):04X} ({cat})"
+    return None
+
+
 class PauseBody(ResumeBody):
     reason: str
 
@@ -119,8 +135,10 @@ class PauseBody(ResumeBody):
     def _reason(cls, value: str) -> str:
         if len(value) > MAX_REASON_CHARS:
             raise ValueError(f"at most {MAX_REASON_CHARS} characters, got {len(value)}")
-        if any(unicodedata.category(c) == "Cc" for c in value):
-            raise ValueError("control characters (newline, NUL, …) are not allowed")
+        bad = refused_char(value)
+        if bad is not None:
+            raise ValueError(f"control, format or separator characters (newline, NUL, U+202E, U+2028, …) are not "
+                             f"allowed; found {bad}")
         return value
 
 

@@ -122,15 +122,16 @@ def _check_reason(reason: str) -> str:
     """``--reason`` when the controller accepts it: not blank, at most ``MAX_REASON_CHARS``
     characters, no control characters, valid UTF-8; exit 2 naming ``--reason`` otherwise (the
     controller's own 400 named its body field ``reason``)."""
-    from inferctl.controller.api import MAX_REASON_CHARS
+    from inferctl.controller.api import MAX_REASON_CHARS, refused_char
 
     if not reason.strip():
         _die("--reason: empty; say why automation is paused (shown in /status and every event)", code=2)
     if len(reason) > MAX_REASON_CHARS:
         _die(f"--reason: at most {MAX_REASON_CHARS} characters, got {len(reason)}", code=2)
-    if any(unicodedata.category(c) in ("Cc", "Cs") for c in reason):
-        _die("--reason: control characters (newline, tab, NUL, …) or bytes that are not UTF-8 are not"
-             " allowed", code=2)
+    bad = refused_char(reason)
+    if bad is not None:
+        _die("--reason: control, format or separator characters (newline, tab, NUL, U+202E, U+2028, …) or bytes"
+             f" that are not UTF-8 are not allowed; found {bad}", code=2)
     return reason
 
 
@@ -208,8 +209,8 @@ def _message(doc: Any) -> str:
 def _token(token: Optional[str], token_file: Optional[str] = None) -> str:
     """The admin token a client command sends: ``--token``, else ``--token-file``'s content,
     else ``$INFERCTL_ADMIN_TOKEN``; exits 1 when none or refused by ``check_token_chars``, 2 when
-    ``--token-file`` cannot be read (missing, empty, not a regular file: a FIFO is refused, never
-    waited on)."""
+    ``--token-file`` cannot be read (missing, empty, a directory or device, a pipe that gives no
+    line within ``TOKEN_PIPE_SECONDS``: ``contract.http.read_token_file``)."""
     from inferctl.contract.http import check_token_chars, read_token_file
 
     if token and token_file:

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator
 
 from inferctl.contract.hosts import check_bind_host
+from inferctl.contract.http import host_name_problem
 
 #: ``listen.host``, ``launch.host``: an IP literal or an RFC 1123 host name (contract/hosts.py)
 BindHost = Annotated[str, AfterValidator(lambda v: check_bind_host(v, ""))]
@@ -36,6 +37,9 @@ def check_http_url(v: str) -> str:
         raise ValueError(f"{v!r} has no host")
     if port == 0:
         raise ValueError(f"{v!r}: port must be 1-65535")
+    bad = host_name_problem(parts.hostname)
+    if bad is not None:
+        raise ValueError(f"{v!r}: host {parts.hostname[:80]!r} is not a valid host name ({bad})")
     return v
 
 

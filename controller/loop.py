@@ -149,8 +149,13 @@ class Controller:
             self.supervisors, policies)
 
     def _held_by_action(self, name: str) -> bool:
-        """True while an action holds engine ``name`` out of rotation (a rolling restart): its
-        polls keep the normal interval while it is down (controller/sources.py ``steady``)."""
+        """True while an action holds engine ``name`` out of rotation (a rolling restart), or its
+        supervisor is (re)starting its process (a crashed engine relaunched): its polls keep the
+        normal interval while it is down (controller/sources.py ``steady``), so the engine is seen
+        up one interval after it is, not after a backoff begun during the outage."""
+        sup = self.supervisors.get(name)
+        if sup is not None and getattr(sup, "process_state", None) == "starting":
+            return True
         rail = getattr(self.actions, "rail", None)
         return rail is not None and name in rail.held()
 

@@ -2,7 +2,7 @@
 
 :class:`CoreClient` is an :class:`~inferctl.engine.entrypoints.state.AsyncEngineHandle`, like
 :class:`~inferctl.engine.async_engine.AsyncLLMEngine`, so the server uses either unchanged. It
-starts the child (:func:`inferctl.engine.core_process.core_main`, ``multiprocessing``'s spawn
+starts the child (:func:`inferctl.engine.core_boot.boot`, then ``core_main``; ``multiprocessing``'s spawn
 context: the child never inherits the parent's threads), waits until the model is loaded, and
 then relays requests, aborts and commands to it over one pipe (the wire is in
 :mod:`inferctl.engine.core_process`). A reader thread blocks in ``recv`` (no GIL while it
@@ -24,7 +24,8 @@ When the core process dies (killed, crashed), every open request fails with
 server's readiness answers 503), new requests are refused and :attr:`CoreClient.fatal` says why:
 the server then exits 1 so its supervisor restarts both (vLLM's API server does the same when
 its engine core dies). A watchdog pings a core that has been silent for
-:attr:`CoreClient.PING_SECONDS`; one that answers nothing for :attr:`CoreClient.STALL_SECONDS`
+:attr:`CoreClient.PING_SECONDS`; while a ping waits :attr:`CoreClient.UNRESPONSIVE_SECONDS` the server's
+readiness answers 503 ``unresponsive``; a core that leaves it unanswered for :attr:`CoreClient.STALL_SECONDS`
 (stopped, wedged, swapped out) is killed, which is the same death.
 """
 
@@ -46,7 +47,8 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from inferctl.engine import commands
 from inferctl.engine.async_engine import (EngineDeadError, EngineOverloadedError, OutputQueue, OutputStreams,
                                           post_by_loop)
-from inferctl.engine.core_process import CoreSpec, PackedError, core_main
+from inferctl.engine.core_boot import boot
+from inferctl.engine.core_process import CoreSpec, PackedError
 from inferctl.engine.sampling_params import SamplingParams
 from inferctl.engine.scheduler import AdmissionError
 
@@ -139,7 +141,7 @@ class CoreClient(OutputStreams):
 
     The constructor starts the child and blocks until its model is loaded; call it on a thread
     that lives as long as the client (the main thread: the child is killed when the thread that
-    started it ends, :func:`~inferctl.engine.core_process.die_with_parent`). Raises
+    started it ends, :func:`~inferctl.engine.core_boot.die_with_parent`). Raises
     :class:`CoreStartError` when the child could not build its engine (the child printed why).
     ``model_info``: what :func:`inferctl.engine.core_process.model_info` sent."""
 
@@ -151,13 +153,19 @@ class CoreClient(OutputStreams):
     MAX_PENDING_BYTES = 64 * 1024 * 1024
     #: Seconds of silence from the core after which the watchdog pings it.
     PING_SECONDS = 1.0
-    #: Seconds the core may answer nothing (no output, no reply, no pong) before it is killed.
+    #: Seconds a ping may wait for the core's answer before it is killed (stopped, wedged).
     STALL_SECONDS = 30.0
+    #: Seconds a ping may wait before readiness turns 503 (``unresponsive``).
+    UNRESPONSIVE_SECONDS = 3.0
+    #: Seconds ``/admin/drain`` waits for the core's confirmation: under the controller's call
+    #: timeout (0.8 s by default), so an operator reads the server's answer, not a timeout.
+    DRAIN_CONFIRM_SECONDS = 0.5
 
     def __init__(self, spec: CoreSpec) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._conn, child_end = ctx.Pipe(duplex=True)
-        self._proc = ctx.Process(target=core_main, args=(child_end, spec), name="inferctl-engine-core", daemon=True)
+        self._proc = ctx.Process(target=boot, args=(child_end, pickle.dumps(spec)), name="inferctl-engine-core",
+                                 daemon=True)
         self._proc.start()
         child_end.close()
         try:
@@ -182,6 +190,8 @@ class CoreClient(OutputStreams):
         #: why the core is gone when it died on its own (None: alive, or stopped by :meth:`shutdown`)
         self.fatal: str | None = None
         self._last_heard = time.monotonic()
+        #: when the oldest ping the core has not answered was sent (None: none outstanding)
+        self._ping_since: float | None = None
         self._outbox: collections.deque[bytes] = collections.deque()
         self._pending_bytes = 0
         self._out_cv = threading.Condition()
@@ -216,8 +226,11 @@ class CoreClient(OutputStreams):
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the core (its stepping thread ends; then the process) and fail every open
         stream with :class:`EngineDeadError`. Kills the process if it has not exited within
-        ``timeout`` seconds."""
+        ``timeout`` seconds — within 1 s when a ping has waited over half a second already (a
+        stopped or wedged core reads no ``shutdown``)."""
         self._closing = True
+        if self.unanswered_seconds > 0.5:
+            timeout = min(timeout, 1.0)
         try:
             self.send(("shutdown",))
         except EngineDeadError:   # already gone
@@ -281,20 +294,44 @@ class CoreClient(OutputStreams):
             self._pending_bytes = 0
             self._out_cv.notify_all()
 
+    @property
+    def unanswered_seconds(self) -> float:
+        """Seconds the oldest ping the core has not answered has waited (0.0: none outstanding)."""
+        since = self._ping_since
+        return 0.0 if since is None else max(0.0, time.monotonic() - since)
+
+    @property
+    def responsive(self) -> bool:
+        """False while a ping has waited :attr:`UNRESPONSIVE_SECONDS` or more: the core reads
+        nothing (readiness turns 503 ``unresponsive`` before the watchdog's kill)."""
+        return self.unanswered_seconds < self.UNRESPONSIVE_SECONDS
+
     def _watch(self) -> None:
-        """The watchdog thread: ping a silent core; kill one silent for :attr:`STALL_SECONDS`."""
+        """The watchdog thread: ping a core silent for :attr:`PING_SECONDS`; kill one that has
+        left a ping unanswered for :attr:`STALL_SECONDS`. Silence is counted from the ping, never
+        from the last message: a core with nothing to say is not stalled. A wake-up far later
+        than asked (this process itself was stopped, frozen or swapped out) starts the count
+        again, so a paused server never kills its healthy core."""
+        last = time.monotonic()
         while not self._dead:
-            time.sleep(min(self.PING_SECONDS, self.STALL_SECONDS) / 2)
+            nap = min(self.PING_SECONDS, self.STALL_SECONDS) / 2
+            time.sleep(nap)
             if self._dead or self._closing:
                 return
-            silent = time.monotonic() - self._last_heard
-            if silent >= self.STALL_SECONDS:
-                self.fatal = (f"the engine core process (pid {self._proc.pid}) answered nothing for {silent:.0f} s "
+            now = time.monotonic()
+            overslept = now - last > max(4 * nap, 2.0)
+            last = now
+            if overslept:           # our own pause, not the core's: ask again
+                self._ping_since = None
+            waited = self.unanswered_seconds
+            if waited >= self.STALL_SECONDS:
+                self.fatal = (f"the engine core process (pid {self._proc.pid}) answered nothing for {waited:.0f} s "
                               f"(stopped or wedged; bound {self.STALL_SECONDS:g} s): killed")
                 log.error("%s", self.fatal)
                 self._proc.kill()
                 return
-            if silent >= self.PING_SECONDS:
+            if self._ping_since is None and now - self._last_heard >= self.PING_SECONDS:
+                self._ping_since = now       # before the send: the answer may come at once
                 try:
                     self.send(("ping",))
                 except EngineDeadError:
@@ -357,9 +394,9 @@ class CoreClient(OutputStreams):
 
     async def set_draining_async(self, draining: bool) -> None:
         """:meth:`set_draining` without blocking the event loop. Raises ``TimeoutError`` after
-        :attr:`CALL_TIMEOUT` s (the drain is still applied when the core reads it) and
+        :attr:`DRAIN_CONFIRM_SECONDS` s (the drain is still applied when the core reads it) and
         :class:`EngineDeadError` when the core is gone."""
-        await self._acall("set_draining", bool(draining))
+        await self._acall("set_draining", bool(draining), timeout=self.DRAIN_CONFIRM_SECONDS)
 
     @property
     def precision(self) -> str:
@@ -458,6 +495,7 @@ class CoreClient(OutputStreams):
             except (EOFError, OSError):
                 break
             self._last_heard = time.monotonic()
+            self._ping_since = None
             kind = message[0]
             if kind == "out":
                 self._dispatch(message[1])

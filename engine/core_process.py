@@ -6,7 +6,7 @@ rendering, socket writes) take turns on one GIL, so every token's HTTP work dela
 (scheduler, model runner, detokenizer, stop checks, quality signals, the command mailbox) runs
 in a child process, the API process keeps HTTP and talks to it over a pipe.
 
-This module is the child's side. :func:`core_main` (the process's target) builds the engine
+This module is the child's side. :func:`core_main` (run by the process's target, core_boot.boot) builds the engine
 from a :class:`CoreSpec`, starts its :class:`~inferctl.engine.async_engine.AsyncLLMEngine`
 (stepping thread, unchanged) and answers the API process's messages on its main thread. Every
 request is registered with a :class:`_PipeLoop` standing in for an event loop: the stepping
@@ -32,21 +32,17 @@ requested_precision)`` whenever the precision changes.
 The child ignores SIGINT and SIGTERM (a terminal's Ctrl-C reaches the whole process group: the
 API process drains first, then tells the core to stop) and exits when the pipe closes (the API
 process died). On Linux it also asks the kernel for SIGKILL when its parent dies
-(``prctl(PR_SET_PDEATHSIG)``, prctl(2)): a stopped core (SIGSTOP) reads no pipe, and would
-otherwise outlive a killed server holding its model's memory.
+(``prctl(PR_SET_PDEATHSIG)``, prctl(2), first thing: :mod:`inferctl.engine.core_boot`): a
+stopped core (SIGSTOP) reads no pipe, and would otherwise outlive a killed server holding its
+model's memory.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import importlib
 import logging
-import multiprocessing
-import os
 import pickle
 import signal
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -281,33 +277,11 @@ class EngineCoreProc:
         self.send(("reply", call_id, True, value))
 
 
-#: prctl(2) option: the signal this process gets when its parent dies.
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> bool:
-    """Ask the kernel to SIGKILL this process when its parent dies (Linux ``prctl``); then exit
-    at once if the parent is already gone. Returns False where that is not available. (The
-    kernel means the parent *thread*: the API process creates its cores on its main thread.)"""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
-            return False
-    except (OSError, AttributeError):
-        return False
-    parent = multiprocessing.parent_process()
-    if parent is not None and parent.pid != os.getppid():   # it died before the prctl
-        os._exit(1)
-    return True
-
-
 def core_main(conn: Connection, spec: CoreSpec) -> None:
-    """The child process's target: build, then serve messages (module docstring)."""
+    """Build, then serve messages (module docstring): what the child process runs once
+    :func:`inferctl.engine.core_boot.boot` (its target) tied it to its parent."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    die_with_parent()
     try:
         from inferctl.contract.logs import configure_logging
 

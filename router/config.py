@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
-from inferctl.contract.http import check_api_key
+from inferctl.contract.http import check_api_key, host_name_problem
 from inferctl.contract.logs import check_log_format
 from inferctl.contract.yamlfile import load_yaml
 from inferctl.router.ratelimit import DEFAULT_NAME, KeyLimit
@@ -78,6 +78,9 @@ def _url_problem(url: str, parts: Any) -> str | None:
             return f"has port {text!r}, not a number"
         if not 1 <= int(text) <= 65535:
             return f"has port {int(text)}, outside 1-65535"
+    bad = host_name_problem(parts.hostname or "")
+    if bad is not None:
+        return f"has a host that is not a valid host name ({bad})"
     if parts.path not in ("", "/"):
         return f"has a path ({parts.path!r}); the router adds /ready, /v1/... itself"
     if "?" in url:

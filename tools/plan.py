@@ -65,6 +65,11 @@ _LLAMA2C_MAGIC = 0x616B3432
 MAX_CONTEXT = 1 << 20
 #: Largest ``--concurrency`` (sequences at full context at once).
 MAX_CONCURRENCY = 100_000
+#: Largest model dimension (layers, hidden, heads, vocabulary…) a plan takes: 2**31 - 1, far
+#: above any real model (vocabularies ~256k, hidden sizes ~32k), so no product overflows a float.
+MAX_DIMENSION = (1 << 31) - 1
+#: ``torch_dtype`` values of a Hugging Face config.json the plan knows, and their short names.
+HF_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -223,8 +228,12 @@ def _read_hf_dir(p: Path) -> ModelDims:
                 raise PlanError("--model", f"{cfg_path}: missing key {key!r} (needs hidden_size, num_hidden_layers, "
                                            "num_attention_heads, intermediate_size, vocab_size)")
             return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v != int(v) or v < 1:
-            raise PlanError("--model", f"{cfg_path}: key {key!r} must be an integer >= 1, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (
+                isinstance(v, float) and (not math.isfinite(v) or v != int(v))) or v < 1:
+            raise PlanError("--model", f"{cfg_path}: key {key!r} must be an integer >= 1, got {repr(v)[:40]}")
+        if v > MAX_DIMENSION:
+            raise PlanError("--model", f"{cfg_path}: key {key!r} must be at most {MAX_DIMENSION:,}, got "
+                                       f"{str(v)[:40]}{'…' if len(str(v)) > 40 else ''}")
         return int(v)
 
     hidden, heads = count("hidden_size"), count("num_attention_heads")
@@ -235,11 +244,17 @@ def _read_hf_dir(p: Path) -> ModelDims:
     if heads % kv_heads:
         raise PlanError("--model", f"{cfg_path}: key 'num_key_value_heads' ({kv_heads}) must divide "
                                    f"'num_attention_heads' ({heads})")
+    tied = c.get("tie_word_embeddings", False)
+    if not isinstance(tied, bool):
+        raise PlanError("--model", f"{cfg_path}: key 'tie_word_embeddings' must be true or false, got {tied!r}"[:300])
     kw = dict(layers=count("num_hidden_layers"), hidden=hidden, heads=heads, kv_heads=kv_heads,
               head_dim=head_dim or hidden // heads, intermediate=count("intermediate_size"),
-              vocab=count("vocab_size"), tied=bool(c.get("tie_word_embeddings", False)),
-              ctx=count("max_position_embeddings", False))
-    dtype = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(str(c.get("torch_dtype")), "bf16")
+              vocab=count("vocab_size"), tied=tied, ctx=count("max_position_embeddings", False))
+    torch_dtype = c.get("torch_dtype")
+    if torch_dtype is not None and torch_dtype not in HF_DTYPES:
+        raise PlanError("--model", f"{cfg_path}: key 'torch_dtype' must be one of {', '.join(HF_DTYPES)} (or absent:"
+                                   f" bfloat16), got {str(torch_dtype)[:40]!r}")
+    dtype = HF_DTYPES.get(torch_dtype or "bfloat16", "bf16")
     st = _safetensors_sizes(p)
     extra: dict[str, Any] = {"dtype": dtype}
     if st is not None:
@@ -310,15 +325,17 @@ def dims_from_flags(params: str | None = None, layers: int | None = None, heads:
     estimate needs every dimension. Without ``--params`` the Llama layout gives it from the dims.
 
     Raises:
-        PlanError: a value below 1, ``--kv-heads`` not dividing ``--heads``, ``--hidden`` not a
-            multiple of ``--heads`` (without ``--head-dim``), or too little to count the
-            parameters (naming the flag).
+        PlanError: a value below 1 or above :data:`MAX_DIMENSION`, ``--kv-heads`` not dividing
+            ``--heads``, ``--hidden`` not a multiple of ``--heads`` (without ``--head-dim``), or
+            too little to count the parameters (naming the flag).
     """
     given = {"--layers": layers, "--heads": heads, "--kv-heads": kv_heads, "--head-dim": head_dim,
              "--hidden": hidden, "--intermediate": intermediate, "--vocab": vocab}
     for flag, v in given.items():
         if v is not None and v < 1:
             raise PlanError(flag, f"must be an integer >= 1, got {v}")
+        if v is not None and v > MAX_DIMENSION:
+            raise PlanError(flag, f"must be at most {MAX_DIMENSION:,}, got {str(v)[:40]}")
     if head_dim is None and hidden and heads:
         if hidden % heads:
             raise PlanError("--hidden", f"must be a multiple of --heads ({heads}) when --head-dim is not given, "

@@ -143,6 +143,9 @@ class BundledEngineClient(EngineClient):
             return failed_snapshot(self, now, "GET /stats: body is not JSON (nested too deeply)")
         if not isinstance(doc, dict):
             return failed_snapshot(self, now, "GET /stats: body is not a JSON object")
+        dead = dead_core(doc)
+        if dead is not None:     # the server answers, its engine core process does not run: down
+            return failed_snapshot(self, now, f"GET /stats: {dead}")
         return snapshot_from_stats(doc, name=self.name, now=now)
 
     def _add_metric_histograms(self, snap: EngineSnapshot, timeout_s: float) -> None:
@@ -414,6 +417,18 @@ def stats_histograms(section: Any, where: str, invalid: list[str]) -> dict[str, 
         pairs.append((math.inf, float(count)))
         out[field] = {"buckets": pairs, "sum": float(hsum), "count": float(count), "metric": METRIC_HISTOGRAMS[field]}
     return out
+
+
+def dead_core(doc: dict[str, Any]) -> str | None:
+    """Why the engine is down although its server answered ``/stats``: its engine core process
+    (``--core-process``) is dead (``engine.core_process.alive`` false; the server then exits for
+    a restart), as words; None otherwise."""
+    eng = doc.get("engine")
+    proc = eng.get("core_process") if isinstance(eng, dict) else None
+    if not isinstance(proc, dict) or proc.get("alive") is not False:
+        return None
+    why = proc.get("error") if isinstance(proc.get("error"), str) else f"exit code {proc.get('exit_code')}"
+    return f"the engine core process is dead ({why[:200]})"
 
 
 def snapshot_from_stats(doc: dict[str, Any], *, name: str, now: float = 0.0) -> EngineSnapshot:

@@ -130,8 +130,10 @@ async def admin_drain(request: Request, state: AdminState) -> Response:
             await served.set_draining(body.draining)
         except (EngineDeadError, TimeoutError) as exc:
             gate = "admits no new requests" if body.draining else "admits requests again"
+            then = ("the engine applies it when it reads its input again" if isinstance(exc, TimeoutError) else
+                    "the server stops for its supervisor to restart it")
             raise engine_unavailable(served.name, exc, state,
-                                     f"; the server's own gate is set (it {gate}); retry to confirm") from None
+                                     f"; the server's own gate is set (it {gate}); {then}") from None
     return json_response({"draining": body.draining, "models": [t.name for t in targets]})
 
 

@@ -9,7 +9,7 @@
 * ``/ready`` — readiness (Kubernetes readinessProbe, the router): 200 ``{"ready": true,
   "status": <the /health status>, "model": <default>, "models": {name: {"ready", "reason"}}}``
   when a request for the default model would be admitted; 503 ``{"ready": false, "reason":
-  "starting"|"draining"|"stopping", ...}`` with ``Retry-After`` (seconds) otherwise
+  "starting"|"draining"|"stopping"|"unresponsive", ...}`` with ``Retry-After`` (seconds) otherwise
   (:meth:`~inferctl.engine.entrypoints.state.ServerState.readiness`). Readiness follows the
   main (default) model and the model serving it after a route: draining only the light model
   leaves the server ready, and ``models`` shows it. Liveness is ``/health``, never ``/ready``.
@@ -52,7 +52,8 @@ HEALTH_SCHEMA = {"type": "object", "required": ["status", "precision", "models",
                                 "models": {"type": "object"}, "routes": {"type": "object"},
                                 "instance_id": {"type": "string"}}}
 READY_SCHEMA = {"type": "object", "required": ["ready", "status", "model", "models"],
-                "properties": {"ready": {"type": "boolean"}, "reason": {"enum": ["starting", "draining", "stopping"]},
+                "properties": {"ready": {"type": "boolean"},
+                               "reason": {"enum": ["starting", "draining", "stopping", "unresponsive"]},
                                "status": {"type": "string"}, "model": {"type": "string"}, "models": {"type": "object"}}}
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -93,6 +94,8 @@ def ready_document(state: ServerState) -> tuple[bool, dict]:
             why = "draining"
         elif not served.async_engine.is_running:
             why = "starting"
+        elif getattr(served.async_engine, "responsive", True) is False:
+            why = "unresponsive"
         else:
             why = None
         per_model[name] = {"ready": why is None, "reason": why}

@@ -235,7 +235,8 @@ class ServerState:
 
         Reasons, first match wins: ``"stopping"`` (SIGTERM/SIGINT received), ``"draining"`` (the
         model that serves the default name, after a route, is drained), ``"starting"`` (its
-        engine's stepping thread is not running). A drained light model that serves nothing
+        engine's stepping thread is not running), ``"unresponsive"`` (its engine core process
+        has left a ping unanswered for seconds: ``CoreClient.responsive``). A drained light model that serves nothing
         for the default name leaves the server ready (its state is in ``/ready``'s ``models``).
         """
         if self.stopping:
@@ -245,6 +246,8 @@ class ServerState:
             return False, "draining"
         if not serving.async_engine.is_running:
             return False, "starting"
+        if getattr(serving.async_engine, "responsive", True) is False:
+            return False, "unresponsive"
         return True, None
 
     def admin_targets(self, name: str | None) -> list[ServedModel]:

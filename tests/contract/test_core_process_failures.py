@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -203,3 +204,86 @@ def test_a_dead_light_core_leaves_the_main_models_stats_whole(engine, stories_di
         assert dead.status_code == 200 and dead.json()["engine"]["core_process"]["alive"] is False
     finally:
         light.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_a_paused_server_never_kills_its_healthy_core(core):
+    """The server itself stopped (SIGSTOP, a frozen cgroup) longer than the stall bound: on
+    waking, its watchdog must not read its own pause as the core's silence."""
+    core.PING_SECONDS, core.STALL_SECONDS = 0.2, 1.0
+    time.sleep(0.5)                       # idle: pings answered
+    core._ping_since = time.monotonic() - 0.1   # a ping was out when the pause began
+    watchdog_pause = threading.Event()
+    real_sleep = time.sleep
+
+    def paused_sleep(seconds):            # the watchdog's next nap lasts 3 s: the process was stopped
+        if threading.current_thread() is core._watchdog and not watchdog_pause.is_set():
+            watchdog_pause.set()
+            core._ping_since = time.monotonic() - 0.1
+            real_sleep(3.0)
+            return
+        real_sleep(seconds)
+    try:
+        time.sleep = paused_sleep
+        assert watchdog_pause.wait(5)
+        real_sleep(4.0)
+    finally:
+        time.sleep = real_sleep
+    assert core.is_running and core.fatal is None
+
+
+@pytest.mark.timeout(60)
+def test_readiness_is_503_unresponsive_while_a_ping_waits(core):
+    core.PING_SECONDS, core.UNRESPONSIVE_SECONDS, core.STALL_SECONDS = 0.2, 0.8, 30.0
+    app = make_app({STORIES: core})
+
+    async def go():
+        async with client(app) as c:
+            before = await c.get("/ready")
+            os.kill(core.pid, signal.SIGSTOP)
+            await asyncio.sleep(2.0)
+            stalled = await c.get("/ready")
+            health = await c.get("/health")
+            os.kill(core.pid, signal.SIGCONT)
+            await asyncio.sleep(1.0)
+            after = await c.get("/ready")
+            return before, stalled, health, after
+    before, stalled, health, after = run(go())
+    assert before.status_code == 200
+    assert stalled.status_code == 503 and stalled.json()["reason"] == "unresponsive"
+    assert stalled.json()["models"][STORIES] == {"ready": False, "reason": "unresponsive"}
+    assert health.status_code == 200                   # liveness is the process's, not the core's
+    assert after.status_code == 200 and core.is_running and core.fatal is None
+
+
+def test_the_controller_reads_a_dead_core_as_down(core):
+    """``inferctl up --engine-arg=--core-process``: between the core's death and its server's
+    exit, /stats answers 200 — the controller's poll must still say down."""
+    import httpx
+
+    from inferctl.controller.engines.bundled import BundledEngineClient
+
+    app = make_app({STORIES: core})
+    os.kill(core.pid, signal.SIGKILL)
+    wait_until(lambda: not core.is_running, 10, 0.02, "the core to die")
+
+    async def stats():
+        async with client(app) as c:
+            return await c.get("/stats")
+    doc = run(stats())
+    assert doc.status_code == 200
+    transport = httpx.MockTransport(lambda req: httpx.Response(200, content=doc.content))
+    snap = BundledEngineClient("main", "http://engine.test", transport=transport).poll(1.0)
+    assert snap.ok is False and "the engine core process is dead" in snap.error and "exit code -9" in snap.error
+
+
+@pytest.mark.timeout(60)
+def test_shutdown_of_a_stopped_core_takes_a_second_not_ten(stories_dir):
+    c = CoreClient(_spec(stories_dir))
+    c.PING_SECONDS = 0.2
+    os.kill(c.pid, signal.SIGSTOP)
+    wait_until(lambda: c.unanswered_seconds > 0.6, 10, 0.05, "an unanswered ping")
+    t0 = time.monotonic()
+    c.shutdown()
+    took = time.monotonic() - t0
+    assert took < 4 and c._proc.exitcode == -signal.SIGKILL

@@ -107,3 +107,35 @@ def test_the_server_exits_1_when_its_core_dies(server):
     assert proc.wait(60) == 1, log.read_text()[-2000:]
     text = log.read_text()
     assert "the engine core process failed" in text and "exit code -9" in text and "Traceback" not in text
+
+
+def test_a_core_stopped_while_it_imports_torch_dies_with_its_killed_server(stories_dir, tmp_path):
+    """The parent-death signal is asked for before the engine is imported
+    (inferctl.engine.core_boot): a core stopped in the middle of importing torch — before it had
+    been tied to its parent, it outlived a killed server as an orphan in state T."""
+    proc = start_inferctl(["engine", "serve", "--model", str(stories_dir / "stories260K.bin"),
+                           "--port", str(free_port()), "--core-process", "--device", "cpu"], tmp_path / "serve.log")
+    core = None
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                core = _core_pid(proc.pid)
+                if b"libtorch" in Path(f"/proc/{core}/maps").read_bytes():
+                    break
+            except (AssertionError, FileNotFoundError, ProcessLookupError):
+                pass
+            time.sleep(0.005)
+        else:
+            pytest.fail("the core never loaded torch")
+        os.kill(core, signal.SIGSTOP)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        assert _gone(core, 10)
+    finally:
+        if core is not None:
+            try:
+                os.kill(core, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        stop_all([proc])

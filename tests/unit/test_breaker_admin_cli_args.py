@@ -122,8 +122,8 @@ def test_an_ascii_actor_still_goes_to_the_server():
     assert r.exit_code == 1 and "not reachable" in r.output
 
 
-@pytest.mark.parametrize("reason, says", [("", "empty"), ("   ", "empty"), ("a\nb", "control characters"),
-                                          ("nul\x00", "control characters"), ("bad\udcff", "not UTF-8"),
+@pytest.mark.parametrize("reason, says", [("", "empty"), ("   ", "empty"), ("a\nb", "separator characters"),
+                                          ("nul\x00", "control, format"), ("bad\udcff", "not UTF-8"),
                                           ("x" * 1025, "1024")])
 def test_a_reason_the_controller_refuses_is_usage_naming_the_flag(reason, says):
     r = _run(["pause", "--reason", reason, "--token", TOKEN, "--url", URL])
@@ -410,3 +410,43 @@ def test_gpu_gauges_are_no_data_while_telemetry_is_down_and_for_a_gpu_gone_from_
     ex.export_gpu(GpuReading("static", True, {"GPU-0": gpu(0)}))     # GPU 1 fell off the bus
     assert set(gpu_series()) == {"0"}
     assert registry.get_sample_value("inferctl_gpu_memory_used_bytes", {"gpu": "0", "uuid": "GPU-0"}) == 1 << 30
+
+
+@pytest.mark.parametrize("url", ["http://" + "a" * 64 + ":1", "http://a..b:1", "http://.:1", "http://xn--:1"])
+def test_a_host_name_the_resolver_refuses_is_usage_everywhere(url):
+    """These hosts parse as URLs but fail IDNA encoding at the first request (a traceback)."""
+    from inferctl.router.config import ConfigError, parse_engine
+
+    r = _run(["status", "--url", url])
+    assert r.exit_code == 2 and "error: --url: " in r.output and "Traceback" not in r.output
+    r = _run(["status"], INFERCTL_URL=url)
+    assert r.exit_code == 2 and "$INFERCTL_URL" in r.output
+    with pytest.raises(ConfigError, match="--engine: a: URL .* not a valid host name"):
+        parse_engine(f"a={url}")
+
+
+@pytest.mark.parametrize("url", ["http://localhost:1", "http://my_host:1", "http://[::1]:1", "http://bücher.de:1",
+                                 "http://xn--bcher-kva.de:1", "http://example.com.:1"])
+def test_ordinary_host_names_still_pass(url):
+    from inferctl.contract.http import host_name_problem
+    from inferctl.router.config import parse_engine
+
+    assert host_name_problem(url.split("//")[1].rsplit(":", 1)[0]) is None
+    assert parse_engine(f"a={url}").url == url
+
+
+@pytest.mark.parametrize("bad", ["\u2028", "\u2029", "\u202e", "\u200b", "\ufeff"])
+def test_a_reason_with_separator_or_format_characters_is_refused_by_cli_and_api(bad, tmp_path):
+    """A line separator or a bidi override would forge or hide text in /status and the events."""
+    reason = f"line1{bad}FAKE: resumed by admin"
+    r = _run(["pause", "--reason", reason, "--url", URL, "--token", TOKEN])
+    assert r.exit_code == 2 and "--reason: " in r.output and f"U+{ord(bad):04X}" in r.output
+    http, *_ = api_setup(tmp_path, TOKEN)
+    resp = http.post("/actions/pause", json={"reason": reason}, headers=AUTH)
+    assert resp.status_code == 400 and resp.json()["error"]["field"] == "reason", resp.text
+
+
+def test_a_reason_in_any_script_still_passes(tmp_path):
+    http, *_ = api_setup(tmp_path, TOKEN)
+    resp = http.post("/actions/pause", json={"reason": "обновление драйвера — 驱动更新 ✓"}, headers=AUTH)
+    assert resp.status_code == 200, resp.text

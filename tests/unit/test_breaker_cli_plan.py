@@ -58,6 +58,11 @@ def _hf_dir(tmp_path, config) -> str:
     ({**HF, "max_position_embeddings": "long"}, "key 'max_position_embeddings' must be an integer >= 1"),
     ({**HF, "num_attention_heads": 3}, "key 'hidden_size' (64) must be a multiple of 'num_attention_heads' (3)"),
     ({**HF, "num_key_value_heads": 3}, "key 'num_key_value_heads' (3) must divide 'num_attention_heads' (4)"),
+    ({**HF, "hidden_size": 8 * 10 ** 300}, "key 'hidden_size' must be at most 2,147,483,647, got 8000"),
+    ({**HF, "vocab_size": 10 ** 400}, "key 'vocab_size' must be at most 2,147,483,647"),
+    ({**HF, "num_hidden_layers": 10 ** 14}, "key 'num_hidden_layers' must be at most 2,147,483,647"),
+    ({**HF, "torch_dtype": "int3"}, "key 'torch_dtype' must be one of float32, bfloat16, float16"),
+    ({**HF, "tie_word_embeddings": "yes"}, "key 'tie_word_embeddings' must be true or false, got 'yes'"),
 ])
 def test_malformed_config_json_names_the_file_and_the_key(tmp_path, config, words):
     d = _hf_dir(tmp_path, config)

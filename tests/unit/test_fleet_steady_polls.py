@@ -56,3 +56,28 @@ def test_the_controller_polls_steadily_exactly_the_engines_its_actions_hold(tmp_
         assert not job_a.steady()
     finally:
         ctl.stop()
+
+
+def test_an_engine_its_supervisor_is_relaunching_is_polled_steadily(tmp_path):
+    """A crashed engine relaunched by the supervisor (no action holds it): while the process
+    starts, polls keep the normal interval, so a backoff grown during the outage (up to
+    max_backoff_seconds) does not hide the engine once it is up (the breaker saw 30 s)."""
+
+    class Sup:
+        process_state = "running"
+        hold_state = None
+
+    ctl, _, _ = make_controller(tmp_path, {"a": FakeEngineClient("a")})
+    try:
+        sup = Sup()
+        ctl.supervisors["a"] = sup
+        job = ctl.sources.jobs["engine:a"]
+        assert not job.steady()
+        sup.process_state = "starting"
+        assert job.steady()
+        job.next_attempt = ctl.clock() + 30.0      # a backoff grown while it was down
+        assert job.due(ctl.clock())
+        sup.process_state = "running"
+        assert not job.steady() and not job.due(ctl.clock())
+    finally:
+        ctl.stop()
