@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -27,6 +28,27 @@ from inferctl.tools.drill.fleet import free_block
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now, outside the ephemeral range (see ``free_block``)."""
     return free_block(1)
+
+
+@contextlib.contextmanager
+def lock_held_elsewhere(lock: Any, timeout: float = 10.0):
+    """Hold ``lock`` in another thread for the ``with`` block (a step, a start in progress):
+    entered once the thread holds it; the thread lets go at the block's end."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            held.set()
+            release.wait(timeout)
+    t = threading.Thread(target=hold, daemon=True)
+    t.start()
+    if not held.wait(timeout):
+        raise TimeoutError("the lock was not taken in the other thread")
+    try:
+        yield
+    finally:
+        release.set()
+        t.join(timeout)
 
 
 def wait_until(pred: Callable[[], Any], timeout: float, interval: float = 0.25, what: str = "condition") -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 
 from tests.core_helpers import drain
+from tests.obs_helpers import lock_held_elsewhere
 from inferctl.engine.commands import CommandMailbox, SetDraining
 from inferctl.engine.config import EngineConfig
 from inferctl.engine.engine import LLMEngine
@@ -25,22 +26,11 @@ def test_mailbox_truth_is_its_queue():
 
 def test_an_empty_mailbox_takes_no_lock_and_a_posted_command_still_applies(bundle):
     engine = LLMEngine(bundle, EngineConfig())
-    held, release = threading.Event(), threading.Event()
-
-    def hold_the_step_lock():
-        with engine.step_lock:
-            held.set()
-            release.wait(10)
-
-    t = threading.Thread(target=hold_the_step_lock)
-    t.start()
-    held.wait(10)
-    done = threading.Event()
-    caller = threading.Thread(target=lambda: (engine.apply_commands(), done.set()))
-    caller.start()
-    assert done.wait(5), "apply_commands waited for the step lock with nothing queued"
-    release.set()
-    t.join()
+    with lock_held_elsewhere(engine.step_lock):
+        done = threading.Event()
+        caller = threading.Thread(target=lambda: (engine.apply_commands(), done.set()))
+        caller.start()
+        assert done.wait(5), "apply_commands waited for the step lock with nothing queued"
     caller.join()
     # a command posted while another thread steps waits for that thread's next step, then applies
     engine.attach_stepping_thread(threading.Thread())

@@ -251,7 +251,7 @@ def test_drain_restart_does_not_read_an_unreported_queue_as_empty(env):
 def test_a_crash_check_never_waits_behind_a_start_in_progress():
     """The supervise job (every second) asked while another thread starts the engine (which
     holds the supervisor while it waits for /health): it answers at once, not after the start."""
-    import threading
+    from tests.obs_helpers import lock_held_elsewhere
 
     sup, _ = fake_supervisor()
     sup.start()
@@ -261,20 +261,10 @@ def test_a_crash_check_never_waits_behind_a_start_in_progress():
         while sup.exited_unexpectedly() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert sup.exited_unexpectedly() == -9            # a crash is seen when nothing holds it
-        held, release = threading.Event(), threading.Event()
-
-        def hold():
-            with sup._lock:
-                held.set()
-                release.wait(10)
-        t = threading.Thread(target=hold)
-        t.start()
-        held.wait(5)
-        t0 = time.monotonic()
-        assert sup.exited_unexpectedly() is None           # busy: not judged now
-        assert time.monotonic() - t0 < 0.5
-        release.set()
-        t.join(5)
+        with lock_held_elsewhere(sup._lock):
+            t0 = time.monotonic()
+            assert sup.exited_unexpectedly() is None       # busy: not judged now
+            assert time.monotonic() - t0 < 0.5
         assert sup.exited_unexpectedly() == -9
     finally:
         sup.stop()
