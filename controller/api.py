@@ -115,14 +115,18 @@ MAX_REASON_CHARS = 1024
 #: U+202E, zero-width characters), line and paragraph separators (Zl, Zp), lone surrogates (Cs) —
 #: each can forge or hide text where the reason is shown (``/status``, events, a terminal).
 REFUSED_TEXT_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+#: format characters that writing needs and that hide nothing: the zero-width non-joiner and
+#: joiner (Persian, Indic scripts; emoji sequences such as a family) and the left-to-right and
+#: right-to-left marks (Unicode UAX #9 implicit marks, unlike the overrides U+202A–U+202E)
+ALLOWED_FORMAT_CHARS = frozenset("\u200c\u200d\u200e\u200f")
 
 
 def refused_char(value: str) -> str | None:
-    """The first character of ``value`` in :data:`REFUSED_TEXT_CATEGORIES` as ``U+XXXX`` (its
-    category), or None."""
+    """The first character of ``value`` in :data:`REFUSED_TEXT_CATEGORIES` (but
+    :data:`ALLOWED_FORMAT_CHARS`) as ``U+XXXX`` (its category), or None."""
     for c in value:
         cat = unicodedata.category(c)
-        if cat in REFUSED_TEXT_CATEGORIES:
+        if cat in REFUSED_TEXT_CATEGORIES and c not in ALLOWED_FORMAT_CHARS:
             return f"U+{ord(c):04X} ({cat})"
     return None
 
