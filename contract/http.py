@@ -296,11 +296,14 @@ def host_name_problem(host: str) -> str | None:
         return None
     except ValueError:
         pass
-    if not host.rstrip("."):
+    name = host[:-1] if host.endswith(".") else host     # one trailing dot: the root (a fully qualified name)
+    if not name:
         return "no name before the dot"
+    if "" in name.split("."):
+        return "an empty label (two dots in a row, or more than one at the end)"
     try:
-        host.rstrip(".").encode("idna")
-        for label in host.rstrip(".").split("."):
+        name.encode("idna")
+        for label in name.split("."):
             if label.lower().startswith("xn--"):
                 import idna
 

@@ -118,7 +118,14 @@ REFUSED_TEXT_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 #: format characters that writing needs and that hide nothing: the zero-width non-joiner and
 #: joiner (Persian, Indic scripts; emoji sequences such as a family) and the left-to-right and
 #: right-to-left marks (Unicode UAX #9 implicit marks, unlike the overrides U+202A–U+202E)
-ALLOWED_FORMAT_CHARS = frozenset("\u200c\u200d\u200e\u200f")
+ALLOWED_FORMAT_CHARS = frozenset("\u200c\u200d\u200e\u200f\u061c") | frozenset(map(chr, range(0xE0020, 0xE0080)))
+#: characters that show nothing alone: a reason made only of these (and spaces) is empty
+INVISIBLE_CHARS = ALLOWED_FORMAT_CHARS | frozenset("\u034f\u115f\u1160\u17b4\u17b5\u180e\u2800\u3164\uffa0")
+
+
+def blank_text(value: str) -> bool:
+    """True when ``value`` shows nothing: only white space and :data:`INVISIBLE_CHARS`."""
+    return all(c.isspace() or c in INVISIBLE_CHARS for c in value)
 
 
 def refused_char(value: str) -> str | None:
@@ -139,6 +146,9 @@ class PauseBody(ResumeBody):
     def _reason(cls, value: str) -> str:
         if len(value) > MAX_REASON_CHARS:
             raise ValueError(f"at most {MAX_REASON_CHARS} characters, got {len(value)}")
+        if blank_text(value):
+            raise ValueError("required (why automation is paused); white space and invisible characters alone "
+                             "say nothing")
         bad = refused_char(value)
         if bad is not None:
             raise ValueError(f"control, format or separator characters (newline, NUL, U+202E, U+2028, …) are not "

@@ -122,9 +122,9 @@ def _check_reason(reason: str) -> str:
     """``--reason`` when the controller accepts it: not blank, at most ``MAX_REASON_CHARS``
     characters, no control characters, valid UTF-8; exit 2 naming ``--reason`` otherwise (the
     controller's own 400 named its body field ``reason``)."""
-    from inferctl.controller.api import MAX_REASON_CHARS, refused_char
+    from inferctl.controller.api import MAX_REASON_CHARS, blank_text, refused_char
 
-    if not reason.strip():
+    if blank_text(reason):
         _die("--reason: empty; say why automation is paused (shown in /status and every event)", code=2)
     if len(reason) > MAX_REASON_CHARS:
         _die(f"--reason: at most {MAX_REASON_CHARS} characters, got {len(reason)}", code=2)

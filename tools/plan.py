@@ -70,6 +70,8 @@ MAX_CONCURRENCY = 100_000
 MAX_DIMENSION = (1 << 31) - 1
 #: ``torch_dtype`` values of a Hugging Face config.json the plan knows, and their short names.
 HF_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+#: ``ModelDims.dtype`` prefix for a config.json precision the plan does not know (``float64``…)
+UNKNOWN_DTYPE = "unknown:"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -244,17 +246,23 @@ def _read_hf_dir(p: Path) -> ModelDims:
     if heads % kv_heads:
         raise PlanError("--model", f"{cfg_path}: key 'num_key_value_heads' ({kv_heads}) must divide "
                                    f"'num_attention_heads' ({heads})")
-    tied = c.get("tie_word_embeddings", False)
+    tied = c.get("tie_word_embeddings")
+    tied = False if tied is None else tied     # transformers' default when absent or null
     if not isinstance(tied, bool):
         raise PlanError("--model", f"{cfg_path}: key 'tie_word_embeddings' must be true or false, got {tied!r}"[:300])
     kw = dict(layers=count("num_hidden_layers"), hidden=hidden, heads=heads, kv_heads=kv_heads,
               head_dim=head_dim or hidden // heads, intermediate=count("intermediate_size"),
               vocab=count("vocab_size"), tied=tied, ctx=count("max_position_embeddings", False))
-    torch_dtype = c.get("torch_dtype")
-    if torch_dtype is not None and torch_dtype not in HF_DTYPES:
-        raise PlanError("--model", f"{cfg_path}: key 'torch_dtype' must be one of {', '.join(HF_DTYPES)} (or absent:"
-                                   f" bfloat16), got {str(torch_dtype)[:40]!r}")
-    dtype = HF_DTYPES.get(torch_dtype or "bfloat16", "bf16")
+    key = "torch_dtype" if "torch_dtype" in c else "dtype"      # transformers >= 4.56 writes "dtype"
+    raw = c.get(key)
+    if isinstance(raw, str) and raw.startswith("torch."):
+        raw = raw[len("torch."):]
+    if raw is None or raw == "auto":
+        dtype = "bf16"
+    elif isinstance(raw, str) and raw in HF_DTYPES:
+        dtype = HF_DTYPES[raw]
+    else:      # a precision plan does not know: fine with --precision, refused without (compute_plan)
+        dtype = f"{UNKNOWN_DTYPE}{key}={str(raw)[:40]!r}"
     st = _safetensors_sizes(p)
     extra: dict[str, Any] = {"dtype": dtype}
     if st is not None:
@@ -470,6 +478,9 @@ def compute_plan(d: ModelDims, precision: str = "auto", context: int | None = No
         raise PlanError("--gpu-memory-utilization", f"must be in (0, 1], got {gpu_memory_utilization}")
     prec = precision
     if prec == "auto":
+        if d.dtype.startswith(UNKNOWN_DTYPE):
+            raise PlanError("--precision", f"the model's config.json gives {d.dtype[len(UNKNOWN_DTYPE):]}, a precision"
+                                           " plan does not know (float32, bfloat16, float16): give --precision")
         prec = "stored" if d.dtype == "stored" else d.dtype
     formula = d.params * PRECISION_BITS.get(prec, 16) // 8
     if prec == "stored":

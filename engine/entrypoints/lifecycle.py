@@ -11,6 +11,8 @@ Order on the first SIGTERM or SIGINT (:class:`GracefulServer`):
    engine (KV blocks freed, ``finish_reason`` ``abort`` in ``/stats``) and its client gets the
    error: a stream ends with an SSE ``error`` event (``engine_unavailable``, the message names the
    grace period) then ``data: [DONE]``; a JSON request gets that 503. Nothing is dropped silently.
+   The requests of an engine core process that does not answer (``--core-process``, readiness
+   ``unresponsive``) are failed so at once: they could not finish within any grace period.
 3. Then uvicorn's own shutdown runs: it closes the listening socket and idle keep-alive
    connections, waits for what is left (``flush_seconds`` at most), and the lifespan stops the
    engines' stepping threads. The process exits 0 (uvicorn's habit of re-raising the captured
@@ -90,9 +92,15 @@ async def drain(state: ServerState, grace_seconds: float, *, poll_seconds: float
     loop = asyncio.get_running_loop()
     deadline = loop.time() + grace_seconds
     log.info("draining: %d request(s) in flight, grace period %.3g s", state.in_flight, grace_seconds)
+    failed: set[str] = set()
     while state.in_flight > 0 and loop.time() < deadline:
+        _fail_unresponsive(state, failed)
         await asyncio.sleep(poll_seconds)
     if state.in_flight == 0:
+        if failed:
+            log.warning("drained: the requests of %s were failed (its engine core does not answer)",
+                        ", ".join(sorted(failed)))
+            return False
         log.info("drained: every in-flight request finished")
         return True
     message = (f"the engine is shutting down and its shutdown grace period ({grace_seconds:g} s) ran out "
@@ -104,6 +112,19 @@ async def drain(state: ServerState, grace_seconds: float, *, poll_seconds: float
     while state.in_flight > 0 and loop.time() < flush_deadline:
         await asyncio.sleep(poll_seconds)
     return False
+
+
+def _fail_unresponsive(state: ServerState, failed: set[str]) -> None:
+    """Fail at once the open requests of each model whose engine core process does not answer
+    (``CoreClient.responsive`` false): they cannot finish within any grace period, and waiting for
+    them would only delay the stop. ``failed`` collects the models already failed."""
+    for name, served in state.models.items():
+        if name in failed or getattr(served.async_engine, "responsive", True) is not False:
+            continue
+        failed.add(name)
+        n = served.async_engine.abort_all(f"the engine core of {name} does not answer and the server is stopping; "
+                                          "the request was aborted, retry it")
+        log.warning("stopping: the engine core of %s does not answer: %d open request(s) failed now", name, n)
 
 
 class GracefulServer(uvicorn.Server):

@@ -287,3 +287,39 @@ def test_shutdown_of_a_stopped_core_takes_a_second_not_ten(stories_dir):
     c.shutdown()
     took = time.monotonic() - t0
     assert took < 4 and c._proc.exitcode == -signal.SIGKILL
+
+
+@pytest.mark.timeout(60)
+def test_a_stop_fails_an_unresponsive_cores_requests_at_once(core):
+    """SIGTERM with a stopped core and a request open: the drain does not wait its grace period
+    for a core that cannot answer; the client gets the error, then the stop goes on."""
+    from inferctl.engine.entrypoints.lifecycle import drain
+
+    core.PING_SECONDS, core.UNRESPONSIVE_SECONDS = 0.2, 0.6
+    app = make_app({STORIES: core})
+    state = app.state.server
+
+    async def go():
+        async with client(app) as c:
+            ids = core.model_info["tokenizer"].encode(PROMPT, bos=True)
+            agen = core.generate("open", ids, SamplingParams(max_tokens=400, ignore_eos=True))
+            await anext(agen)
+            os.kill(core.pid, signal.SIGSTOP)
+            state.in_flight += 1                      # the HTTP request that holds the stream
+
+            async def consume():
+                try:
+                    async for _ in agen:
+                        pass
+                except EngineDeadError as exc:
+                    return str(exc)
+                finally:
+                    state.in_flight -= 1
+            waiting = asyncio.ensure_future(consume())
+            t0 = time.monotonic()
+            clean = await drain(state, grace_seconds=20, poll_seconds=0.05, flush_seconds=1)
+            return clean, time.monotonic() - t0, await waiting, await c.get("/ready")
+    clean, took, error, ready = run(go())
+    assert clean is False and took < 5                # not the 20 s grace
+    assert "does not answer and the server is stopping" in error
+    assert ready.status_code == 503 and ready.json()["reason"] == "stopping"

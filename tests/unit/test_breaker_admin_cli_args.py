@@ -451,3 +451,31 @@ def test_a_reason_in_any_script_still_passes(tmp_path):
     for reason in ("обновление драйвера — 驱动更新 ✓", "می\u200cخواهم", "family 👨\u200d👩\u200d👧", "עברית\u200f"):
         resp = http.post("/actions/pause", json={"reason": reason}, headers=AUTH)
         assert resp.status_code == 200, (reason, resp.text)
+
+
+
+@pytest.mark.parametrize("reason", ["\u200d", "\u200c\u200c\u200c", "\u200f", "\u3164", "\u2800", " \u034f "])
+def test_a_reason_that_shows_nothing_is_empty_for_cli_and_api(reason, tmp_path):
+    r = _run(["pause", "--reason", reason, "--url", URL, "--token", TOKEN])
+    assert r.exit_code == 2 and "--reason: empty" in r.output
+    http, *_ = api_setup(tmp_path, TOKEN)
+    resp = http.post("/actions/pause", json={"reason": reason}, headers=AUTH)
+    assert resp.status_code == 400 and resp.json()["error"]["field"] == "reason", resp.text
+
+
+def test_tag_sequence_flags_and_the_arabic_letter_mark_pass(tmp_path):
+    http, *_ = api_setup(tmp_path, TOKEN)
+    england = "\U0001F3F4\U000E0067\U000E0062\U000E0065\U000E006E\U000E0067\U000E007F"
+    for reason in (f"rollout {england}", "\u0627\u061c\u0628 maintenance"):
+        resp = http.post("/actions/pause", json={"reason": reason}, headers=AUTH)
+        assert resp.status_code == 200, (reason, resp.text)
+
+
+@pytest.mark.parametrize("url", ["http://a..:1", "http://localhost..:1", "http://a.b...:1"])
+def test_more_than_one_trailing_dot_is_refused_like_an_empty_label(url):
+    from inferctl.router.config import ConfigError, parse_engine
+
+    r = _run(["status", "--url", url])
+    assert r.exit_code == 2 and "error: --url: " in r.output
+    with pytest.raises(ConfigError, match="not a valid host name"):
+        parse_engine(f"a={url}")

@@ -61,7 +61,6 @@ def _hf_dir(tmp_path, config) -> str:
     ({**HF, "hidden_size": 8 * 10 ** 300}, "key 'hidden_size' must be at most 2,147,483,647, got 8000"),
     ({**HF, "vocab_size": 10 ** 400}, "key 'vocab_size' must be at most 2,147,483,647"),
     ({**HF, "num_hidden_layers": 10 ** 14}, "key 'num_hidden_layers' must be at most 2,147,483,647"),
-    ({**HF, "torch_dtype": "int3"}, "key 'torch_dtype' must be one of float32, bfloat16, float16"),
     ({**HF, "tie_word_embeddings": "yes"}, "key 'tie_word_embeddings' must be true or false, got 'yes'"),
 ])
 def test_malformed_config_json_names_the_file_and_the_key(tmp_path, config, words):
@@ -148,3 +147,24 @@ def test_gguf_title_and_weights_row_say_what_stored_means(tmp_path):
     weights = next(line for line in lines if line.startswith("weights "))
     assert weights.endswith("16,384 bytes = as stored in the file (F32 ×1, F16 ×1)")
     assert json.loads(_plan(str(tmp_path / "tiny.gguf"), "--json").output)["precision"] == "stored"   # unchanged
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({"torch_dtype": "int3"}, "torch_dtype='int3', a precision plan does not know"),
+    ({"dtype": "float64"}, "dtype='float64', a precision plan does not know"),
+])
+def test_an_unknown_file_precision_needs_precision_and_plans_with_it(tmp_path, extra, words):
+    d = _hf_dir(tmp_path, {**HF, **extra})
+    _refused(_plan("--model", d), "--precision: the model's config.json gives ", words)
+    r = _plan("--model", d, "--precision", "bf16", "--json")
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("extra, bytes_per_param", [({"dtype": "float32"}, 4), ({"torch_dtype": "torch.float16"}, 2),
+                                                    ({"torch_dtype": "auto"}, 2), ({"tie_word_embeddings": None}, 2)])
+def test_the_file_precision_is_read_from_dtype_too(tmp_path, extra, bytes_per_param):
+    """transformers >= 4.56 writes ``dtype``; ``torch.float16`` and ``auto`` occur in the wild."""
+    r = _plan("--model", _hf_dir(tmp_path, {**HF, **extra}), "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["weights_bytes"] == doc["model"]["params"] * bytes_per_param, doc
