@@ -245,6 +245,11 @@ def read_token_file(path: str, source: str) -> str:
     return text
 
 
+#: Largest ``--max-body-bytes`` of the engine and the router (1 GiB): a request body is held in
+#: memory whole before it is parsed or forwarded; a prompt is far smaller (a 1M-token context is a
+#: few MiB of text).
+MAX_BODY_BYTES = 1 << 30
+
 #: Seconds a token file that is a pipe may take to give its first line (``read_token_file``).
 TOKEN_PIPE_SECONDS = 5.0
 

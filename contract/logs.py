@@ -60,6 +60,19 @@ def check_log_format(log_format: str) -> str:
     return log_format
 
 
+#: ``--log-level`` values (any case): the stdlib's level names, which uvicorn takes too.
+LOG_LEVELS: tuple[str, ...] = ("debug", "info", "warning", "error", "critical")
+
+
+def check_log_level(level: str, flag: str = "--log-level") -> str:
+    """``level`` lowercased when it is one of :data:`LOG_LEVELS` (any case); ValueError naming
+    ``flag`` and the accepted values otherwise (``trace`` reached ``logging`` and stopped the
+    engine and the router with a traceback)."""
+    if not isinstance(level, str) or level.lower() not in LOG_LEVELS:
+        raise ValueError(f"{flag}: must be one of {', '.join(LOG_LEVELS)} (any case), got {level!r}")
+    return level.lower()
+
+
 def formatter_for(log_format: str) -> logging.Formatter:
     """A :class:`JsonFormatter` or :class:`TextFormatter` (ValueError for another format)."""
     return JsonFormatter() if check_log_format(log_format) == "json" else TextFormatter()

@@ -75,7 +75,7 @@ MAX_JSON_DEPTH = 32
 MAX_ECHO_CHARS = 64
 #: Highest GPU index an action body may name (NVML indexes GPUs from 0; no node has 1,000).
 MAX_GPU_INDEX = 999
-_ACTOR = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
+ACTOR_NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 ENGINE_ACTIONS = ("degrade", "rollback", "drain", "undrain", "restart")
 
 
@@ -299,7 +299,7 @@ def create_app(controller: Any, admin_token: str, *, bind_host: str | None = Non
         name = request.headers.get("x-inferctl-actor")
         if name is None or name == "":
             return "operator"
-        if not _ACTOR.match(name):
+        if not ACTOR_NAME.match(name):
             raise ApiError(400, "invalid_header", f"x-inferctl-actor: {_echo(name)} must be 1-64 characters"
                            " of letters, digits, '_', '.', '@', '-'", "x-inferctl-actor")
         return f"operator:{name}"

@@ -39,7 +39,7 @@ ACTOR_ENV = "INFERCTL_ACTOR"
 #: ``--timeout`` of a client command (s): at least a second, at most an hour (inf, nan and huge
 #: values were an OverflowError traceback).
 MIN_TIMEOUT_SECONDS, MAX_TIMEOUT_SECONDS = 1.0, 3600.0
-#: What the controller accepts as ``X-Inferctl-Actor`` (controller/api.py ``_ACTOR``).
+#: What the controller accepts as ``X-Inferctl-Actor`` (controller/api.py ``ACTOR_NAME``), in words.
 ACTOR_CHARS = "1-64 characters of letters, digits, '_', '.', '@', '-'"
 
 UrlOpt = typer.Option(None, "--url", help=f"Controller URL (default ${URL_ENV} or {DEFAULT_URL}).")
@@ -105,14 +105,14 @@ def _check_actor(actor: Optional[str]) -> Optional[str]:
     (empty: none, the controller says ``operator``). A name the controller refuses (it travels in
     an HTTP header: ASCII only; a non-ASCII one was a UnicodeEncodeError traceback) is exit 2
     naming where it came from."""
-    import re
+    from inferctl.controller.api import ACTOR_NAME
 
     where = "--actor"
     if actor is None:
         actor, where = os.environ.get(ACTOR_ENV) or None, f"${ACTOR_ENV}"
     if actor is None:
         return None
-    if re.fullmatch(r"[A-Za-z0-9_.@-]{1,64}", actor) is None:
+    if ACTOR_NAME.fullmatch(actor) is None:
         _die(f"{where}: {actor[:80]!r} must be {ACTOR_CHARS} (it names you in the event log as"
              " operator:NAME)", code=2)
     return actor

@@ -156,8 +156,7 @@ class Controller:
         sup = self.supervisors.get(name)
         if sup is not None and getattr(sup, "process_state", None) == "starting":
             return True
-        rail = getattr(self.actions, "rail", None)
-        return rail is not None and name in rail.held()
+        return self._held_lifecycle(name) is not None
 
     def _held_lifecycle(self, name: str) -> str | None:
         """The lifecycle an action holds engine ``name`` in (the fleet rail), None when not held."""

@@ -36,7 +36,8 @@ import typer
 
 from inferctl.contract import units
 from inferctl.contract.hosts import check_bind_host
-from inferctl.contract.http import check_api_key
+from inferctl.contract.http import MAX_BODY_BYTES, check_api_key
+from inferctl.contract.logs import check_log_level
 
 
 def parse_size(text: str, name: str = "--memory-budget") -> int:
@@ -73,18 +74,6 @@ MAX_NUM_THREADS = 1024
 #: ``MAX_BLOCK_SIZE``: one block's scores per head live on the stack). Above it every step took
 #: the slow plain path, and a huge block made one block bigger than memory.
 MAX_BLOCK_SIZE = 256
-#: Largest ``--max-body-bytes`` (1 GiB, as the router's): a request body is held in memory whole.
-MAX_BODY_BYTES = 1 << 30
-#: ``--log-level`` values (any case), the stdlib's level names that uvicorn takes too.
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-
-
-def check_log_level(level: str, flag: str = "--log-level") -> str:
-    """``level`` lowercased when it is one of :data:`LOG_LEVELS` (any case); exits 2 naming
-    ``flag`` otherwise (``trace`` reached ``logging`` and stopped the server with a traceback)."""
-    if level.lower() not in LOG_LEVELS:
-        _die(f"{flag}: must be one of {', '.join(LOG_LEVELS)} (any case), got {level!r}")
-    return level.lower()
 
 
 def check_device(device: str, flag: str = "--device") -> str:
@@ -377,7 +366,8 @@ def serve(
         False, "--core-process/--no-core-process",
         help="Run each engine core (scheduler, model runner, detokenizer, command mailbox) in a child process "
              "and the HTTP server in this one, as vLLM V1 does: the server's per-token work no longer waits for "
-             "the stepping thread's GIL. Experimental: known defects with a stalled or dead core, see "
+             "the stepping thread's GIL. Experimental (off by default: no throughput gain "
+             "measured on a 2-core host); a dead or silent core stops the server (exit 1) for a restart: "
              "docs/architecture.md, 'Engine core process'."),
 ) -> None:
     ("Serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions) "
@@ -394,7 +384,10 @@ def serve(
         _die(f"--model: the model is given twice ({model_arg!r} as MODEL and {model!r} as --model); give one")
     model = model if model is not None else model_arg
     device = check_device(device)
-    log_level = check_log_level(log_level)
+    try:
+        log_level = check_log_level(log_level)     # contract/logs.py, as the router's
+    except ValueError as exc:
+        _die(str(exc))
     if num_threads is not None and num_threads > MAX_NUM_THREADS:
         _die(f"--num-threads: must be at most {MAX_NUM_THREADS}, got {num_threads} (threads past the cores "
              "only contend; give the cores this engine may use)")

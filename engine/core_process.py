@@ -42,7 +42,6 @@ from __future__ import annotations
 import importlib
 import logging
 import pickle
-import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -279,9 +278,8 @@ class EngineCoreProc:
 
 def core_main(conn: Connection, spec: CoreSpec) -> None:
     """Build, then serve messages (module docstring): what the child process runs once
-    :func:`inferctl.engine.core_boot.boot` (its target) tied it to its parent."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    :func:`inferctl.engine.core_boot.boot` (its target) tied it to its parent and set SIGINT and
+    SIGTERM aside."""
     try:
         from inferctl.contract.logs import configure_logging
 

@@ -18,11 +18,11 @@ import numpy as np
 import torch
 
 from inferctl.engine import hugepages
+from inferctl.engine.llama2c_format import LLAMA2C_MAGIC, expected_bytes
 from inferctl.engine.model import LlamaModel, ModelArgs, canonical_weight_names
 from inferctl.engine.tokenizer import (BaseTokenizer, ByteTokenizer, HFTokenizer, Llama2cTokenizer,
                               build_hf_tokenizer_json)
 
-LLAMA2C_MAGIC = 0x616B3432  # "ak42": llama2.c export.py version >= 1 header
 
 
 @dataclass
@@ -113,9 +113,7 @@ def load_llama2c(path: str | Path, tokenizer_path: str | Path | None = None, dev
     hd = dim // n_heads
     kv_dim = n_kv * hd
     L = n_layers
-    n_floats = (vocab * dim + L * dim * 2 + L * dim * dim * 2 + L * kv_dim * dim * 2 + L * hidden * dim * 3 + dim
-                + (seq_len * hd if version == 0 else 0) + (0 if shared else vocab * dim))
-    expected = off + 4 * n_floats
+    expected = expected_bytes(version, dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len, shared)
     if len(buf) != expected:
         raise ValueError(f"{p}: file has {len(buf)} bytes, header (dim={dim}, hidden={hidden}, layers={L}, "
                          f"heads={n_heads}, kv_heads={n_kv}, vocab={vocab}, seq_len={seq_len}, "

@@ -12,8 +12,8 @@ import typer
 
 from inferctl.contract.hosts import check_bind_host
 from inferctl.contract.units import parse_size
-from inferctl.router.config import (ConfigError, RouterConfig, check_log_level, load_config_file, parse_engine,
-                                     upstream_key_from_env)
+from inferctl.contract.logs import check_log_level
+from inferctl.router.config import ConfigError, RouterConfig, load_config_file, parse_engine, upstream_key_from_env
 
 #: Third-party loggers quieted to WARNING unless ``--log-level debug``: httpx logs every request
 #: it sends at INFO ("HTTP Request: GET http://.../ready"), i.e. every probe of every replica.

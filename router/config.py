@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
-from inferctl.contract.http import check_api_key, host_name_problem
+from inferctl.contract.http import MAX_BODY_BYTES, check_api_key, host_name_problem, redact_url
 from inferctl.contract.logs import check_log_format
 from inferctl.contract.yamlfile import load_yaml
 from inferctl.router.ratelimit import DEFAULT_NAME, KeyLimit
@@ -53,7 +53,7 @@ def parse_engine(text: str) -> EngineSpec:
         raise ConfigError(f"--engine: {name}: URL {url!r} must be http(s)://host[:port]")
     problem = _url_problem(url, parts)
     if problem is not None:
-        shown = url if "@" not in parts.netloc else f"{parts.scheme}://<credentials>@{parts.netloc.rpartition('@')[2]}"
+        shown = redact_url(url)
         raise ConfigError(f"--engine: {name}: URL {shown!r} {problem}; give http(s)://host[:port] only")
     return EngineSpec(name, url)
 
@@ -92,23 +92,6 @@ def _url_problem(url: str, parts: Any) -> str | None:
 
 #: Longest interval or timeout a flag accepts (a day): above, a probe or a request is never awaited.
 MAX_SECONDS = 86400.0
-#: Largest ``--max-body-bytes`` (1 GiB): the router holds a whole request body in memory before
-#: forwarding it; a prompt is far smaller (a 1M-token context is a few MiB of text).
-MAX_BODY_BYTES = 1 << 30
-#: ``--log-level`` values (any case): the stdlib's level names, which uvicorn takes too.
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-
-
-def check_log_level(level: str, flag: str = "--log-level") -> str:
-    """``level`` lowercased when it is one of :data:`LOG_LEVELS` (any case).
-
-    Raises:
-        ConfigError: another value (``trace`` reached ``logging`` and stopped the router with a
-            traceback), naming ``flag`` and the accepted values.
-    """
-    if not isinstance(level, str) or level.lower() not in LOG_LEVELS:
-        raise ConfigError(f"{flag}: must be one of {', '.join(LOG_LEVELS)} (any case), got {level!r}")
-    return level.lower()
 
 
 @dataclass(frozen=True)

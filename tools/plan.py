@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from inferctl.engine.llama2c_format import LLAMA2C_MAGIC, expected_bytes
 from inferctl.tools.gpu_specs import GPUS
 from inferctl.tools.plan_draft import FLAG as SPEC_FLAG, DraftError, as_dict, draft_figures, parse_flag
 
@@ -59,7 +60,6 @@ PRECISION_BITS = {"fp32": 32, "bf16": 16, "fp16": 16, "int8": 8, "int4": 4}
 KV_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 #: The engine's default per-step token budget (``EngineConfig.max_num_batched_tokens``).
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
-_LLAMA2C_MAGIC = 0x616B3432
 #: Largest ``--context`` (tokens): 1,048,576 (2**20), 8× a 128k-context model's; a model whose
 #: own context length is longer is planned at this bound, with a note.
 MAX_CONTEXT = 1 << 20
@@ -154,7 +154,7 @@ def _read_llama2c(p: Path) -> ModelDims:
     if len(buf) < 28:
         raise PlanError("--model", f"{p}: {len(buf)} bytes is too short for a llama2.c header")
     version = 0
-    if struct.unpack_from("<I", buf, 0)[0] == _LLAMA2C_MAGIC:
+    if struct.unpack_from("<I", buf, 0)[0] == LLAMA2C_MAGIC:
         (version,) = struct.unpack_from("<i", buf, 4)
         if version != 1:
             raise PlanError("--model", f"{p}: llama2.c export version {version} is not supported "
@@ -171,8 +171,7 @@ def _read_llama2c(p: Path) -> ModelDims:
                                    f"heads={heads}, kv_heads={kv})")
     d = _llama("llama2.c", p.name, layers=layers, hidden=dim, heads=heads, kv_heads=kv, head_dim=dim // heads,
                intermediate=hidden, vocab=vocab, tied=tied, ctx=seq, dtype="fp32")
-    # the weights (float32), the legacy format's RoPE tables (seq_len × head_dim), after the header
-    expected = (256 if version == 1 else 28) + 4 * (d.params + (seq * (dim // heads) if version == 0 else 0))
+    expected = expected_bytes(version, dim, hidden, layers, heads, kv, vocab, seq, tied)
     if size != expected:
         raise PlanError("--model", f"{p}: {'truncated' if size < expected else 'too long'}: the header (dim={dim}, "
                                    f"hidden={hidden}, layers={layers}, heads={heads}, kv_heads={kv}, vocab={vocab}, "

@@ -27,6 +27,7 @@ from inferctl.contract.openai import validate_model
 from inferctl.contract.openapi import route_doc
 from inferctl.contract.precision import START_ONLY_MODES
 from inferctl.engine.async_engine import EngineDeadError
+from inferctl.engine.entrypoints.errors import unavailable
 from inferctl.engine.entrypoints.serving import read_json
 from inferctl.engine.entrypoints.sse import json_response
 from inferctl.engine.entrypoints.state import ServerState, server_state
@@ -59,9 +60,8 @@ ADMIN_ERRORS = (400, 403, 404, 413, 503)
 def engine_unavailable(served_name: str, exc: BaseException, state: ServerState, done: str = "") -> APIError:
     """503 ``engine_unavailable`` for an engine that could not take an admin command
     (``EngineDeadError``, ``TimeoutError``); ``done``: what was applied anyway."""
-    return APIError(503, f"model {served_name!r}: the engine did not take the command: {exc}{done}",
-                    code="engine_unavailable", err_type="service_unavailable_error",
-                    headers={"Retry-After": str(state.retry_after_seconds)})
+    return unavailable("engine_unavailable", f"model {served_name!r}: the engine did not take the command: "
+                                             f"{exc}{done}", state.retry_after_seconds)
 
 
 async def _body(request: Request, state: ServerState, cls: type[B]) -> B:

@@ -37,6 +37,13 @@ def error_response(err: APIError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers or None)
 
 
+def unavailable(code: str, message: str, retry_after: int, param: str | None = None) -> APIError:
+    """A 503 of the engine's API (``type`` ``service_unavailable_error``) with ``Retry-After``
+    (seconds): draining, out of memory, an engine not running, not answering or overloaded."""
+    return APIError(503, message, param=param, code=code, err_type="service_unavailable_error",
+                    headers={"Retry-After": str(retry_after)})
+
+
 def rejection_to_api_error(exc: RequestRejected) -> APIError:
     """A refused body as an APIError: same status, message and ``param``; ``code`` from
     :data:`REJECTION_CODES` (413 ``request_too_large``, 400 ``invalid_json`` ...)."""
@@ -83,15 +90,13 @@ def engine_error_to_api(exc: Exception, served: ServedModel, retry_after: int) -
     name = type(exc).__name__
     if name == "EngineOverloadedError":
         served.count_error("overloaded")
-        return APIError(503, str(exc), code="engine_overloaded", err_type="service_unavailable_error",
-                        headers={"Retry-After": str(retry_after)})
+        return unavailable("engine_overloaded", str(exc), retry_after)
     if name == "AdmissionError":
         status = int(getattr(exc, "status", 400) or 400)
         param = getattr(exc, "field", None)
         message = str(getattr(exc, "message", None) or exc)
         if status == 503:
-            return APIError(503, message, param=param, code="engine_draining",
-                            err_type="service_unavailable_error", headers={"Retry-After": str(retry_after)})
+            return unavailable("engine_draining", message, retry_after, param)
         code = "context_length_exceeded" if param in ("max_tokens", "prompt") else "invalid_request"
         if param and not message.startswith(f"{param}"):
             message = f"{param}: {message}"
@@ -101,8 +106,7 @@ def engine_error_to_api(exc: Exception, served: ServedModel, retry_after: int) -
         return APIError(400, str(exc), param=getattr(exc, "field", None), code="invalid_value")
     if name == "EngineDeadError" or (isinstance(exc, RuntimeError) and "not started" in str(exc)):
         served.count_error("overloaded")
-        return APIError(503, f"the engine is not running: {exc}", code="engine_unavailable",
-                        err_type="service_unavailable_error", headers={"Retry-After": str(retry_after)})
+        return unavailable("engine_unavailable", f"the engine is not running: {exc}", retry_after)
     return None
 
 
@@ -120,8 +124,7 @@ def output_failure(out: RequestOutput, retry_after: int) -> APIError | None:
     if status == 400:
         return APIError(400, message, code="request_too_large_for_device")
     if status == 503:
-        return APIError(503, message, code="out_of_memory", err_type="service_unavailable_error",
-                        headers={"Retry-After": str(retry_after)})
+        return unavailable("out_of_memory", message, retry_after)
     return APIError(status, message, code="engine_error", err_type="server_error")
 
 

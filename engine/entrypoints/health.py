@@ -38,10 +38,10 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
-from inferctl.contract.errors import APIError
 from inferctl.contract.openai import ModelCard, ModelList
 from inferctl.contract.openapi import Param, route_doc
 from inferctl.engine.async_engine import EngineDeadError
+from inferctl.engine.entrypoints.errors import unavailable
 from inferctl.engine.entrypoints.sse import json_response
 from inferctl.engine.entrypoints.state import ServerState, server_state
 
@@ -88,16 +88,7 @@ def ready_document(state: ServerState) -> tuple[bool, dict]:
     ready, reason = state.readiness()
     per_model = {}
     for name, served in state.models.items():
-        if state.stopping:
-            why = "stopping"
-        elif state.draining.get(name):
-            why = "draining"
-        elif not served.async_engine.is_running:
-            why = "starting"
-        elif getattr(served.async_engine, "responsive", True) is False:
-            why = "unresponsive"
-        else:
-            why = None
+        why = state.not_ready_reason(served)
         per_model[name] = {"ready": why is None, "reason": why}
     doc: dict = {"ready": ready}
     if not ready:
@@ -124,9 +115,7 @@ async def stats(request: Request, state: State) -> Response:
     try:
         doc = await served.stats()
     except TimeoutError as exc:
-        raise APIError(503, f"model {served.name!r}: {exc}", code="engine_unavailable",
-                       err_type="service_unavailable_error",
-                       headers={"Retry-After": str(state.retry_after_seconds)}) from None
+        raise unavailable("engine_unavailable", f"model {served.name!r}: {exc}", state.retry_after_seconds) from None
     doc = dict(doc) if isinstance(doc, dict) else {"engine": {}}
     engine_part = dict(doc.get("engine") or {})
     engine_part["model"] = served.name

@@ -239,16 +239,22 @@ class ServerState:
         has left a ping unanswered for seconds: ``CoreClient.responsive``). A drained light model that serves nothing
         for the default name leaves the server ready (its state is in ``/ready``'s ``models``).
         """
-        if self.stopping:
-            return False, "stopping"
         _, serving = self.resolve(None)
-        if self.draining.get(serving.name):
-            return False, "draining"
-        if not serving.async_engine.is_running:
-            return False, "starting"
-        if getattr(serving.async_engine, "responsive", True) is False:
-            return False, "unresponsive"
-        return True, None
+        reason = self.not_ready_reason(serving)
+        return reason is None, reason
+
+    def not_ready_reason(self, served: ServedModel) -> str | None:
+        """Why ``served`` admits no request now (:meth:`readiness`'s reasons, first match wins),
+        None when it would admit one."""
+        if self.stopping:
+            return "stopping"
+        if self.draining.get(served.name):
+            return "draining"
+        if not served.async_engine.is_running:
+            return "starting"
+        if getattr(served.async_engine, "responsive", True) is False:
+            return "unresponsive"
+        return None
 
     def admin_targets(self, name: str | None) -> list[ServedModel]:
         """The named model, or every served model (the default first) when ``name`` is None."""
