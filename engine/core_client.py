@@ -49,6 +49,7 @@ from inferctl.engine.async_engine import (EngineDeadError, EngineOverloadedError
                                           post_by_loop)
 from inferctl.engine.core_boot import boot
 from inferctl.engine.core_process import CoreSpec, PackedError
+from inferctl.engine.metrics import ENGINE_METRICS
 from inferctl.engine.sampling_params import SamplingParams
 from inferctl.engine.scheduler import AdmissionError
 
@@ -99,6 +100,11 @@ def _settle(fut: asyncio.Future, ok: bool, value) -> None:  # noqa: ANN001
         fut.set_exception(value.unpack() if isinstance(value, PackedError) else value)
 
 
+#: ``inferctl_engine_core_process_up`` (engine/metrics.py's catalog), set here, in the API process.
+UP_METRIC = "inferctl_engine_core_process_up"
+UP_HELP = next(spec["help"] for spec in ENGINE_METRICS if spec["name"] == UP_METRIC)
+
+
 class _Snapshot:
     """The core's metric families as last fetched (a collector of the server's registry), and
     ``inferctl_engine_core_process_up{model}``: 1 when the last fetch succeeded, 0 when it failed
@@ -110,11 +116,10 @@ class _Snapshot:
         self.up = 1
 
     def collect(self) -> Iterator[Metric]:
-        up = GaugeMetricFamily("inferctl_engine_core_process_up",
-                               "1 when the engine core process answered the last scrape, 0 when it is dead or "
-                               "did not answer in time (its other series are then absent)", labels=["model"])
+        up = GaugeMetricFamily(UP_METRIC, UP_HELP, labels=["model"])
         up.add_metric([self.model], self.up)
-        return iter([*self.families, up])
+        # the core's own registry has the (catalog) family with no sample: ours replaces it
+        return iter([*(f for f in self.families if f.name != UP_METRIC), up])
 
 
 class _RemoteCounter:

@@ -75,6 +75,11 @@ ENGINE_METRICS: list[MetricSpec] = [
      "help": "Tokens generated (decode).", "labels": ("model",)},
     *(_request_latency(name, text) for name, text in REQUEST_LATENCY_HISTOGRAMS),
     # scheduler and batching
+    {"name": "inferctl_engine_core_process_up", "type": "gauge", "unit": "",
+     "help": ("With --core-process: 1 when the engine core process answered the last scrape, 0 when it is "
+              "dead or did not answer in time (its other series are then absent). No series without "
+              "--core-process."),
+     "labels": ("model",)},
     {"name": "inferctl_engine_num_requests_running", "type": "gauge", "unit": "requests",
      "help": "Requests in the running queue.", "labels": ()},
     {"name": "inferctl_engine_num_requests_waiting", "type": "gauge", "unit": "requests",
