@@ -61,6 +61,8 @@ EMPTY_IN_SCENARIO: dict[tuple[str, str, str], str] = {
     ("inferctl-gpu", "ECC errors (volatile)", "A"): "the simulated GPU has no ECC counters",
     ("inferctl-gpu", "Xid events", "A"): "no Xid happens in the scenario (the counter is born by its first event)",
     ("inferctl-service", "Errors per second", "A"): "no request fails: the OOM re-queues the batch",
+    ("inferctl-service", "inferctl_engine_core_process_up", "A"):
+        "the scenario's engine runs in one process (no --core-process): the gauge has no series",
     ("inferctl-control-plane", "Engine restarts and drains", "A"): "no restart in the scenario",
     ("inferctl-control-plane", "Breaker state", "A"): "the breaker is off without a light model",
     ("inferctl-control-plane", "Breaker trips and TTFT P99", "A"): "the breaker is off without a light model",
