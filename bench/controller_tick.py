@@ -2,7 +2,7 @@
 
     python -m bench.controller_tick [--engines 64,256,1024] [--ticks 10] [--models aiohttp,threads]
 
-The controller is assembled as ``inferctl up`` does (``controller.up.build_policies``: precision,
+The controller is assembled as ``inferctl up`` does (``controller.runtime.build_policies``: precision,
 fragmentation, breaker off, hardware) over REAL engine clients polling over loopback HTTP: a
 fake fleet in a child process (``--serve``: one aiohttp server listening on one free port per
 engine, picked by the OS, so two runs never collide) answers with recorded data: half the engines
@@ -188,7 +188,7 @@ def build_controller(fleet: Fleet, n_gpus: int, workdir: Path, model: str):
     from inferctl.controller.metrics import build_registry
     from inferctl.controller.signals import InvalidSampleCounter
     from inferctl.controller.state import ControllerState
-    from inferctl.controller.up import build_policies
+    from inferctl.controller.runtime import build_policies
 
     engines = [{"name": f"e{i:04d}", "kind": kind, "url": url, "gpu": i % n_gpus}
                for i, ((kind, _), url) in enumerate(zip(fleet.kinds, fleet.urls))]

@@ -172,7 +172,7 @@ class EngineConfig(_Model):
 
 def gpu_source_option_names(kind: str) -> tuple[str, ...]:
     """The options a GPU source kind takes: its class's ``OPTIONS`` (``auto``: NVML's and the
-    simulated GPU's) plus ``timeout_s``, every kind's call deadline (controller/up.py)."""
+    simulated GPU's) plus ``timeout_s``, every kind's call deadline (controller/runtime.py)."""
     from inferctl.controller.gpu.dcgm import DcgmGpuSource
     from inferctl.controller.gpu.nvml import NvmlGpuSource
     from inferctl.controller.gpu.replay import ReplayGpuSource

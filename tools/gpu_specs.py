@@ -1,6 +1,6 @@
 """Common NVIDIA data-center GPUs: memory and memory bandwidth, each number with its source.
 
-Used by ``inferctl plan`` (:mod:`inferctl.tools.plan`) to say which GPUs a model fits on and
+Used by ``inferctl plan`` (:mod:`inferctl.tools.plan_compute`) to say which GPUs a model fits on and
 the batch-1 decode bound (weight bytes ÷ memory bandwidth). The numbers are NVIDIA's own
 datasheet/product-page figures (the SXM / top memory variant where a product has several):
 

@@ -36,7 +36,7 @@ FLAG = "--speculative-config"
 
 
 class DraftError(ValueError):
-    """A bad ``--speculative-config`` or draft model (``tools/plan.py`` reports it as its
+    """A bad ``--speculative-config`` or draft model (``tools/plan_compute.py`` reports it as its
     ``PlanError`` naming :data:`FLAG`; this module imports nothing of the planner's)."""
 
 

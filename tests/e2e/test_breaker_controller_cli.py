@@ -136,9 +136,9 @@ def test_an_answer_that_is_not_the_controllers_is_one_line_exit_1(body, cmd):
 
 def test_an_endless_answer_is_cut_off(monkeypatch):
     """Something at --url that streams without end: one line, exit 1, bounded memory."""
-    import inferctl.controller.cli as cli
+    import inferctl.controller.admin_client as client   # the module whose _request reads the bound
 
-    monkeypatch.setattr(cli, "MAX_ANSWER_BYTES", 1024 * 1024)
+    monkeypatch.setattr(client, "MAX_ANSWER_BYTES", 1024 * 1024)
     with NotAController(b"[" + b"1," * (2 * 1024 * 1024)) as fake:
         r = run("status", "--url", fake.url)
     assert r.exit_code == 1

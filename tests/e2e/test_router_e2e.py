@@ -248,7 +248,7 @@ def test_up_router_env_gives_clients_one_key_in_front_of_an_engine_with_its_own(
     processes: the client holds only the front key, the engine only accepts its own, and the
     tokenizer routes pass through."""
     from inferctl.controller.config import parse_config
-    from inferctl.controller.up import UPSTREAM_KEY_ENV, RouterSpec, router_argv, router_env
+    from inferctl.controller.router_launch import UPSTREAM_KEY_ENV, RouterSpec, router_argv, router_env
 
     front, engine_key = "sk-front-e2e-0123", "sk-engine-e2e-4567"
     eport, rport = free_port(), free_port()

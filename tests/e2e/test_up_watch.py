@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from inferctl.controller.config import parse_config
-from inferctl.controller.up import build_runtime
+from inferctl.controller.runtime import build_runtime
 
 VLLM_METRICS = b"""# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge

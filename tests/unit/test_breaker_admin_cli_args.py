@@ -226,9 +226,9 @@ def _engine_exiting(code: int, message: str):
 
 @pytest.mark.parametrize("log_dir", [True, False])
 def test_an_engine_usage_error_at_start_makes_up_exit_2_with_its_message(tmp_path, monkeypatch, log_dir):
-    from inferctl.controller import up
+    from inferctl.controller import runtime, up   # build_runtime (runtime.py) launches; up.serve calls it
 
-    monkeypatch.setattr(up, "engine_serve_argv", _engine_exiting(2, "error: --max-num-seqs: must be >= 1"))
+    monkeypatch.setattr(runtime, "engine_serve_argv", _engine_exiting(2, "error: --max-num-seqs: must be >= 1"))
     cfg = parse_config({"event_log": str(tmp_path / "ev.db"), "listen": {"port": 0},
                         "engines": [{"name": "main", "kind": "bundled", "launch": {"port": _free_port()}}]})
     out: list[str] = []
@@ -241,9 +241,9 @@ def test_an_engine_usage_error_at_start_makes_up_exit_2_with_its_message(tmp_pat
 
 
 def test_an_engine_that_fails_otherwise_is_still_exit_1(tmp_path, monkeypatch):
-    from inferctl.controller import up
+    from inferctl.controller import runtime, up   # build_runtime (runtime.py) launches; up.serve calls it
 
-    monkeypatch.setattr(up, "engine_serve_argv", _engine_exiting(1, "error: out of memory"))
+    monkeypatch.setattr(runtime, "engine_serve_argv", _engine_exiting(1, "error: out of memory"))
     cfg = parse_config({"event_log": str(tmp_path / "ev.db"), "listen": {"port": 0},
                         "engines": [{"name": "main", "kind": "bundled", "launch": {"port": _free_port()}}]})
     out: list[str] = []

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from inferctl.cli import app
 from inferctl.controller.config import ConfigError, load_config, parse_config
-from inferctl.controller.up import build_runtime
+from inferctl.controller.runtime import build_runtime
 from tests.controller_helpers import free_port
 
 TRACE = ('{"t": 0, "gpus": [{"uuid": "GPU-a", "index": 0, "memory_total_mib": 81920,'

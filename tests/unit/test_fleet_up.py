@@ -6,7 +6,8 @@ import pytest
 
 from inferctl.controller.config import ConfigError, parse_config
 from inferctl.controller.supervisor import engine_serve_argv
-from inferctl.controller.up import RouterSpec, replica_names, router_argv, up_config
+from inferctl.controller.router_launch import RouterSpec, router_argv
+from inferctl.controller.up_flags import replica_names, up_config
 
 
 def test_replicas_get_names_and_consecutive_ports_and_the_model_each():

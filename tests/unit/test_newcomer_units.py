@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from inferctl.controller.up import describe_exit
+from inferctl.controller.runtime import describe_exit
 from inferctl.tools.longtext.cli import output_name
 from inferctl.tools.longtext.measure import ChunkResult, LongTextReport
 from inferctl.tools.longtext.report import render_tables

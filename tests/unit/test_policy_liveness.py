@@ -180,7 +180,7 @@ def test_a_single_gpu_missing_from_the_reading_and_back():
 
 def test_build_policies_restarts_only_launched_bundled_engines_and_checks_the_section():
     from inferctl.controller.config import parse_config
-    from inferctl.controller.up import build_policies
+    from inferctl.controller.runtime import build_policies
 
     cfg = parse_config({"engines": [{"name": "own", "kind": "bundled", "launch": {"port": 18123}},
                                     {"name": "watched", "kind": "vllm", "url": "http://127.0.0.1:18124"}],

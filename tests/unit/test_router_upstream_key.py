@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from inferctl.cli import app as cli_app
 from inferctl.controller.config import parse_config
-from inferctl.controller.up import UPSTREAM_KEY_ENV, RouterSpec, router_argv, upstream_key
+from inferctl.controller.router_launch import UPSTREAM_KEY_ENV, RouterSpec, router_argv, upstream_key
 from inferctl.router.config import ConfigError, EngineSpec, RouterConfig, load_config_file, upstream_key_from_env
 
 KEY = "sk-fleet-0123"
@@ -71,7 +71,7 @@ def test_up_refuses_engines_with_different_keys_behind_one_router():
 
 
 def test_up_sets_the_routers_keys_explicitly_one_key_at_the_front_door():
-    from inferctl.controller.up import router_env
+    from inferctl.controller.router_launch import router_env
 
     shell = "sk-shell-key-9"
     # the shell's key is the front door; engines with their own launch key are reached with it
@@ -88,7 +88,7 @@ def test_up_sets_the_routers_keys_explicitly_one_key_at_the_front_door():
 
 @pytest.mark.parametrize("bad", ["   ", "two words", "ключ"])
 def test_up_refuses_a_shell_key_no_client_could_send_naming_the_variable_never_the_value(bad):
-    from inferctl.controller.up import router_env
+    from inferctl.controller.router_launch import router_env
 
     with pytest.raises(RuntimeError, match=r"router: \$INFERCTL_API_KEY: the API key") as err:
         router_env(launched(KEY), environ={"INFERCTL_API_KEY": bad})

@@ -10,7 +10,7 @@ import pytest
 
 from inferctl.controller.config import parse_config
 from inferctl.controller.sources import SourceJob
-from inferctl.controller.up import SOURCE_TIMEOUT_SHARE, _gpu_source, gpu_source_options
+from inferctl.controller.runtime import SOURCE_TIMEOUT_SHARE, _gpu_source, gpu_source_options
 from tests.gpu_helpers import FakeGpu, FakeNvml
 
 INTERVALS = {"engine_poll_seconds": 1.0, "gpu_poll_seconds": 1.0, "reconcile_seconds": 1.0,
