@@ -8,22 +8,20 @@ are never coerced (docs/field-cases.md, "OpenAI-compatible API").
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 from pydantic_core import PydanticCustomError
 
+from inferctl.contract.jsonvalues import json_integer
+
 
 def _strict_int(value: Any) -> Any:
     if isinstance(value, bool):
         raise PydanticCustomError("int_type", "must be an integer, not a boolean")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        if math.isfinite(value) and value.is_integer():
-            return int(value)
-        raise PydanticCustomError("int_type", "must be an integer")
+    number = json_integer(value)
+    if number is not None:
+        return number
     if isinstance(value, str):
         raise PydanticCustomError("int_type", "must be an integer, not a string (strings are not coerced)")
     raise PydanticCustomError("int_type", "must be an integer")

@@ -19,6 +19,7 @@ import torch
 
 from inferctl.engine import hugepages
 from inferctl.engine.llama2c_format import LLAMA2C_MAGIC, expected_bytes
+from inferctl.contract.jsonvalues import json_integer
 from inferctl.engine.model import LlamaModel, ModelArgs, canonical_weight_names
 from inferctl.engine.tokenizer import (BaseTokenizer, ByteTokenizer, HFTokenizer, Llama2cTokenizer,
                               build_hf_tokenizer_json)
@@ -250,11 +251,14 @@ def load_hf_dir(path: str | Path, device: str | torch.device = "cpu", dtype: tor
         """``cfg[key]`` (or ``value``, its default applied) as a finite ``kind``: ValueError
         naming the file and the key for a string, a null, a bool or a fraction where a count goes."""
         v = cfg[key] if value is None else value
-        ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
-        if not ok or (kind is int and v != int(v)):
+        if kind is int:
+            n = json_integer(v)
+        else:
+            n = v if not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) else None
+        if n is None:
             raise ValueError(f"{cfg_path}: field {key!r} must be {'an integer' if kind is int else 'a number'}, "
                              f"got {v!r}")
-        return kind(v)
+        return kind(n)
 
     try:
         n_heads = number("num_attention_heads")

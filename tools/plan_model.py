@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inferctl.contract.jsonvalues import json_integer
 from inferctl.engine.llama2c_format import LLAMA2C_MAGIC, expected_bytes
 
 #: Largest model dimension (layers, hidden, heads, vocabulary…) a plan takes: 2**31 - 1, far
@@ -185,13 +186,13 @@ def _read_hf_dir(p: Path) -> ModelDims:
                 raise PlanError("--model", f"{cfg_path}: missing key {key!r} (needs hidden_size, num_hidden_layers, "
                                            "num_attention_heads, intermediate_size, vocab_size)")
             return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or (
-                isinstance(v, float) and (not math.isfinite(v) or v != int(v))) or v < 1:
+        n = json_integer(v)
+        if n is None or n < 1:
             raise PlanError("--model", f"{cfg_path}: key {key!r} must be an integer >= 1, got {repr(v)[:40]}")
-        if v > MAX_DIMENSION:
+        if n > MAX_DIMENSION:
             raise PlanError("--model", f"{cfg_path}: key {key!r} must be at most {MAX_DIMENSION:,}, got "
                                        f"{str(v)[:40]}{'…' if len(str(v)) > 40 else ''}")
-        return int(v)
+        return n
 
     hidden, heads = count("hidden_size"), count("num_attention_heads")
     kv_heads, head_dim = count("num_key_value_heads", False) or heads, count("head_dim", False)
