@@ -186,6 +186,9 @@ class CoreClient(OutputStreams):
         self._precision = self.model_info["precision"]
         self._requested = self.model_info["requested_precision"]
         self._lock = threading.Lock()
+        #: one thread at a time reaps the core (:meth:`_join`): two concurrent joins raced in
+        #: ``waitpid``, the loser reading ECHILD as "still running" and the exit code lost
+        self._join_lock = threading.Lock()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, OutputQueue]] = {}
         self._queues: dict[str, OutputQueue] = {}
         self._waiters: dict[int, _Waiter] = {}
@@ -240,17 +243,23 @@ class CoreClient(OutputStreams):
             self.send(("shutdown",))
         except EngineDeadError:   # already gone
             pass
-        self._proc.join(timeout)
+        self._join(timeout)
         if self._proc.is_alive():
             log.warning("the engine core process did not stop within %.0f s: killing it", timeout)
             self._proc.kill()
-            self._proc.join(5)
+            self._join(5)
         self._mark_dead()
         self._fail_all(EngineDeadError("the engine was shut down"))
         try:
             self._conn.close()
         except OSError:
             pass
+
+    def _join(self, timeout: float) -> None:
+        """``Process.join(timeout)`` by one thread at a time (the reader thread's, after the pipe's EOF,
+        and :meth:`shutdown`'s): the exit code is then set once reaped, whichever thread reaped it."""
+        with self._join_lock:
+            self._proc.join(timeout)
 
     def send(self, message: tuple, *, bounded: bool = False) -> None:
         """Queue one message for the core (any thread; never blocks on the pipe: the writer
@@ -512,7 +521,7 @@ class CoreClient(OutputStreams):
             elif kind == "state":
                 self._precision, self._requested = message[1], message[2]
         self._mark_dead()
-        self._proc.join(1)
+        self._join(1)
         if not self._closing:
             if self.fatal is None:
                 self.fatal = f"the engine core process exited (exit code {self._proc.exitcode})"

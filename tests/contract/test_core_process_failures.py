@@ -290,6 +290,31 @@ def test_shutdown_of_a_stopped_core_takes_a_second_not_ten(stories_dir):
 
 
 @pytest.mark.timeout(60)
+def test_the_core_is_reaped_by_one_thread_at_a_time(stories_dir):
+    """A core that dies while the server shuts down: the reader thread (the pipe's EOF) and shutdown both
+    join the process; at the same time they raced in waitpid and the exit code read None (a flaky stop)."""
+    c = CoreClient(_spec(stories_dir))
+    real, inside, most = c._proc.join, [0], [0]
+
+    def slow_join(timeout=None):
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        try:
+            time.sleep(0.3)          # widen the window two concurrent joins would share
+            real(timeout)
+        finally:
+            inside[0] -= 1
+
+    c._proc.join = slow_join
+    os.kill(c.pid, signal.SIGKILL)
+    wait_until(lambda: inside[0] > 0, 10, 0.01, "the reader thread joining the dead core")
+    c.shutdown()
+    wait_until(lambda: inside[0] == 0, 10, 0.01, "every join returned")
+    assert most[0] == 1
+    assert c._proc.exitcode == -signal.SIGKILL
+
+
+@pytest.mark.timeout(60)
 def test_a_stop_fails_an_unresponsive_cores_requests_at_once(core):
     """SIGTERM with a stopped core and a request open: the drain does not wait its grace period
     for a core that cannot answer; the client gets the error, then the stop goes on."""
