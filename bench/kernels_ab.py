@@ -13,10 +13,11 @@ table; writes nothing (the numbers go to docs/performance.md by hand, with the l
 ``--ops`` instead times the linear kernels alone on the shapes of ``--models`` (synthetic 99.5 MB model:
 384→640 QKV, 384→2048 gate/up, 1024→384 down, 384→32000 output; stories260K; smollm2 = SmolLM2-135M),
 per row count in ``--rows`` (default 1-64), at
-``--threads``: ``gemv_f32`` on ``[out, in]`` against torch (MKL) on ``[in, out]`` and on ``W.T``, and
-``gemv_int8`` against torch's int8 kernel (``engine.quant.int8_matmul``); alternating, best of
-``--rounds`` × enough calls for ~0.2 GB of weight reads, wall µs, CPU µs and weight GB/s — the
-reading that sets ``cpu_kernels.GEMV_F32_MAX_BYTES``, ``MAX_BATCH``/``MAX_BATCH_MT`` (the predicate
+``--threads``: ``gemv_f32`` on ``[out, in]`` against torch (MKL) on ``[in, out]`` and on ``W.T`` and
+oneDNN's GEMM on ``[out, in]`` (``engine.onednn``, where this torch has it), and ``gemv_int8`` against
+torch's int8 kernel (``engine.quant.int8_matmul``); alternating, best of ``--rounds`` × enough calls for
+~0.2 GB of weight reads, wall µs, CPU µs, weight GB/s and GFLOP/s — the reading that sets
+``cpu_kernels.GEMV_F32_MAX_BYTES``, ``MAX_BATCH``/``MAX_BATCH_MT``, ``onednn.GEMV_MAX_ROWS`` (the predicate
 ``f32_kernel_wins``) and ``MAX_BATCH_INT8``.
 """
 
@@ -82,15 +83,17 @@ def ops_table(threads: int, rows: list[int], rounds: int, models: list[str] | No
     import torch
 
     from inferctl.engine import cpu_kernels as ck
+    from inferctl.engine import onednn
     from inferctl.engine.quant import int8_matmul, quantize_per_channel
 
     ops = ck.ops_for("cpu", torch.float32)
     if ops is None:
         raise SystemExit("the engine's CPU kernels are not built here (INFERCTL_CPU_KERNELS, compiler)")
     torch.set_num_threads(threads)
-    print(f"| N×K | rows | kernel | wall µs | CPU µs | weight GB/s |   (f32_kernel_wins: gemv_f32 up to "
-          f"{ck.MAX_BATCH if threads <= 1 else ck.MAX_BATCH_MT} rows at {threads} thread(s))")
-    print("|---|---|---|---|---|---|")
+    print(f"| N×K | rows | kernel | wall µs | CPU µs | weight GB/s | GFLOP/s |   (f32_kernel_wins: gemv_f32 up to "
+          f"{max(b for b in range(1, 65) if ck.f32_kernel_wins(b))} rows at {threads} thread(s); oneDNN "
+          f"{'on' if onednn.available() else 'off'})")
+    print("|---|---|---|---|---|---|---|")
     g = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         for n, k in [shape for m in (models or ["synthetic"]) for shape in OPS_SHAPES[m]]:
@@ -101,13 +104,16 @@ def ops_table(threads: int, rows: list[int], rounds: int, models: list[str] | No
                 x = torch.randn(b, k, generator=g)
                 runs = {"torch [in, out]": (lambda: x @ wt, 4 * n * k), "torch W.T": (lambda: x @ w.t(), 4 * n * k),
                         "torch int8 (bf16 act.)": (lambda: int8_matmul(x, q), n * k)}
+                if onednn.available():
+                    runs["oneDNN W (engine.onednn)"] = (lambda: onednn.linear(x, w), 4 * n * k)
                 if b <= ck.MAX_DECODE_BATCH:
                     runs["gemv_f32"] = (lambda: ops.gemv_f32(x, w), 4 * n * k)
                     runs["gemv_int8 (Q8_0 act.)"] = (lambda: ops.gemv_int8(x, q.qweight, q.scales, k), n * k)
                 for name, (fn, nbytes) in runs.items():
                     wall, cpu = time_call(fn, nbytes, rounds)
                     gbps = nbytes / wall / 1e9
-                    print(f"| {n}×{k} | {b} | {name} | {wall * 1e6:.0f} | {cpu * 1e6:.0f} | {gbps:.1f} |")
+                    print(f"| {n}×{k} | {b} | {name} | {wall * 1e6:.0f} | {cpu * 1e6:.0f} | {gbps:.1f} | "
+                          f"{2 * b * n * k / wall / 1e9:.0f} |")
 
 
 def main(argv: list[str] | None = None) -> int:

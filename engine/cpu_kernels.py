@@ -54,6 +54,8 @@ from typing import Any
 
 import torch
 
+from inferctl.engine import onednn
+
 log = logging.getLogger("inferctl.engine.cpu_kernels")
 
 #: Environment switch: "0", "false", "no" or "off" keeps every op on plain PyTorch.
@@ -225,7 +227,12 @@ def f32_kernel_wins(rows: int, weight_bytes: int = 0) -> bool:
     ``rows``-row product (``rows ≤`` :data:`MAX_BATCH` at 1 thread, :data:`MAX_BATCH_MT` at more, per
     ``torch.get_num_threads()``; ``rows ≤`` :data:`MAX_DECODE_BATCH` for a weight of
     :data:`GEMV_F32_ALL_ROWS_BYTES` or more), False when torch's GEMM (MKL) does. The layer shapes'
-    crossovers did not depend on (N, K) within the noise (see the constants)."""
+    crossovers did not depend on (N, K) within the noise (see the constants). Where oneDNN's GEMM
+    would run the product (:func:`inferctl.engine.onednn.wins` for ``rows`` and the weight's
+    ``weight_bytes // 4`` elements), its crossover instead: ``rows ≤``
+    :data:`inferctl.engine.onednn.GEMV_MAX_ROWS` at any thread count."""
+    if onednn.wins(rows, weight_bytes // 4):
+        return rows <= onednn.GEMV_MAX_ROWS
     if weight_bytes >= GEMV_F32_ALL_ROWS_BYTES:
         return rows <= MAX_DECODE_BATCH
     return rows <= (MAX_BATCH if torch.get_num_threads() <= 1 else MAX_BATCH_MT)

@@ -5,9 +5,10 @@ write, gather/bmm/softmax/bmm, output projection, residual, norm, gate/up, SiLU�
 so per-op overhead, not arithmetic, set its speed (docs/performance.md). ``csrc/decode_step.cpp``
 runs every layer of such a step in one op: the same formulas in float32 (see that file), K/V read
 in place from the paged pool through each sequence's block table, the GEMVs through the
-extension's own ``gemv_f32``/``gemv_int8``/``q4_matmul`` kernels (an fp32 linear takes torch's GEMM, MKL,
-called from inside the op, where ``cpu_kernels.f32_kernel_wins`` says so for the batch: the op's
-``torch_mm_mask``), threads only through ``at::parallel_for`` and torch's own pool.
+extension's own ``gemv_f32``/``gemv_int8``/``q4_matmul`` kernels (an fp32 linear takes a GEMM —
+oneDNN's where engine.onednn says so (:func:`mm_mask`), else torch's MKL — called from inside
+the op, where ``cpu_kernels.f32_kernel_wins`` says so for the batch: the op's ``torch_mm_mask``),
+threads only through ``at::parallel_for`` and torch's own pool.
 
 :func:`layer_weights` is the one predicate: it returns the op's weight lists for a step the fused
 path can run, else None (the model then takes its per-op path unchanged). Eligible: the engine's
@@ -38,13 +39,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from inferctl.engine import cpu_kernels
+from inferctl.engine import cpu_kernels, onednn
 from inferctl.engine.q4_kernels import Q4Weight
 from inferctl.engine.quant import Int8Weight
 
 if TYPE_CHECKING:
     from inferctl.engine.attention import AttentionMetadata, KVCache
 
+#: ``torch_mm_mask``: bit j + ONEDNN_SHIFT makes layer linear j's GEMM (bit j) oneDNN's (engine.onednn)
+#: instead of torch's default ``mm`` (MKL); HEAD_ONEDNN_BIT the same for the head's (``head_mm``)
+ONEDNN_SHIFT = 4
+HEAD_ONEDNN_BIT = 1 << 8
 #: ``rope_style`` → the op's integer code
 ROPE_CODES = {"interleaved": 0, "half": 1}
 
@@ -168,7 +173,7 @@ def decode_layers(model: Any, lists: tuple[list[torch.Tensor], ...], x: torch.Te
     a = model.args
     attn_norm, ffn_norm, weights, scales = lists
     norm, out_w, out_s = head if head is not None else (None, None, None)
-    flags = _mm_flags(model, x.shape[0], out_w)
+    flags = _mm_flags(model, x.shape[0], weights[:4], out_w)
     # the metadata's contract fields are views of one contiguous int64 buffer (AttentionMetadata.build),
     # so only x (an embedding or a caller's inputs_embeds) may need a copy; the op checks every input
     return model.kernel_ops.decode_layers(
@@ -193,7 +198,7 @@ def decode_tokens(model: Any, lists: tuple[list[torch.Tensor], ...], input_ids: 
     a = model.args
     attn_norm, ffn_norm, weights, scales = lists
     norm, out_w, out_s = head if head is not None else (None, None, None)
-    flags = _mm_flags(model, input_ids.shape[0], out_w)
+    flags = _mm_flags(model, input_ids.shape[0], weights[:4], out_w)
     return model.kernel_ops.decode_tokens(
         input_ids, positions, emb[0], emb[1], rope[0], rope[1], kv_cache.k, kv_cache.v, meta.slot_mapping,
         meta.block_tables, meta.seq_lens,
@@ -201,16 +206,33 @@ def decode_tokens(model: Any, lists: tuple[list[torch.Tensor], ...], input_ids: 
         model.scale, flags[0], norm, out_w, out_s, flags[1], greedy_out)
 
 
-def _mm_flags(model: Any, B: int, out_w: torch.Tensor | None) -> tuple[int, bool]:
-    """(torch_mm_mask, head_mm) for a batch of ``B``, kept in the plan (its weights fixed) and keyed by
-    the thread count too (f32_kernel_wins reads it)."""
+def mm_mask(B: int, layer0: list[torch.Tensor], out_w: torch.Tensor | None) -> tuple[int, bool]:
+    """(torch_mm_mask, head_mm) for a batch of ``B`` with layer 0's four linears ``layer0`` (every layer
+    has their shapes) and the classifier ``out_w``: bit j (j = 0 wqkv, 1 wo, 2 w13, 3 w2) when linear j
+    is float32 and ``cpu_kernels.f32_kernel_wins`` says a GEMM for it, bit j + :data:`ONEDNN_SHIFT`
+    when that GEMM is oneDNN's (``onednn.wins``), :data:`HEAD_ONEDNN_BIT` the same for the head's GEMM
+    (``head_mm``)."""
+    mask = 0
+    for j, w in enumerate(layer0):
+        if w.dtype == torch.float32 and not cpu_kernels.f32_kernel_wins(B, w.numel() * 4):
+            mask |= 1 << j
+            if onednn.wins(B, w.numel()):
+                mask |= 1 << (j + ONEDNN_SHIFT)
+    head_mm = (out_w is not None and out_w.dtype == torch.float32
+               and not cpu_kernels.f32_kernel_wins(B, out_w.numel() * 4))
+    if head_mm and onednn.wins(B, out_w.numel()):
+        mask |= HEAD_ONEDNN_BIT
+    return mask, head_mm
+
+
+def _mm_flags(model: Any, B: int, layer0: list[torch.Tensor], out_w: torch.Tensor | None) -> tuple[int, bool]:
+    """:func:`mm_mask`, kept in the plan (its weights fixed) and keyed by the thread count too
+    (f32_kernel_wins reads it)."""
     cache = model.__dict__.get("_fused_decode_plan", (None,) * 4)[3]
     key = (B, torch.get_num_threads(), out_w is not None)
     flags = None if cache is None else cache.get(key)
     if flags is None:
-        torch_mm_mask = 0 if cpu_kernels.f32_kernel_wins(B) else 0b1111   # the four linears of a layer
-        head_mm = out_w is not None and not cpu_kernels.f32_kernel_wins(B, out_w.numel() * out_w.element_size())
-        flags = (torch_mm_mask, head_mm)
+        flags = mm_mask(B, layer0, out_w)
         if cache is not None:
             cache[key] = flags
     return flags

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import torch
 
-from inferctl.engine import cpu_kernels, fused_decode
+from inferctl.engine import cpu_kernels, fused_decode, onednn
 from inferctl.engine.attention import AttentionMetadata, KVCache, paged_attention
 from inferctl.engine.quant import Int8Weight, int8_matmul, int8_weight_nbytes, quantize_per_channel
 from inferctl.engine.quant_int4 import INT4_TYPES, int4_matmul, int4_mode_nbytes, int4_weights
@@ -123,7 +123,8 @@ class Linear(torch.nn.Module):
     full, CPU float32, under ``cpu_kernels.GEMV_F32_MAX_BYTES`` (every weight since wave 7, the classifier
     too), with the engine's CPU kernels built (``layout == "out_in"``, engine.cpu_kernels):
     ``weight`` [out, in] contiguous; batches where ``cpu_kernels.f32_kernel_wins`` run the
-    kernels' GEMV (one contiguous weight row per output), larger ones ``x @ weight.T`` (torch).
+    kernels' GEMV (one contiguous weight row per output), larger ones ``x @ weight.T`` through
+    oneDNN's GEMM where it is usable (engine.onednn), else torch's (MKL).
     full otherwise (``layout == "in_out"``): ``weight`` [in, out] contiguous, ``y = x @ weight``
     (torch at every batch size: never numpy's BLAS, whose OpenBLAS thread pool left spinning beside
     torch's OpenMP pool made the next ops 60× slower at 2 threads, docs/performance.md).
@@ -179,7 +180,7 @@ class Linear(torch.nn.Module):
             w = self.weight
             if cpu_kernels.eligible(x) and cpu_kernels.f32_kernel_wins(x.shape[0], w.numel() * w.element_size()):
                 return cpu_kernels.gemv_f32(self.ops, x, self.weight)
-            return x @ self.weight.t()
+            return onednn.linear(x, self.weight)
         return x @ self.weight
 
     def nbytes(self) -> int:

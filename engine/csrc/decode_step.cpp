@@ -31,8 +31,10 @@
 // The GEMVs are the extension's own gemv_f32 / gemv_int8 / q4_matmul (csrc/cpu_kernels.cpp,
 // csrc/q4_kernels.cpp), called through
 // the dispatcher, so this file shares their inner loops without copying them; bit j of torch_mm_mask
-// (j = 0 wqkv, 1 wo, 2 w13, 3 w2) sends that fp32 linear to torch's GEMM instead (MKL wins there from
-// a few rows: engine.cpu_kernels.f32_kernel_wins, the one predicate, decides in Python). weights[4i..4i+3] are
+// (j = 0 wqkv, 1 wo, 2 w13, 3 w2) sends that fp32 linear to a GEMM instead (a GEMM wins there from
+// a few rows: engine.cpu_kernels.f32_kernel_wins, the one predicate, decides in Python); bit j + 4 makes
+// that GEMM oneDNN's (engine.onednn) rather than torch's default (MKL), bit 8 the head's
+// (engine.fused_decode.mm_mask). weights[4i..4i+3] are
 // layer i's wqkv, wo, w13, w2: float32 [out, in] with an empty scales entry, or int8 [out, in_padded]
 // with float32 scales [out] (engine.quant's per-channel layout), or uint8 GGUF Q4_1 blocks [out, ceil(in/32)*20]
 // with an empty scales entry (engine.q4_kernels, computed by its q4_matmul).
@@ -41,6 +43,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <ATen/ops/_log_softmax.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
@@ -67,6 +70,8 @@ namespace {
 
 constexpr int64_t MAX_B = 64;       // sequences per call (cpu_kernels.MAX_DECODE_BATCH; gemv_f32/gemv_int8's MAX_B)
 constexpr int64_t MAX_HEAD_DIM = 512;
+constexpr int64_t kOneDnnShift = 4;         // torch_mm_mask bit j + 4: linear j's GEMM is oneDNN's (fused_decode)
+constexpr int64_t kHeadOneDnnBit = 1 << 8;  // the same for the head's GEMM (fused_decode.HEAD_ONEDNN_BIT)
 constexpr int64_t ATTN_GRAIN = 1 << 14;   // score multiply-adds per parallel chunk of heads
 
 #if INFERCTL_DS_AVX2
@@ -106,10 +111,20 @@ void rms_norm_rows(const float* x, const float* w, float* y, int64_t B, int64_t 
 }
 
 // y = x @ W^T through the extension's registered GEMV ops (fp32 when scales is empty, else int8), or
-// torch's GEMM (MKL, on torch's own thread pool) for an fp32 weight when `torch_mm` (the caller's
-// cpu_kernels.f32_kernel_wins said no for this batch and shape)
-at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& s, bool torch_mm) {
-  if (torch_mm && w.scalar_type() == at::kFloat) return at::mm(x, w.t());
+// a GEMM for an fp32 weight when `torch_mm` (the caller's cpu_kernels.f32_kernel_wins said no for this
+// batch and shape): oneDNN's (mkldnn::_linear_pointwise, on torch's own thread pool) when `onednn`
+// (engine.fused_decode.mm_mask's bit for that linear), else torch's (MKL)
+at::Tensor gemv(const at::Tensor& x, const at::Tensor& w, const at::Tensor& s, bool torch_mm, bool onednn) {
+  if (torch_mm && w.scalar_type() == at::kFloat) {
+    if (onednn) {
+      static auto lin = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+      torch::jit::Stack stack{x, w, c10::IValue(), c10::IValue(std::string("none")),
+                              c10::IValue(c10::List<std::optional<at::Scalar>>()), c10::IValue(std::string(""))};
+      lin.callBoxed(&stack);
+      return stack.back().toTensor();
+    }
+    return at::mm(x, w.t());
+  }
   if (w.scalar_type() == at::kByte) {
     static auto op4 = c10::Dispatcher::singleton()
                           .findSchemaOrThrow("inferctl_cpu::q4_matmul", "")
@@ -269,7 +284,7 @@ at::Tensor run_layers(at::Tensor x, const float* const* crow, const float* const
     float* kl = k_pool.data_ptr<float>() + li * layer_elems;
     float* vl = v_pool.data_ptr<float>() + li * layer_elems;
     rms_norm_rows(xp, attn_norm[li].data_ptr<float>(), hp, B, dim, eps);
-    at::Tensor qkv = gemv(h, weights[4 * li], scales[4 * li], torch_mm_mask & 1);
+    at::Tensor qkv = gemv(h, weights[4 * li], scales[4 * li], torch_mm_mask & 1, torch_mm_mask & (1 << kOneDnnShift));
     float* qp = qkv.data_ptr<float>();
     for (int64_t b = 0; b < B; ++b) {
       float* row = qp + b * qkv_out;
@@ -322,11 +337,11 @@ at::Tensor run_layers(at::Tensor x, const float* const* crow, const float* const
         }
       });
     }
-    at::Tensor y = gemv(o, weights[4 * li + 1], scales[4 * li + 1], torch_mm_mask & 2);
+    at::Tensor y = gemv(o, weights[4 * li + 1], scales[4 * li + 1], torch_mm_mask & 2, torch_mm_mask & (2 << kOneDnnShift));
     const float* yp = y.data_ptr<float>();
     for (int64_t i = 0; i < B * dim; ++i) xp[i] += yp[i];
     rms_norm_rows(xp, ffn_norm[li].data_ptr<float>(), hp, B, dim, eps);
-    at::Tensor gu = gemv(h, weights[4 * li + 2], scales[4 * li + 2], torch_mm_mask & 4);
+    at::Tensor gu = gemv(h, weights[4 * li + 2], scales[4 * li + 2], torch_mm_mask & 4, torch_mm_mask & (4 << kOneDnnShift));
     const float* gp = gu.data_ptr<float>();
     for (int64_t b = 0; b < B; ++b) {
       const float* gr = gp + b * 2 * hidden;
@@ -334,13 +349,13 @@ at::Tensor run_layers(at::Tensor x, const float* const* crow, const float* const
       float* ar = ap + b * hidden;
       for (int64_t j = 0; j < hidden; ++j) ar[j] = gr[j] / (1.f + std::exp(-gr[j])) * ur[j];
     }
-    y = gemv(act, weights[4 * li + 3], scales[4 * li + 3], torch_mm_mask & 8);
+    y = gemv(act, weights[4 * li + 3], scales[4 * li + 3], torch_mm_mask & 8, torch_mm_mask & (8 << kOneDnnShift));
     yp = y.data_ptr<float>();
     for (int64_t i = 0; i < B * dim; ++i) xp[i] += yp[i];
   }
   if (head) {
     rms_norm_rows(xp, final_norm->data_ptr<float>(), hp, B, dim, eps);
-    return gemv(h, *out_w, head_s, out_torch_mm);
+    return gemv(h, *out_w, head_s, out_torch_mm, torch_mm_mask & kHeadOneDnnBit);
   }
   return x;
 }

@@ -10,12 +10,14 @@ it is held to the exact bound that rounding implies against dequantize-then-matm
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import pytest
 import torch
 
 from inferctl.engine import cpu_kernels as ck
+from inferctl.engine import onednn
 from inferctl.engine.model import Linear
 from inferctl.engine.quant import quantize_per_channel
 
@@ -176,10 +178,25 @@ def test_bad_inputs_raise_not_crash():
         OPS.silu_mul(torch.randn(1, 3))
 
 
+def _onednn(monkeypatch, on: bool) -> None:
+    """oneDNN's GEMM on (where this torch has it: else the test is skipped; for products of any size) or off
+    for this test."""
+    monkeypatch.setenv(onednn.ENV, "1" if on else "0")
+    monkeypatch.setattr(onednn, "MIN_FLOPS", 0)
+    onednn.linear_op.cache_clear()
+    monkeypatch.setattr(onednn, "linear_op", functools.cache(onednn.linear_op.__wrapped__))
+    if on and not onednn.available():
+        pytest.skip("this torch has no usable oneDNN")
+
+
 @needs_ops
-@pytest.mark.parametrize("nthreads,kernel_rows", [(1, [1, 8]), (2, [1, 8, 9, 16])])
-def test_linear_chooses_the_out_in_layout_and_uses_the_kernel_for_small_batches(monkeypatch, nthreads, kernel_rows):
-    """Up to MAX_BATCH rows at 1 thread and MAX_BATCH_MT at 2 (cpu_kernels.f32_kernel_wins) run gemv_f32."""
+@pytest.mark.parametrize("nthreads,use_onednn,kernel_rows", [(1, False, [1, 8]), (2, False, [1, 8, 9, 16]),
+                                                             (1, True, [1, 8]), (2, True, [1, 8])])
+def test_linear_chooses_the_out_in_layout_and_uses_the_kernel_for_small_batches(monkeypatch, nthreads, use_onednn,
+                                                                                kernel_rows):
+    """Up to MAX_BATCH rows at 1 thread and MAX_BATCH_MT at 2 (cpu_kernels.f32_kernel_wins) run gemv_f32 beside
+    MKL's GEMM; beside oneDNN's (engine.onednn), up to onednn.GEMV_MAX_ROWS (8) at any thread count."""
+    _onednn(monkeypatch, use_onednn)
     monkeypatch.setattr(torch, "get_num_threads", lambda: nthreads)
     g = _g(1)
     w = torch.randn(96, 40, generator=g)
@@ -320,7 +337,9 @@ def test_the_ops_run_on_torchs_threads(nthreads):
 def test_a_dram_sized_fp32_weight_takes_the_gemv_up_to_64_rows(monkeypatch):
     """A weight of GEMV_F32_ALL_ROWS_BYTES or more (the classifier: 384x32000 fp32 is 49 MB) keeps the
     [out, in] layout and runs gemv_f32 up to MAX_DECODE_BATCH rows at any thread count; a layer-sized
-    one only up to MAX_BATCH (1 thread). Rows past 64 take torch's GEMM on the same weight."""
+    one only up to MAX_BATCH (1 thread). Rows past 64 take torch's GEMM on the same weight. (MKL's rules:
+    beside oneDNN's GEMM every weight takes the gemv up to 6 rows, tests/unit/test_onednn.py.)"""
+    _onednn(monkeypatch, False)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     monkeypatch.setattr(ck, "GEMV_F32_ALL_ROWS_BYTES", 48 * 40 * 4)    # a 48x40 fp32 weight counts as big
     assert ck.f32_kernel_wins(64, 48 * 40 * 4) and not ck.f32_kernel_wins(65, 48 * 40 * 4)

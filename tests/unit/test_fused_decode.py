@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inferctl.engine import cpu_kernels, fused_decode
+from inferctl.engine import cpu_kernels, fused_decode, onednn
 from inferctl.engine.attention import AttentionMetadata
 from inferctl.engine.loader import load_llama2c
 from inferctl.engine.model import LlamaModel, ModelArgs, canonical_weight_names
@@ -152,7 +152,8 @@ def test_batches_past_8_run_fused_and_equal_per_op(monkeypatch, precision, batch
 
 @needs_ops
 def test_torch_mm_mask_gives_the_gemv_result(stories):
-    """The op's fp32 linears through torch's GEMM (mask 0b1111) and through gemv_f32 (mask 0) agree."""
+    """The op's fp32 linears through torch's GEMM (mask 0b1111), through oneDNN's (the mask's oneDNN bits, where
+    this torch has it) and through gemv_f32 (mask 0) agree."""
     model = stories.model
     h = Harness(model, block_size=4, num_blocks=64)
     n = 12
@@ -164,8 +165,9 @@ def test_torch_mm_mask_gives_the_gemv_result(stories):
     cos, sin = model.rope_at(torch.zeros(n, dtype=torch.long), 6)
     out = [OPS.decode_layers(x, cos, sin, h.cache.k.clone(), h.cache.v.clone(), meta.slot_mapping, meta.block_tables,
                              meta.seq_lens, an, fn, w, s, a.n_heads, a.n_kv_heads, 0, a.norm_eps, model.scale, mask)
-           for mask in (0, 0b1111)]
-    _assert_close(out[1], out[0])
+           for mask in (0, 0b1111, *((0b1111 | 0b1111 << fused_decode.ONEDNN_SHIFT,) if onednn.available() else ()))]
+    for other in out[1:]:
+        _assert_close(other, out[0])
 
 
 @needs_ops

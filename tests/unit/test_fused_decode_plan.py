@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inferctl.engine import cpu_kernels, fused_decode
+from inferctl.engine import cpu_kernels, fused_decode, onednn
 from inferctl.engine.attention import AttentionMetadata
 from inferctl.engine.model import LlamaModel, ModelArgs, canonical_weight_names
 from tests.model_helpers import Harness
@@ -97,12 +97,19 @@ def test_cached_flags_equal_the_predicate(monkeypatch, nthreads):
     old = torch.get_num_threads()
     torch.set_num_threads(nthreads)
     try:
-        for B in (1, cpu_kernels.MAX_BATCH, cpu_kernels.MAX_BATCH + 1, cpu_kernels.MAX_BATCH_MT + 1) * 2:
+        for B in (1, onednn.GEMV_MAX_ROWS, onednn.GEMV_MAX_ROWS + 1, cpu_kernels.MAX_BATCH, cpu_kernels.MAX_BATCH + 1,
+                  cpu_kernels.MAX_BATCH_MT + 1) * 2:
             meta = AttentionMetadata.build([([i], 0, 1, False) for i in range(B)], 4)
             x = torch.zeros(B, 64)
             fused_decode.decode_layers(model, lists, x, x, x, Harness(model, block_size=4).cache, meta, head)
             w = head[1]
-            assert seen[-1] == (0 if cpu_kernels.f32_kernel_wins(B) else 0b1111,
-                                not cpu_kernels.f32_kernel_wins(B, w.numel() * w.element_size()))
+            mask = 0
+            for j, lw in enumerate(lists[2][:4]):    # each layer linear by its own size (f32 here)
+                if not cpu_kernels.f32_kernel_wins(B, lw.numel() * 4):
+                    mask |= 1 << j | (onednn.wins(B, lw.numel()) << (j + fused_decode.ONEDNN_SHIFT))
+            head_mm = not cpu_kernels.f32_kernel_wins(B, w.numel() * w.element_size())
+            if head_mm and onednn.wins(B, w.numel()):
+                mask |= fused_decode.HEAD_ONEDNN_BIT
+            assert seen[-1] == (mask, head_mm)
     finally:
         torch.set_num_threads(old)
