@@ -36,6 +36,7 @@ import collections
 import itertools
 import logging
 import multiprocessing
+import multiprocessing.connection
 import pickle
 import threading
 import time
@@ -167,6 +168,11 @@ class CoreClient(OutputStreams):
     DRAIN_CONFIRM_SECONDS = 0.5
 
     def __init__(self, spec: CoreSpec) -> None:
+        #: every ``waitpid`` on the core (:meth:`_exit_code`) under one lock: a join, ``exitcode`` or
+        #: ``is_alive`` racing another thread's in ``waitpid`` read ECHILD as "still running" and the
+        #: exit code was lost (reported as ``None``); the blocking waits are on the process's sentinel
+        #: outside the lock (:meth:`_join`), so no reader waits behind a join
+        self._join_lock = threading.Lock()
         ctx = multiprocessing.get_context("spawn")
         self._conn, child_end = ctx.Pipe(duplex=True)
         self._proc = ctx.Process(target=boot, args=(child_end, pickle.dumps(spec)), name="inferctl-engine-core",
@@ -176,19 +182,16 @@ class CoreClient(OutputStreams):
         try:
             message = self._conn.recv()
         except (EOFError, OSError):
-            self._proc.join(5)
+            self._join(5)
             raise CoreStartError(1, f"the engine core process exited while starting (exit code "
-                                    f"{self._proc.exitcode})") from None
+                                    f"{self._exit_code()})") from None
         if message[0] != "ready":
-            self._proc.join(5)
+            self._join(5)
             raise CoreStartError(int(message[1]), "the engine core process could not build its engine")
         self.model_info: dict = message[1]
         self._precision = self.model_info["precision"]
         self._requested = self.model_info["requested_precision"]
         self._lock = threading.Lock()
-        #: one thread at a time reaps the core (:meth:`_join`): two concurrent joins raced in
-        #: ``waitpid``, the loser reading ECHILD as "still running" and the exit code lost
-        self._join_lock = threading.Lock()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, OutputQueue]] = {}
         self._queues: dict[str, OutputQueue] = {}
         self._waiters: dict[int, _Waiter] = {}
@@ -225,11 +228,11 @@ class CoreClient(OutputStreams):
         """Nothing to do: the core's stepping thread runs since the constructor (the protocol's
         ``start``). Raises ``RuntimeError`` when the core process is gone."""
         if not self.is_running:
-            raise RuntimeError(f"the engine core process is not running (exit code {self._proc.exitcode})")
+            raise RuntimeError(f"the engine core process is not running (exit code {self._exit_code()})")
 
     @property
     def is_running(self) -> bool:
-        return not self._dead and self._proc.is_alive()
+        return not self._dead and self._exit_code() is None
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the core (its stepping thread ends; then the process) and fail every open
@@ -244,7 +247,7 @@ class CoreClient(OutputStreams):
         except EngineDeadError:   # already gone
             pass
         self._join(timeout)
-        if self._proc.is_alive():
+        if self._exit_code() is None:
             log.warning("the engine core process did not stop within %.0f s: killing it", timeout)
             self._proc.kill()
             self._join(5)
@@ -256,10 +259,18 @@ class CoreClient(OutputStreams):
             pass
 
     def _join(self, timeout: float) -> None:
-        """``Process.join(timeout)`` by one thread at a time (the reader thread's, after the pipe's EOF,
-        and :meth:`shutdown`'s): the exit code is then set once reaped, whichever thread reaped it."""
+        """Wait up to ``timeout`` seconds for the core to exit (on its sentinel, no lock held); once it
+        has, reap it under ``_join_lock`` (``Process.join``: a blocking ``waitpid`` of a process that is
+        already exiting, so the exit code is set when this returns)."""
+        if multiprocessing.connection.wait([self._proc.sentinel], timeout):
+            with self._join_lock:
+                self._proc.join()
+
+    def _exit_code(self) -> int | None:
+        """The core's exit code (negative: the signal that ended it), None while it runs; the one
+        ``waitpid`` on it, under ``_join_lock`` (see ``__init__``)."""
         with self._join_lock:
-            self._proc.join(timeout)
+            return self._proc.exitcode
 
     def send(self, message: tuple, *, bounded: bool = False) -> None:
         """Queue one message for the core (any thread; never blocks on the pipe: the writer
@@ -355,7 +366,7 @@ class CoreClient(OutputStreams):
     def _submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                 arrival_time: float | None, x_request_id: str | None) -> OutputQueue:
         if not self.is_running:
-            raise EngineDeadError(f"the engine core process is not running (exit code {self._proc.exitcode})")
+            raise EngineDeadError(f"the engine core process is not running (exit code {self._exit_code()})")
         queue = OutputQueue()
         with self._lock:
             if request_id in self._streams:
@@ -455,7 +466,7 @@ class CoreClient(OutputStreams):
 
     def _with_process(self, doc: dict) -> dict:
         doc.setdefault("engine", {})["core_process"] = {
-            "pid": self._proc.pid, "alive": self.is_running, "exit_code": self._proc.exitcode,
+            "pid": self._proc.pid, "alive": self.is_running, "exit_code": self._exit_code(),
             "error": self.fatal, "pending_bytes": self._pending_bytes}
         return doc
 
@@ -524,10 +535,10 @@ class CoreClient(OutputStreams):
         self._join(1)
         if not self._closing:
             if self.fatal is None:
-                self.fatal = f"the engine core process exited (exit code {self._proc.exitcode})"
-            log.error("the engine core process died (exit code %s): failing its open requests", self._proc.exitcode)
+                self.fatal = f"the engine core process exited (exit code {self._exit_code()})"
+            log.error("the engine core process died (exit code %s): failing its open requests", self._exit_code())
         self._fail_all(EngineDeadError(self.fatal or f"the engine core process exited (exit code "
-                                                     f"{self._proc.exitcode})"))
+                                                     f"{self._exit_code()})"))
 
     def _dispatch(self, batch: list) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}

@@ -71,7 +71,8 @@ def linear_op() -> Any | None:
         return None
     try:
         gen = torch.Generator().manual_seed(0)
-        x, w = torch.randn(9, 40, generator=gen), torch.randn(24, 40, generator=gen)
+        x, w = (torch.randn(9, 40, generator=gen, dtype=torch.float32, device="cpu"),
+                torch.randn(24, 40, generator=gen, dtype=torch.float32, device="cpu"))
         with torch.inference_mode():
             got = op(x, w, None, "none", [], "")
         if got.shape != (9, 24) or not torch.allclose(got, x @ w.t(), rtol=1e-4, atol=1e-4):

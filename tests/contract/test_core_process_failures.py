@@ -289,29 +289,31 @@ def test_shutdown_of_a_stopped_core_takes_a_second_not_ten(stories_dir):
     assert took < 4 and c._proc.exitcode == -signal.SIGKILL
 
 
-@pytest.mark.timeout(60)
-def test_the_core_is_reaped_by_one_thread_at_a_time(stories_dir):
-    """A core that dies while the server shuts down: the reader thread (the pipe's EOF) and shutdown both
-    join the process; at the same time they raced in waitpid and the exit code read None (a flaky stop)."""
-    c = CoreClient(_spec(stories_dir))
-    real, inside, most = c._proc.join, [0], [0]
+@pytest.mark.timeout(120)
+def test_a_dying_core_reports_its_exit_code_while_stats_poll_it(stories_dir):
+    """The reader thread (the pipe's EOF), a stats scrape (``exit_code``, ``alive``) and shutdown all ask the
+    process for its end; racing in ``waitpid`` the loser read ECHILD as "still running" and the reason said
+    "exit code None" (a breaker's run: about 1 kill in 3 with a scrape polling; 10 kills here)."""
+    for attempt in range(10):
+        c = CoreClient(_spec(stories_dir))
+        stop = threading.Event()
 
-    def slow_join(timeout=None):
-        inside[0] += 1
-        most[0] = max(most[0], inside[0])
+        def scrape(c=c, stop=stop):
+            while not stop.is_set():
+                c._with_process({})
+
+        poller = threading.Thread(target=scrape, daemon=True)
+        poller.start()
         try:
-            time.sleep(0.3)          # widen the window two concurrent joins would share
-            real(timeout)
+            time.sleep(0.05)
+            os.kill(c.pid, signal.SIGKILL)
+            c._reader.join(10)
+            assert "exit code -9" in (c.fatal or ""), (attempt, c.fatal)
+            assert c._with_process({})["engine"]["core_process"]["exit_code"] == -signal.SIGKILL
         finally:
-            inside[0] -= 1
-
-    c._proc.join = slow_join
-    os.kill(c.pid, signal.SIGKILL)
-    wait_until(lambda: inside[0] > 0, 10, 0.01, "the reader thread joining the dead core")
-    c.shutdown()
-    wait_until(lambda: inside[0] == 0, 10, 0.01, "every join returned")
-    assert most[0] == 1
-    assert c._proc.exitcode == -signal.SIGKILL
+            stop.set()
+            poller.join(5)
+            c.shutdown()
 
 
 @pytest.mark.timeout(60)
