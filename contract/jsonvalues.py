@@ -8,6 +8,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+#: The largest count (layers, heads, hidden size, vocabulary, context) a model's config may give: a
+#: signed 32-bit int, what every kernel indexes with (``inferctl plan`` and the HF loader both refuse more).
+MAX_DIMENSION = (1 << 31) - 1
+
 
 def json_integer(value: Any) -> int | None:
     """The integer a decoded JSON value stands for: an ``int``, or a finite ``float`` with an
@@ -21,3 +25,15 @@ def json_integer(value: Any) -> int | None:
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         return int(value)
     return None
+
+
+def json_number(value: Any) -> float | None:
+    """The finite float a decoded JSON number stands for (an int too, if it fits a float); None for
+    anything else — a boolean, a string, null, NaN, an infinity or an int beyond float's range."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None

@@ -9,7 +9,6 @@ what is wrong.
 from __future__ import annotations
 
 import json
-import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ import torch
 
 from inferctl.engine import hugepages
 from inferctl.engine.llama2c_format import LLAMA2C_MAGIC, expected_bytes
-from inferctl.contract.jsonvalues import json_integer
+from inferctl.contract.jsonvalues import MAX_DIMENSION, json_integer, json_number
 from inferctl.engine.model import LlamaModel, ModelArgs, canonical_weight_names
 from inferctl.engine.tokenizer import (BaseTokenizer, ByteTokenizer, HFTokenizer, Llama2cTokenizer,
                               build_hf_tokenizer_json)
@@ -192,6 +191,36 @@ def _permute_interleaved_to_half(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.view(n_heads, out // n_heads // 2, 2, inp).transpose(1, 2).reshape(out, inp).contiguous()
 
 
+def _given(cfg: dict, key: str, default: object) -> object:
+    """``cfg[key]``, or ``default`` when the key is absent or null (a 0 or ``false`` is a value, and
+    is checked as one: it no longer stood for "absent")."""
+    value = cfg.get(key)
+    return default if value is None else value
+
+
+def _flag(cfg: dict, key: str, cfg_path: Path) -> bool:
+    """``cfg[key]`` as a JSON boolean (absent or null: false, transformers' default); ValueError naming
+    the key for anything else (``"no"`` read as true before)."""
+    value = _given(cfg, key, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"{cfg_path}: field {key!r} must be true or false, got {repr(value)[:40]}")
+    return value
+
+
+def _token_id(cfg: dict, key: str, vocab_size: int, cfg_path: Path) -> int | None:
+    """``cfg[key]`` as a token id in ``[0, vocab_size)``; None when absent, null or a list (several ids:
+    the tokenizer's own then); ValueError naming the key for anything else (``true``, -5 and 1e30 were
+    taken as ids before)."""
+    value = cfg.get(key)
+    if value is None or isinstance(value, list):
+        return None
+    n = json_integer(value)
+    if n is None or not 0 <= n < vocab_size:
+        raise ValueError(f"{cfg_path}: field {key!r} must be a token id from 0 to {vocab_size - 1}, "
+                         f"got {repr(value)[:40]}")
+    return n
+
+
 def _rope_scaling(cfg: dict, cfg_path: Path) -> dict:
     """:class:`ModelArgs` RoPE-scaling fields from ``rope_scaling`` (transformers 4.x) or
     ``rope_parameters`` (5.x): ``rope_type``/``type`` "linear" (``factor``) or "llama3"
@@ -205,16 +234,20 @@ def _rope_scaling(cfg: dict, cfg_path: Path) -> dict:
         return {}
     if kind not in ("linear", "llama3"):
         raise ValueError(f"{cfg_path}: rope_scaling type {kind!r} is not supported (only 'linear' and 'llama3')")
-    try:
-        out = {"rope_scaling_type": kind, "rope_scaling_factor": float(rs["factor"])}
-        if kind == "llama3":
-            out.update(rope_low_freq_factor=float(rs["low_freq_factor"]),
-                       rope_high_freq_factor=float(rs["high_freq_factor"]),
-                       rope_original_max_seq_len=int(rs["original_max_position_embeddings"]))
-    except KeyError as e:
-        raise ValueError(f"{cfg_path}: rope_scaling of type {kind!r} lacks {e.args[0]!r}") from e
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{cfg_path}: rope_scaling {rs!r}: {e}") from e
+    def field(key: str, count: bool = False) -> float | int:
+        if key not in rs:
+            raise ValueError(f"{cfg_path}: rope_scaling of type {kind!r} lacks {key!r}")
+        v = rs[key]
+        n = json_integer(v) if count else json_number(v)
+        if n is None or n <= 0 or (count and n > MAX_DIMENSION):
+            what = f"an integer from 1 to {MAX_DIMENSION:,}" if count else "a finite number above 0"
+            raise ValueError(f"{cfg_path}: rope_scaling field {key!r} must be {what}, got {repr(v)[:40]}")
+        return n
+
+    out = {"rope_scaling_type": kind, "rope_scaling_factor": field("factor")}
+    if kind == "llama3":
+        out.update(rope_low_freq_factor=field("low_freq_factor"), rope_high_freq_factor=field("high_freq_factor"),
+                   rope_original_max_seq_len=field("original_max_position_embeddings", count=True))
     return out
 
 
@@ -248,17 +281,21 @@ def load_hf_dir(path: str | Path, device: str | torch.device = "cpu", dtype: tor
         raise ValueError(f"{cfg_path}: attention_bias/mlp_bias are not supported")
 
     def number(key: str, kind: type = int, value: object = None) -> int | float:
-        """``cfg[key]`` (or ``value``, its default applied) as a finite ``kind``: ValueError
-        naming the file and the key for a string, a null, a bool or a fraction where a count goes."""
+        """``cfg[key]`` (or ``value``, its default applied): a count (``kind`` int) from 1 to
+        ``MAX_DIMENSION``, or a finite number above 0 (``kind`` float: ``rms_norm_eps``, ``rope_theta``).
+        ValueError naming the file and the key otherwise (a string, a null, a bool, a fraction where a
+        count goes, 0 or less, beyond the bound or float's range)."""
         v = cfg[key] if value is None else value
         if kind is int:
             n = json_integer(v)
-        else:
-            n = v if not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) else None
-        if n is None:
-            raise ValueError(f"{cfg_path}: field {key!r} must be {'an integer' if kind is int else 'a number'}, "
-                             f"got {v!r}")
-        return kind(n)
+            if n is None or not 1 <= n <= MAX_DIMENSION:
+                raise ValueError(f"{cfg_path}: field {key!r} must be an integer from 1 to {MAX_DIMENSION:,}, "
+                                 f"got {repr(v)[:40]}")
+            return n
+        x = json_number(v)
+        if x is None or x <= 0:
+            raise ValueError(f"{cfg_path}: field {key!r} must be a finite number above 0, got {repr(v)[:40]}")
+        return x
 
     try:
         n_heads = number("num_attention_heads")
@@ -267,13 +304,13 @@ def load_hf_dir(path: str | Path, device: str | torch.device = "cpu", dtype: tor
             rope_theta = cfg["rope_parameters"].get("rope_theta")
         args = ModelArgs(
             dim=number("hidden_size"), n_layers=number("num_hidden_layers"), n_heads=n_heads,
-            n_kv_heads=number("num_key_value_heads", value=cfg.get("num_key_value_heads") or n_heads),
+            n_kv_heads=number("num_key_value_heads", value=_given(cfg, "num_key_value_heads", n_heads)),
             vocab_size=number("vocab_size"), hidden_dim=number("intermediate_size"),
-            max_seq_len=number("max_position_embeddings", value=cfg.get("max_position_embeddings", 2048)),
-            norm_eps=number("rms_norm_eps", float, cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=number("rope_theta", float, rope_theta or 10000.0),
-            rope_style="half", tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            head_dim=number("head_dim") if cfg.get("head_dim") else None, **scaling)
+            max_seq_len=number("max_position_embeddings", value=_given(cfg, "max_position_embeddings", 2048)),
+            norm_eps=number("rms_norm_eps", float, _given(cfg, "rms_norm_eps", 1e-6)),
+            rope_theta=number("rope_theta", float, 10000.0 if rope_theta is None else rope_theta),
+            rope_style="half", tie_embeddings=_flag(cfg, "tie_word_embeddings", cfg_path),
+            head_dim=number("head_dim") if cfg.get("head_dim") is not None else None, **scaling)
     except KeyError as e:
         raise ValueError(f"{cfg_path}: missing field {e.args[0]!r}") from e
     except ValueError as e:   # ModelArgs: a size below 1, heads that do not divide
@@ -307,12 +344,15 @@ def load_hf_dir(path: str | Path, device: str | torch.device = "cpu", dtype: tor
         w.pop("output.weight", None)
     elif "output.weight" not in w:
         raise ValueError(f"{d}: tie_word_embeddings is false but there is no lm_head.weight")
+    layers = {int(k.split(".")[1]) for k in w if k.startswith("layers.") and k.split(".")[1].isdigit()}
+    if args.n_layers != len(layers):   # before listing the config's layers: 1e30 of them never ended
+        raise ValueError(f"{cfg_path}: field 'num_hidden_layers' is {args.n_layers:,} but the weights hold "
+                         f"{len(layers)} layer(s)")
     missing = [n for n in canonical_weight_names(args) if n not in w]
     if missing:
         raise ValueError(f"{d}: weights missing from *.safetensors: {missing[:5]}")
-    tok = HFTokenizer(d / "tokenizer.json",
-                      bos_id=cfg.get("bos_token_id") if isinstance(cfg.get("bos_token_id"), int) else None,
-                      eos_id=cfg.get("eos_token_id") if isinstance(cfg.get("eos_token_id"), int) else None)
+    tok = HFTokenizer(d / "tokenizer.json", bos_id=_token_id(cfg, "bos_token_id", args.vocab_size, cfg_path),
+                      eos_id=_token_id(cfg, "eos_token_id", args.vocab_size, cfg_path))
     if tok.vocab_size > args.vocab_size:
         raise ValueError(f"{d}: tokenizer has {tok.vocab_size} tokens, config vocab_size is {args.vocab_size}")
     model = LlamaModel(args, w, device=device, dtype=dtype)
