@@ -9,7 +9,9 @@ import math
 from typing import Any
 
 #: The largest count (layers, heads, hidden size, vocabulary, context) a model's config may give: a
-#: signed 32-bit int, what every kernel indexes with (``inferctl plan`` and the HF loader both refuse more).
+#: signed 32-bit int, what every kernel indexes with, far above any real model (vocabularies ~256k,
+#: hidden sizes ~32k), so no product of them overflows a float (``inferctl plan`` and the HF loader
+#: both refuse more).
 MAX_DIMENSION = (1 << 31) - 1
 
 

@@ -221,6 +221,18 @@ def _token_id(cfg: dict, key: str, vocab_size: int, cfg_path: Path) -> int | Non
     return n
 
 
+def _config_value(value: object, count: bool, what: str, cfg_path: Path) -> int | float:
+    """``value`` of the config field ``what`` names (``"field 'hidden_size'"``): with ``count`` an integer
+    from 1 to ``MAX_DIMENSION``, else a finite number above 0; ValueError naming the file and the field
+    otherwise (a string, a null, a bool, a fraction where a count goes, 0 or less, beyond the bound or
+    float's range)."""
+    n = json_integer(value) if count else json_number(value)
+    if n is None or n <= 0 or (count and n > MAX_DIMENSION):
+        rule = f"an integer from 1 to {MAX_DIMENSION:,}" if count else "a finite number above 0"
+        raise ValueError(f"{cfg_path}: {what} must be {rule}, got {repr(value)[:40]}")
+    return n
+
+
 def _rope_scaling(cfg: dict, cfg_path: Path) -> dict:
     """:class:`ModelArgs` RoPE-scaling fields from ``rope_scaling`` (transformers 4.x) or
     ``rope_parameters`` (5.x): ``rope_type``/``type`` "linear" (``factor``) or "llama3"
@@ -237,12 +249,7 @@ def _rope_scaling(cfg: dict, cfg_path: Path) -> dict:
     def field(key: str, count: bool = False) -> float | int:
         if key not in rs:
             raise ValueError(f"{cfg_path}: rope_scaling of type {kind!r} lacks {key!r}")
-        v = rs[key]
-        n = json_integer(v) if count else json_number(v)
-        if n is None or n <= 0 or (count and n > MAX_DIMENSION):
-            what = f"an integer from 1 to {MAX_DIMENSION:,}" if count else "a finite number above 0"
-            raise ValueError(f"{cfg_path}: rope_scaling field {key!r} must be {what}, got {repr(v)[:40]}")
-        return n
+        return _config_value(rs[key], count, f"rope_scaling field {key!r}", cfg_path)
 
     out = {"rope_scaling_type": kind, "rope_scaling_factor": field("factor")}
     if kind == "llama3":
@@ -281,21 +288,10 @@ def load_hf_dir(path: str | Path, device: str | torch.device = "cpu", dtype: tor
         raise ValueError(f"{cfg_path}: attention_bias/mlp_bias are not supported")
 
     def number(key: str, kind: type = int, value: object = None) -> int | float:
-        """``cfg[key]`` (or ``value``, its default applied): a count (``kind`` int) from 1 to
-        ``MAX_DIMENSION``, or a finite number above 0 (``kind`` float: ``rms_norm_eps``, ``rope_theta``).
-        ValueError naming the file and the key otherwise (a string, a null, a bool, a fraction where a
-        count goes, 0 or less, beyond the bound or float's range)."""
+        """``cfg[key]`` (or ``value``, its default applied) through :func:`_config_value`: a count
+        (``kind`` int) or a finite number above 0 (``kind`` float: ``rms_norm_eps``, ``rope_theta``)."""
         v = cfg[key] if value is None else value
-        if kind is int:
-            n = json_integer(v)
-            if n is None or not 1 <= n <= MAX_DIMENSION:
-                raise ValueError(f"{cfg_path}: field {key!r} must be an integer from 1 to {MAX_DIMENSION:,}, "
-                                 f"got {repr(v)[:40]}")
-            return n
-        x = json_number(v)
-        if x is None or x <= 0:
-            raise ValueError(f"{cfg_path}: field {key!r} must be a finite number above 0, got {repr(v)[:40]}")
-        return x
+        return _config_value(v, kind is int, f"field {key!r}", cfg_path)
 
     try:
         n_heads = number("num_attention_heads")

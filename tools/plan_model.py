@@ -22,8 +22,6 @@ from typing import Any
 from inferctl.contract.jsonvalues import MAX_DIMENSION, json_integer
 from inferctl.engine.llama2c_format import LLAMA2C_MAGIC, expected_bytes
 
-#: Largest model dimension (layers, hidden, heads, vocabulary…) a plan takes: 2**31 - 1, far
-#: above any real model (vocabularies ~256k, hidden sizes ~32k), so no product overflows a float.
 #: ``torch_dtype`` values of a Hugging Face config.json the plan knows, and their short names.
 HF_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 #: ``ModelDims.dtype`` prefix for a config.json precision the plan does not know (``float64``…)
