@@ -13,7 +13,8 @@ serve``) and four routers (``inferctl router``, subprocesses) on loopback, then 
    ``inferctl_router_overhead_seconds`` (arrival → first byte to the client minus the
    upstream time to first byte) is read from its ``/metrics`` (its p50 / p99 from the round's
    buckets). Pinned (the default with two CPUs or more): the load generator and main-0 share the
-   first CPU, the router has the second, so the router's CPU is not taken from the engine or the
+   first CPU, the router has the last (the second of two; on a bigger host the last is never the first's
+   hyperthread sibling under either usual numbering), so the router's CPU is not taken from the engine or the
    client: without it, on 2 shared cores the added latency at 64 clients is about clients × the
    router's CPU per request ÷ cores of queueing for a core, whatever the router does per request.
    Also one client, 40 sequential requests each way (no queueing), and the CPU seconds per
@@ -47,6 +48,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from bench.reference_proxy import find_haproxy, haproxy_version, start_haproxy
 from bench.common import DOC, STORIES_BIN, fmt, machine_facts, md_table, percentile, section, write_section
 from bench.router_affinity import (BOOK, CHAT_MEMORY_BUDGET, TURNS, affinity, affinity_summary, by_turn_table,  # noqa: F401
                                    free_port as _port, spawn as _spawn, stop as _stop, system_prompts, wait as _wait)
@@ -154,27 +156,37 @@ def _pin(pid: int, cpus: set[int] | None) -> None:
 
 
 def measure_overhead(engine: str, router: str, engine_pid: int, router_pid: int, *, rounds: int = 5,
-                     clients: int = 64, per_client: int = 16, pin: bool = True) -> dict:
+                     clients: int = 64, per_client: int = 16, pin: bool = True,
+                     reference: tuple[str, int, str] | None = None) -> dict:
     """Part 1 (module docstring) against a running ``engine`` (URL, process ``engine_pid``) and a
     ``router`` in front of it alone (URL, ``router_pid``): ``overhead`` (a dict per round),
     ``sequential`` (one client, per round), ``pinned`` (the two CPU sets, or None), ``clients``,
-    ``per_client``. ``pin``: the client and the engine on the first CPU, the router on the second
-    (``os.sched_setaffinity``; skipped with one CPU), every process back on every CPU after."""
+    ``per_client``. ``pin``: the client and the engine on the first CPU, the router on the last
+    (``os.sched_setaffinity``; skipped with one CPU), every process back on every CPU after.
+    ``reference``: (URL, pid, name) of a compiled proxy in front of the same engine
+    (:mod:`bench.reference_proxy`), placed as the router and measured in the same rounds after it:
+    each round's dict then also holds ``reference_p50`` / ``reference_p99`` / ``reference_added_p50`` /
+    ``reference_cpu_ms_per_req``, and the result ``reference`` (its name)."""
     over = []
     cpus = sorted(os.sched_getaffinity(0))
     # pinned: the load generator and engine main-0 share one core, the router has another, so the
     # router's CPU never comes out of the engine's or the client's (a router on its own host)
-    pinned = (pin and len(cpus) >= 2) and ({cpus[0]}, {cpus[1]})
+    pinned = (pin and len(cpus) >= 2) and ({cpus[0]}, {cpus[-1]})
     if pinned:
         _pin(0, pinned[0])
         _pin(engine_pid, pinned[0])
         _pin(router_pid, pinned[1])
+        if reference:
+            _pin(reference[1], pinned[1])
     seq = []
     for _ in range(rounds):        # one client, sequential: the overhead without queueing
         d = asyncio.run(_closed_loop(engine, 1, n_per_client=40))
         r = asyncio.run(_closed_loop(router, 1, n_per_client=40))
         seq.append({"direct_p50": percentile(d["lat"], 50), "router_p50": percentile(r["lat"], 50),
                     "added_p50": percentile(r["lat"], 50) - percentile(d["lat"], 50)})
+        if reference:
+            x = asyncio.run(_closed_loop(reference[0], 1, n_per_client=40))
+            seq[-1]["reference_added_p50"] = percentile(x["lat"], 50) - percentile(d["lat"], 50)
     for _ in range(rounds):
         e0, b0, k0 = _cpu_seconds(engine_pid), _engine_steps(engine), time.process_time()
         d = asyncio.run(_closed_loop(engine, clients, n_per_client=per_client))
@@ -188,7 +200,15 @@ def measure_overhead(engine: str, router: str, engine_pid: int, router_pid: int,
         u1, e3, b3, k3 = (_cpu_seconds(router_pid), _cpu_seconds(engine_pid), _engine_steps(engine),
                           time.process_time())
         h1 = _overhead_metric(router)
-        over.append({"direct_p50": percentile(d["lat"], 50), "direct_p99": percentile(d["lat"], 99),
+        ref = {}
+        if reference:
+            asyncio.run(_closed_loop(reference[0], clients, n_per_client=1))
+            c0 = _cpu_seconds(reference[1])
+            x = asyncio.run(_closed_loop(reference[0], clients, n_per_client=per_client))
+            c1 = _cpu_seconds(reference[1])
+            ref = {"reference_p50": percentile(x["lat"], 50), "reference_p99": percentile(x["lat"], 99),
+                   "reference_cpu_ms_per_req": 1000 * (c1 - c0) / max(1, x["n"]), "reference_errors": x["errors"]}
+        over.append({**ref, "direct_p50": percentile(d["lat"], 50), "direct_p99": percentile(d["lat"], 99),
                      "router_p50": percentile(r["lat"], 50), "router_p99": percentile(r["lat"], 99),
                      "direct_rps": d["n"] / d["wall"], "router_rps": r["n"] / r["wall"],
                      "errors": d["errors"] + r["errors"], "n": d["n"] + r["n"],
@@ -206,34 +226,65 @@ def measure_overhead(engine: str, router: str, engine_pid: int, router_pid: int,
     for o in over:
         o["added_p50"] = o["router_p50"] - o["direct_p50"]
         o["added_p99"] = o["router_p99"] - o["direct_p99"]
+        if "reference_p50" in o:
+            o["reference_added_p50"] = o["reference_p50"] - o["direct_p50"]
     if pinned:
-        for pid in (0, engine_pid, router_pid):
+        for pid in (0, engine_pid, router_pid, *([reference[1]] if reference else [])):
             _pin(pid, set(cpus))
     return {"overhead": over, "sequential": seq, "clients": clients, "per_client": per_client,
+            "reference": reference[2] if reference else None,
             "pinned": None if not pinned else [sorted(pinned[0]), sorted(pinned[1])]}
 
 
-def run_overhead(rounds: int = 5, clients: int = 64, per_client: int = 16, pin: bool = True) -> dict:
-    """``--overhead-only``: start one engine (main-0) and one router in front of it, warm them up,
-    :func:`measure_overhead`, stop them."""
+def _wait_proxy(url: str, timeout: float = 30.0) -> None:
+    """Until ``POST url/v1/completions`` (one token) answers 200 through whatever listens at ``url``
+    (HAProxy has no /ready of its own); RuntimeError after ``timeout`` seconds."""
+    import httpx
+
+    deadline = time.time() + timeout
+    while True:
+        try:
+            if httpx.post(url + "/v1/completions", json={"model": "stories260K", "prompt": PROMPT, "max_tokens": 1},
+                          timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.time() > deadline:
+            raise RuntimeError(f"{url} answered no completion in {timeout:g} s")
+        time.sleep(0.1)
+
+
+def run_overhead(rounds: int = 5, clients: int = 64, per_client: int = 16, pin: bool = True,
+                 haproxy: str | None = None, engine_device: str | None = None) -> dict:
+    """``--overhead-only``: start one engine (main-0, ``--device engine_device`` when given) and one
+    router in front of it, and with ``haproxy`` (its binary) a reference HAProxy beside the router
+    (:mod:`bench.reference_proxy`), warm them up, :func:`measure_overhead`, stop them."""
     workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-router-{os.getpid()}"
     workdir.mkdir(parents=True, exist_ok=True)
     procs: list[subprocess.Popen] = []
     try:
         port = _port()
-        procs.append(_spawn(["engine", "serve", "--model", str(STORIES_BIN), "--port", str(port), *ENGINE_ARGS],
-                            workdir / "engine-0.log"))
+        device = ["--device", engine_device] if engine_device else []
+        procs.append(_spawn(["engine", "serve", "--model", str(STORIES_BIN), "--port", str(port), *ENGINE_ARGS,
+                             *device], workdir / "engine-0.log"))
         engine = f"http://127.0.0.1:{port}"
         port = _port()
         procs.append(_spawn(["router", "--port", str(port), "--log-level", "warning", "--probe-interval", "0.5",
                              "--engine", f"main-0={engine}"], workdir / "router-r1.log"))
         router = f"http://127.0.0.1:{port}"
+        reference = None
+        if haproxy:
+            port = _port()
+            procs.append(start_haproxy(haproxy, port, engine, workdir, maxconn=max(256, 2 * clients)))
+            reference = (f"http://127.0.0.1:{port}", procs[-1].pid, haproxy_version(haproxy))
         _wait(engine + "/ready")
         _wait(router + "/ready")
-        for url in (engine, router, engine, router):            # warm-up, at the rounds' concurrency
+        warm = (engine, router, *([reference[0]] if reference else []))
+        for url in warm + warm:                                 # warm-up, at the rounds' concurrency
+            _wait_proxy(url)
             asyncio.run(_closed_loop(url, clients, n_per_client=2))
         return measure_overhead(engine, router, procs[0].pid, procs[1].pid, rounds=rounds, clients=clients,
-                                per_client=per_client, pin=pin)
+                                per_client=per_client, pin=pin, reference=reference)
     finally:
         _stop(procs)
 
@@ -338,14 +389,31 @@ def render_overhead(res: dict, busy: bool = False) -> str:
     best = min(res["overhead"], key=lambda o: o["added_p50"])
     added = [o["added_p50"] for o in res["overhead"]]
     mid = percentile(added, 50)
+    ref = res.get("reference")
+    ref_cols = ["reference p50", "reference added p50", "reference CPU ms/req"] if ref else []
+    ref_row = (lambda o: [ms(o["reference_p50"]), ms(o["reference_added_p50"]),
+                          fmt(o["reference_cpu_ms_per_req"], 2)]) if ref else (lambda o: [])
     rows = [[i + 1, ms(o["direct_p50"]), ms(o["router_p50"]), ms(o["added_p50"]), ms(o["direct_p99"]),
              ms(o["router_p99"]), ms(o["added_p99"]),
              f'{ms(o.get("router_own_p50"))} / {ms(o.get("router_own_p99"))} / {ms(o["router_own_mean"])}',
              fmt(o["direct_rps"]), fmt(o["router_rps"]), fmt(o["router_cpu_ms_per_req"], 2),
              f'{fmt(o.get("client_cpu_ms_per_req_direct"), 2)} / {fmt(o.get("client_cpu_ms_per_req_routed"), 2)}',
              fmt(o["engine_cpu_ms_per_req_direct"], 2), fmt(o["engine_cpu_ms_per_req_routed"], 2),
-             f"{fmt(o['seqs_per_step_direct'], 1)} / {fmt(o['seqs_per_step_routed'], 1)}", o["errors"]]
+             f"{fmt(o['seqs_per_step_direct'], 1)} / {fmt(o['seqs_per_step_routed'], 1)}",
+             o["errors"] + o.get("reference_errors", 0), *ref_row(o)]
             for i, o in enumerate(res["overhead"])]
+    ref_text = ""
+    if ref:
+        ref_added = [o["reference_added_p50"] for o in res["overhead"]]
+        ref_mid = percentile(ref_added, 50)
+        ref_cpu = percentile([o["reference_cpu_ms_per_req"] for o in res["overhead"]], 50)
+        ref_text = (
+            f" **The same rounds through {ref}** (a compiled proxy, bench/reference_proxy.py: one thread, keep-alive"
+            " both ways, the whole body read before forwarding; placed as the router): added p50 median"
+            f" **{ms(ref_mid)} ms** (rounds {', '.join(ms(v) for v in ref_added)}), {fmt(ref_cpu, 3)} ms of CPU a"
+            " request: what one more hop costs on this host whatever proxies it, the floor under the router's"
+            f" figure; the router's median is {ms(mid - ref_mid)} ms above it.")
+    seq_ref = [q["reference_added_p50"] for q in res["sequential"] if "reference_added_p50" in q]
     return "\n".join([
         f"**Router overhead**, {res['clients']} concurrent clients × {res['per_client']} non-streamed completions"
         " (`max_tokens` 4) straight to one engine vs through a router in front of it, loopback, alternated, "
@@ -362,7 +430,7 @@ def render_overhead(res: dict, busy: bool = False) -> str:
         md_table(["round", "direct p50", "router p50", "added p50", "direct p99", "router p99", "added p99",
                   "router's own p50 / p99 / mean", "direct req/s", "router req/s", "router CPU ms/req",
                   "client CPU ms/req direct / routed", "engine CPU ms/req direct", "engine CPU ms/req routed",
-                  "batch", "errors"], rows),
+                  "batch", "errors", *ref_cols], rows),
         "",
         f"Median over the rounds: **added p50 {ms(mid)} ms** (rounds {', '.join(ms(v) for v in added)}; a"
         " single round swings by tens of ms with what else the cores run, so one round is no verdict) at"
@@ -380,15 +448,16 @@ def render_overhead(res: dict, busy: bool = False) -> str:
            f" ({res['clients'] // 2} × {fmt(best['router_cpu_ms_per_req'], 2)} ms ≈"
            f" {fmt(res['clients'] // 2 * best['router_cpu_ms_per_req'], 1)} ms in the best round), with a core of its"
            " own or not; its own measure (p50), which starts when the app gets the request, does not see that"
-           " queue. ≤ 2 ms at 64 clients needs about 60 µs of CPU per request (a compiled proxy) or several"
+           " queue. ≤ 2 ms at 64 clients needs a compiled proxy's CPU per request (tens of µs) or several"
            " router processes (docs/router.md, \"Cost per request\")."
-           + (" The outside load (see the load average) adds to it." if busy else "")),
+           + (" The outside load (see the load average) adds to it." if busy else ""))
+        + ref_text,
         "",
         "One client, 40 sequential requests, no queueing (ms): "
         + "; ".join(f"round {i + 1}: direct p50 {ms(q['direct_p50'])}, router p50 {ms(q['router_p50'])},"
                     f" added {ms(q['added_p50'])}" for i, q in enumerate(res["sequential"]))
         + f"; median of the rounds' added p50 **{ms(percentile([q['added_p50'] for q in res['sequential']], 50))}"
-        " ms**.",
+        " ms**" + (f" ({ref}: {ms(percentile(seq_ref, 50))} ms)." if seq_ref else "."),
         "",
         "Where the router's time goes (docs/router.md \"Cost per request\"; cProfile, py-spy and"
         " `time.process_time`, 2026-12-02): the app alone (plain ASGI on the two completion routes, a stub upstream)"
@@ -491,6 +560,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-pin", action="store_true",
                     help="Overhead part: leave every process on every CPU (default: client + engine on one CPU, "
                          "the router on another).")
+    ap.add_argument("--reference-proxy", default="auto", metavar="auto|none|PATH",
+                    help="Overhead part: also measure HAProxy (a compiled proxy, bench/reference_proxy.py) in front "
+                         "of the same engine in the same rounds, placed as the router: auto (default) uses it when "
+                         "installed (Debian package haproxy), none skips it, or the binary's path.")
+    ap.add_argument("--engine-device", default=None, help="Overhead part: the engine's --device (default: its auto).")
     ap.add_argument("--write", action="store_true", help="Write the router section of docs/benchmarks.md.")
     ap.add_argument("--overhead-only", action="store_true",
                     help="Run only the overhead part (section 1: one engine, one router; pinned unless --no-pin) "
@@ -502,7 +576,8 @@ def main(argv: list[str] | None = None) -> int:
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     t = time.time()
     if args.overhead_only:
-        ov = run_overhead(args.rounds, args.clients, args.per_client, pin=not args.no_pin)
+        ov = run_overhead(args.rounds, args.clients, args.per_client, pin=not args.no_pin,
+                          haproxy=find_haproxy(args.reference_proxy), engine_device=args.engine_device)
         busy = bool(facts.get("cpus")) and facts["load_1m"] > facts["cpus"]
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         block = (f"Part 1 re-run alone: `python -m bench.router --overhead-only` (one engine, one router), finished"

@@ -1,0 +1,123 @@
+"""A compiled reference proxy for ``python -m bench.router``'s overhead part: HAProxy.
+
+The router's overhead target (≤ 2 ms added p50 at 64 closed-loop clients, issue 9) is read
+against going straight to the engine. What any extra HTTP hop costs on the same host, in the same
+rounds and the same CPU placement, is the floor no router can go under; HAProxy (C, one thread,
+about 40–60 µs of CPU a request here) measures it. It is a benchmark reference only: the router
+itself stays ``inferctl router``.
+
+HAProxy comes from the Debian package ``haproxy`` (``apt-get install haproxy``; 2.6 in bookworm).
+Its configuration does the work a router must do at least: HTTP/1.1 keep-alive both ways
+(``http-reuse always``), the whole request body read before it is forwarded
+(``option http-buffer-request``, as the router reads and validates it), no logging; one thread,
+like the router's one event loop. HAProxy's configuration manual:
+https://docs.haproxy.org/2.6/configuration.html
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+#: Where Debian installs the binary (not on an unprivileged user's PATH).
+DEBIAN_PATH = "/usr/sbin/haproxy"
+
+
+def find_haproxy(spec: str = "auto") -> str | None:
+    """The HAProxy binary to use, or None: ``spec`` ``none`` → None; ``auto`` → ``$INFERCTL_HAPROXY``,
+    then ``haproxy`` on PATH, then :data:`DEBIAN_PATH`, else None; any other value is a path.
+
+    Raises:
+        FileNotFoundError: ``spec`` is a path that is not an executable file."""
+    if spec == "none":
+        return None
+    if spec != "auto":
+        if not (os.path.isfile(spec) and os.access(spec, os.X_OK)):
+            raise FileNotFoundError(f"--reference-proxy: {spec!r} is not an executable file")
+        return spec
+    for candidate in (os.environ.get("INFERCTL_HAPROXY"), shutil.which("haproxy"), DEBIAN_PATH):
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def haproxy_config(port: int, upstream: str, maxconn: int = 256) -> str:
+    """HAProxy's configuration: listen on 127.0.0.1:``port``, forward every request to ``upstream``
+    (``http://HOST:PORT``, the engine), at most ``maxconn`` client connections (HAProxy asks for
+    about two file descriptors per connection at start and exits when the hard limit is lower:
+    keep it near the bench's client count).
+
+    Raises:
+        ValueError: ``upstream`` is not an ``http://host:port`` URL, or ``port`` / ``maxconn`` out of range."""
+    parts = urlsplit(upstream)
+    if parts.scheme != "http" or not parts.hostname or not parts.port:
+        raise ValueError(f"upstream must be http://HOST:PORT, got {upstream!r}")
+    if not 1 <= port <= 65535:
+        raise ValueError(f"port must be 1..65535, got {port}")
+    if not 1 <= maxconn <= 100_000:
+        raise ValueError(f"maxconn must be 1..100000, got {maxconn}")
+    return "\n".join([
+        "global",
+        "    nbthread 1",
+        f"    maxconn {maxconn}",
+        "defaults",
+        "    mode http",
+        "    timeout connect 2s",
+        "    timeout client 600s",
+        "    timeout server 600s",
+        "    option http-keep-alive",
+        "    http-reuse always",
+        "frontend reference",
+        f"    bind 127.0.0.1:{port}",
+        "    option http-buffer-request",
+        "    default_backend engine",
+        "backend engine",
+        f"    server engine {parts.hostname}:{parts.port}",
+        "",
+    ])
+
+
+def start_haproxy(binary: str, port: int, upstream: str, workdir: Path, maxconn: int = 256,
+                  timeout: float = 10.0) -> subprocess.Popen:
+    """Write the configuration under ``workdir`` (``haproxy.cfg``), check it (``haproxy -c``),
+    start HAProxy in the foreground (``-db``), its output to ``workdir/haproxy.log``, and wait
+    until it accepts connections on ``port``.
+
+    Raises:
+        RuntimeError: ``haproxy -c`` refused the configuration, or HAProxy exited or did not listen
+            within ``timeout`` seconds (its output in the message; it is stopped)."""
+    cfg = workdir / "haproxy.cfg"
+    cfg.write_text(haproxy_config(port, upstream, maxconn), encoding="utf-8")
+    check = subprocess.run([binary, "-c", "-f", str(cfg)], capture_output=True, text=True)
+    if check.returncode != 0:
+        raise RuntimeError(f"haproxy -c refused {cfg}: {(check.stdout + check.stderr).strip()}")
+    log = workdir / "haproxy.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([binary, "-db", "-f", str(cfg)], stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    code = proc.poll()
+    if code is None:
+        proc.kill()
+        proc.wait()
+    said = log.read_text(errors="replace").strip()[-2000:]
+    raise RuntimeError(f"HAProxy ({binary}) " + (f"exited with {code}" if code is not None else
+                                                 f"did not listen on 127.0.0.1:{port} in {timeout:g} s")
+                       + f": {said or 'no output'}")
+
+
+def haproxy_version(binary: str) -> str:
+    """``HAProxy 2.6.12-1+deb12u3`` (the first line of ``haproxy -v``, shortened), or ``HAProxy``."""
+    out = subprocess.run([binary, "-v"], capture_output=True, text=True).stdout.split()
+    return f"HAProxy {out[2]}" if len(out) > 2 and out[0] == "HAProxy" else "HAProxy"
