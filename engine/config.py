@@ -182,8 +182,8 @@ class EngineConfig:
         if model_device is not None:
             mdev = torch.device(model_device)
             mname = "cpu" if mdev.type == "cpu" else str(mdev)
-            if device == "auto":
-                device = mname
+            if device == "auto" or (device == "cuda" and mdev.type == "cuda"):
+                device = mname          # "cuda" → the model's "cuda:N": one concrete device everywhere
             elif torch.device(device).type != mdev.type:
                 raise ConfigError("device", f"{device!r} asked for, but the model was loaded on "
                                   f"{mname!r}; load it with device={device!r}")

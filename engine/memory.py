@@ -31,6 +31,11 @@ class MemoryAccountant:
     def __init__(self, budget_bytes: int, device: torch.device | str = "cpu"):
         self.device = torch.device(device)
         self.is_cuda = self.device.type == "cuda"
+        if self.is_cuda and self.device.index is None:
+            # "cuda" means the current device; torch.cuda.set_per_process_memory_fraction takes
+            # only an indexed one (its _get_device_index(device) without optional=True raised
+            # "Expected a torch.device with a specified index" for `engine serve --device cuda`)
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.budget_bytes = int(budget_bytes)
         if self.budget_bytes <= 0:
             raise ValueError(f"budget_bytes must be > 0, got {budget_bytes}")
