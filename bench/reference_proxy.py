@@ -9,7 +9,8 @@ itself stays ``inferctl router``.
 HAProxy comes from the Debian package ``haproxy`` (``apt-get install haproxy``; 2.6 in bookworm).
 Its configuration does the work a router must do at least: HTTP/1.1 keep-alive both ways
 (``http-reuse always``), the whole request body read before it is forwarded
-(``option http-buffer-request``, as the router reads and validates it), no logging; one thread,
+(``option http-buffer-request``, as the router reads and validates it), one log line a request
+with its timings (:data:`TIMING_PREFIX`; the engine's part apart from the proxy's); one thread,
 like the router's one event loop. HAProxy's configuration manual:
 https://docs.haproxy.org/2.6/configuration.html
 """
@@ -65,8 +66,11 @@ def haproxy_config(port: int, upstream: str, maxconn: int = 256) -> str:
         "global",
         "    nbthread 1",
         f"    maxconn {maxconn}",
+        "    log stdout format raw local0",
         "defaults",
         "    mode http",
+        "    log global",
+        f'    log-format "{TIMING_PREFIX} %Tr %Ta"',
         "    timeout connect 2s",
         "    timeout client 600s",
         "    timeout server 600s",
@@ -80,6 +84,36 @@ def haproxy_config(port: int, upstream: str, maxconn: int = 256) -> str:
         f"    server engine {parts.hostname}:{parts.port}",
         "",
     ])
+
+
+#: Each request's line in HAProxy's output (its log to stdout): the prefix, then ``%Tr`` (ms from the
+#: request sent to the server to its response headers: the engine's part) and ``%Ta`` (ms from
+#: the request's first byte to the response's last, the proxy's part included). Custom log
+#: format: https://docs.haproxy.org/2.6/configuration.html#8.2.4
+TIMING_PREFIX = "inferctl-timing"
+
+
+def timings_seen(log: Path) -> int:
+    """How many timing lines ``log`` (``haproxy.log``) holds now (0 when it does not exist)."""
+    try:
+        return sum(1 for line in log.read_text(errors="replace").splitlines() if line.startswith(TIMING_PREFIX))
+    except FileNotFoundError:
+        return 0
+
+
+def server_times(log: Path, skip: int, expect: int, wait: float = 2.0) -> list[float]:
+    """The ``%Tr`` values (ms, the engine's time to response headers as HAProxy saw it) of the timing
+    lines after the first ``skip``, waiting up to ``wait`` seconds for ``expect`` such values (HAProxy
+    writes each line when its request ends); a line with ``-1`` (no response: a connection closed
+    without a request, as :func:`start_haproxy`'s readiness check) is left out."""
+    deadline = time.monotonic() + wait
+    while True:
+        lines = [line.split() for line in log.read_text(errors="replace").splitlines()
+                 if line.startswith(TIMING_PREFIX)][skip:]
+        times = [float(f[1]) for f in lines if len(f) == 3 and f[1].isdigit()]
+        if len(times) >= expect or time.monotonic() > deadline:
+            return times
+        time.sleep(0.05)
 
 
 def start_haproxy(binary: str, port: int, upstream: str, workdir: Path, maxconn: int = 256,

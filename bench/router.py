@@ -5,7 +5,8 @@ serve``) and four routers (``inferctl router``, subprocesses) on loopback, then 
 
 1. **Overhead**: the same closed-loop load — 64 clients, each sending non-streamed
    ``/v1/completions`` (``max_tokens`` 4) one at a time, 16 each — straight to engine main-0 and through
-   a router in front of main-0 alone, alternated, 5 rounds after a warm-up of both at full concurrency
+   a router in front of main-0 alone, alternated (the order turning each round), 5 rounds after a warm-up
+   of both at full concurrency
    (a round of 4 each, ~0.5 s, swung by tens of ms; the first round through the router opened its
    upstream connections); the added latency is the router's
    p50 (p99) minus the direct p50 (p99) of the same round; the verdict is the median of the
@@ -44,11 +45,12 @@ import asyncio
 import json
 import os
 import re
+import statistics
 import subprocess
 import time
 from pathlib import Path
 
-from bench.reference_proxy import find_haproxy, haproxy_version, start_haproxy
+from bench.reference_proxy import find_haproxy, haproxy_version, server_times, start_haproxy, timings_seen
 from bench.common import DOC, STORIES_BIN, fmt, machine_facts, md_table, percentile, section, write_section
 from bench.router_affinity import (BOOK, CHAT_MEMORY_BUDGET, TURNS, affinity, affinity_summary, by_turn_table,  # noqa: F401
                                    free_port as _port, spawn as _spawn, stop as _stop, system_prompts, wait as _wait)
@@ -120,7 +122,10 @@ def _overhead_metric(router: str) -> dict:
     get = lambda k: float(re.search(rf"^inferctl_router_overhead_seconds_{k} (\S+)$", text, re.M).group(1))  # noqa: E731
     buckets = {float(le): float(v) for le, v in
                re.findall(r'^inferctl_router_overhead_seconds_bucket\{le="([^"]+)"\} (\S+)$', text, re.M)}
-    return {"sum": get("sum"), "count": get("count"), "buckets": buckets}
+    up = lambda k: sum(float(v) for v in re.findall(  # noqa: E731
+        rf"^inferctl_router_upstream_latency_seconds_{k}\{{[^}}]*\}} (\S+)$", text, re.M))
+    return {"sum": get("sum"), "count": get("count"), "buckets": buckets,
+            "upstream_sum": up("sum"), "upstream_count": up("count")}
 
 
 def histogram_quantile(q: float, before: dict, after: dict) -> float | None:
@@ -157,13 +162,13 @@ def _pin(pid: int, cpus: set[int] | None) -> None:
 
 def measure_overhead(engine: str, router: str, engine_pid: int, router_pid: int, *, rounds: int = 5,
                      clients: int = 64, per_client: int = 16, pin: bool = True,
-                     reference: tuple[str, int, str] | None = None) -> dict:
+                     reference: tuple[str, int, str, Path] | None = None) -> dict:
     """Part 1 (module docstring) against a running ``engine`` (URL, process ``engine_pid``) and a
     ``router`` in front of it alone (URL, ``router_pid``): ``overhead`` (a dict per round),
     ``sequential`` (one client, per round), ``pinned`` (the two CPU sets, or None), ``clients``,
     ``per_client``. ``pin``: the client and the engine on the first CPU, the router on the last
     (``os.sched_setaffinity``; skipped with one CPU), every process back on every CPU after.
-    ``reference``: (URL, pid, name) of a compiled proxy in front of the same engine
+    ``reference``: (URL, pid, name, its timing log) of a compiled proxy in front of the same engine
     (:mod:`bench.reference_proxy`), placed as the router and measured in the same rounds after it:
     each round's dict then also holds ``reference_p50`` / ``reference_p99`` / ``reference_added_p50`` /
     ``reference_cpu_ms_per_req``, and the result ``reference`` (its name)."""
@@ -187,10 +192,18 @@ def measure_overhead(engine: str, router: str, engine_pid: int, router_pid: int,
         if reference:
             x = asyncio.run(_closed_loop(reference[0], 1, n_per_client=40))
             seq[-1]["reference_added_p50"] = percentile(x["lat"], 50) - percentile(d["lat"], 50)
-    for _ in range(rounds):
+    def direct() -> dict:
         e0, b0, k0 = _cpu_seconds(engine_pid), _engine_steps(engine), time.process_time()
         d = asyncio.run(_closed_loop(engine, clients, n_per_client=per_client))
         e1, b1, k1 = _cpu_seconds(engine_pid), _engine_steps(engine), time.process_time()
+        return {"direct_p50": percentile(d["lat"], 50), "direct_p99": percentile(d["lat"], 99),
+                "direct_mean": statistics.fmean(d["lat"]) if d["lat"] else None,
+                "direct_rps": d["n"] / d["wall"], "direct_errors": d["errors"], "direct_n": d["n"],
+                "client_cpu_ms_per_req_direct": 1000 * (k1 - k0) / max(1, d["n"]),
+                "engine_cpu_ms_per_req_direct": 1000 * (e1 - e0) / max(1, d["n"]),
+                "seqs_per_step_direct": (b1[1] - b0[1]) / max(1, b1[0] - b0[0])}
+
+    def routed() -> dict:
         # the router's upstream connections open again if they idled past their keep-alive
         asyncio.run(_closed_loop(router, clients, n_per_client=1))
         h0 = _overhead_metric(router)
@@ -200,29 +213,44 @@ def measure_overhead(engine: str, router: str, engine_pid: int, router_pid: int,
         u1, e3, b3, k3 = (_cpu_seconds(router_pid), _cpu_seconds(engine_pid), _engine_steps(engine),
                           time.process_time())
         h1 = _overhead_metric(router)
-        ref = {}
-        if reference:
-            asyncio.run(_closed_loop(reference[0], clients, n_per_client=1))
-            c0 = _cpu_seconds(reference[1])
-            x = asyncio.run(_closed_loop(reference[0], clients, n_per_client=per_client))
-            c1 = _cpu_seconds(reference[1])
-            ref = {"reference_p50": percentile(x["lat"], 50), "reference_p99": percentile(x["lat"], 99),
-                   "reference_cpu_ms_per_req": 1000 * (c1 - c0) / max(1, x["n"]), "reference_errors": x["errors"]}
-        over.append({**ref, "direct_p50": percentile(d["lat"], 50), "direct_p99": percentile(d["lat"], 99),
-                     "router_p50": percentile(r["lat"], 50), "router_p99": percentile(r["lat"], 99),
-                     "direct_rps": d["n"] / d["wall"], "router_rps": r["n"] / r["wall"],
-                     "errors": d["errors"] + r["errors"], "n": d["n"] + r["n"],
-                     "router_own_mean": (h1["sum"] - h0["sum"]) / (h1["count"] - h0["count"])
-                     if h1["count"] > h0["count"] else None,
-                     "router_own_p50": histogram_quantile(0.5, h0, h1),
-                     "router_own_p99": histogram_quantile(0.99, h0, h1),
-                     "router_cpu_ms_per_req": 1000 * (u1 - u0) / max(1, r["n"]),
-                     "client_cpu_ms_per_req_direct": 1000 * (k1 - k0) / max(1, d["n"]),
-                     "client_cpu_ms_per_req_routed": 1000 * (k3 - k2) / max(1, r["n"]),
-                     "engine_cpu_ms_per_req_direct": 1000 * (e1 - e0) / max(1, d["n"]),
-                     "engine_cpu_ms_per_req_routed": 1000 * (e3 - e2) / max(1, r["n"]),
-                     "seqs_per_step_direct": (b1[1] - b0[1]) / max(1, b1[0] - b0[0]),
-                     "seqs_per_step_routed": (b3[1] - b2[1]) / max(1, b3[0] - b2[0])})
+        return {"router_p50": percentile(r["lat"], 50), "router_p99": percentile(r["lat"], 99),
+                "router_rps": r["n"] / r["wall"], "router_errors": r["errors"], "router_n": r["n"],
+                "router_own_mean": (h1["sum"] - h0["sum"]) / (h1["count"] - h0["count"])
+                if h1["count"] > h0["count"] else None,
+                "router_own_p50": histogram_quantile(0.5, h0, h1),
+                "router_own_p99": histogram_quantile(0.99, h0, h1),
+                "router_cpu_ms_per_req": 1000 * (u1 - u0) / max(1, r["n"]),
+                "router_mean": statistics.fmean(r["lat"]) if r["lat"] else None,
+                # what the router saw of the engine: sending the request → its first body byte
+                "router_upstream_mean": (h1["upstream_sum"] - h0["upstream_sum"])
+                / (h1["upstream_count"] - h0["upstream_count"])
+                if h1["upstream_count"] > h0["upstream_count"] else None,
+                "client_cpu_ms_per_req_routed": 1000 * (k3 - k2) / max(1, r["n"]),
+                "engine_cpu_ms_per_req_routed": 1000 * (e3 - e2) / max(1, r["n"]),
+                "seqs_per_step_routed": (b3[1] - b2[1]) / max(1, b3[0] - b2[0])}
+
+    def referenced() -> dict:
+        asyncio.run(_closed_loop(reference[0], clients, n_per_client=1))
+        c0, t0 = _cpu_seconds(reference[1]), timings_seen(reference[3])
+        x = asyncio.run(_closed_loop(reference[0], clients, n_per_client=per_client))
+        c1 = _cpu_seconds(reference[1])
+        tr = server_times(reference[3], t0, x["n"])
+        return {"reference_p50": percentile(x["lat"], 50), "reference_p99": percentile(x["lat"], 99),
+                "reference_mean": statistics.fmean(x["lat"]) if x["lat"] else None,
+                "reference_upstream_mean": statistics.fmean(tr) / 1000 if tr else None,
+                "reference_cpu_ms_per_req": 1000 * (c1 - c0) / max(1, x["n"]), "reference_errors": x["errors"]}
+
+    # the order turns each round (direct, router[, reference] → router[, reference], direct → …):
+    # a load's place in the round (what ran just before it on the engine) does not favour one side
+    parts = [direct, routed] + ([referenced] if reference else [])
+    for k in range(rounds):
+        o: dict = {"order": []}
+        for part in turned(parts, k):
+            o.update(part())
+            o["order"].append(part.__name__)
+        o["errors"] = o.pop("direct_errors") + o.pop("router_errors")
+        o["n"] = o.pop("direct_n") + o.pop("router_n")
+        over.append(o)
     for o in over:
         o["added_p50"] = o["router_p50"] - o["direct_p50"]
         o["added_p99"] = o["router_p99"] - o["direct_p99"]
@@ -234,6 +262,15 @@ def measure_overhead(engine: str, router: str, engine_pid: int, router_pid: int,
     return {"overhead": over, "sequential": seq, "clients": clients, "per_client": per_client,
             "reference": reference[2] if reference else None,
             "pinned": None if not pinned else [sorted(pinned[0]), sorted(pinned[1])]}
+
+
+def turned(parts: list, k: int) -> list:
+    """``parts`` turned by ``k`` places (round ``k``'s order: ``[a, b, c]`` → ``[b, c, a]`` for k = 1), so
+    over ``len(parts)`` rounds each part runs once in each place. Raises ValueError on an empty list."""
+    if not parts:
+        raise ValueError("no parts to order")
+    k %= len(parts)
+    return parts[k:] + parts[:k]
 
 
 def _wait_proxy(url: str, timeout: float = 30.0) -> None:
@@ -276,7 +313,7 @@ def run_overhead(rounds: int = 5, clients: int = 64, per_client: int = 16, pin: 
         if haproxy:
             port = _port()
             procs.append(start_haproxy(haproxy, port, engine, workdir, maxconn=max(256, 2 * clients)))
-            reference = (f"http://127.0.0.1:{port}", procs[-1].pid, haproxy_version(haproxy))
+            reference = (f"http://127.0.0.1:{port}", procs[-1].pid, haproxy_version(haproxy), workdir / "haproxy.log")
         _wait(engine + "/ready")
         _wait(router + "/ready")
         warm = (engine, router, *([reference[0]] if reference else []))
@@ -411,12 +448,14 @@ def render_overhead(res: dict, busy: bool = False) -> str:
             f" **The same rounds through {ref}** (a compiled proxy, bench/reference_proxy.py: one thread, keep-alive"
             " both ways, the whole body read before forwarding; placed as the router): added p50 median"
             f" **{ms(ref_mid)} ms** (rounds {', '.join(ms(v) for v in ref_added)}), {fmt(ref_cpu, 3)} ms of CPU a"
-            " request: what one more hop costs on this host whatever proxies it, the floor under the router's"
-            f" figure; the router's median is {ms(mid - ref_mid)} ms above it.")
+            " request: what a hop through a proxy at tens of µs of CPU a request reads in this harness; the"
+            f" router's median is {ms(abs(mid - ref_mid))} ms {'above' if mid >= ref_mid else 'below'} it.")
     seq_ref = [q["reference_added_p50"] for q in res["sequential"] if "reference_added_p50" in q]
+    split = split_table(res)
     return "\n".join([
         f"**Router overhead**, {res['clients']} concurrent clients × {res['per_client']} non-streamed completions"
-        " (`max_tokens` 4) straight to one engine vs through a router in front of it, loopback, alternated, "
+        " (`max_tokens` 4) straight to one engine vs through a router in front of it, loopback, alternated (the"
+        " order of the loads turning each round, so none always follows the same one), "
         f"{len(res['overhead'])} rounds, "
         + (f"pinned: the load generator and the engine on CPU {res['pinned'][0]}, the router on CPU"
            f" {res['pinned'][1]} (`os.sched_setaffinity`: the router's CPU never comes out of the engine's or the"
@@ -448,11 +487,11 @@ def render_overhead(res: dict, busy: bool = False) -> str:
            f" ({res['clients'] // 2} × {fmt(best['router_cpu_ms_per_req'], 2)} ms ≈"
            f" {fmt(res['clients'] // 2 * best['router_cpu_ms_per_req'], 1)} ms in the best round), with a core of its"
            " own or not; its own measure (p50), which starts when the app gets the request, does not see that"
-           " queue. ≤ 2 ms at 64 clients needs a compiled proxy's CPU per request (tens of µs) or several"
-           " router processes (docs/router.md, \"Cost per request\")."
+           " queue (docs/router.md, \"Cost per request\")."
            + (" The outside load (see the load average) adds to it." if busy else ""))
         + ref_text,
         "",
+        *split,
         "One client, 40 sequential requests, no queueing (ms): "
         + "; ".join(f"round {i + 1}: direct p50 {ms(q['direct_p50'])}, router p50 {ms(q['router_p50'])},"
                     f" added {ms(q['added_p50'])}" for i, q in enumerate(res["sequential"]))
@@ -465,6 +504,61 @@ def render_overhead(res: dict, busy: bool = False) -> str:
         " `ClientSession`) about a third of the process's CPU, uvicorn (httptools, uvloop), the event loop and the"
         " socket system calls the rest; no single part dominates.",
     ])
+
+
+def _minus(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+def split_table(res: dict) -> list[str]:
+    """Where the added time goes, per round (means, ms): the client's mean latency straight and
+    through each proxy, the engine's time as the proxy saw it (the router's
+    ``inferctl_router_upstream_latency_seconds`` mean, HAProxy's ``%Tr`` mean), and the two
+    differences: the proxy's part (client mean − engine as the proxy saw it: reading the request,
+    routing, relaying the answer, and the time the request waited for the proxy's event loop) and
+    the engine's part (engine as the proxy saw it − straight). Lines of markdown (empty when the
+    rounds carry no means: results written before this split existed)."""
+    over = [o for o in res["overhead"] if o.get("router_upstream_mean") is not None and o.get("direct_mean")]
+    if not over:
+        return []
+    ms = lambda x: fmt(None if x is None else 1000 * x, 2)  # noqa: E731
+    ref = res.get("reference")
+    parts = {"router": [], "router_engine": [], "ref": [], "ref_engine": []}
+    rows = []
+    for i, o in enumerate(over):
+        own = _minus(o["router_mean"], o["router_upstream_mean"])
+        eng = _minus(o["router_upstream_mean"], o["direct_mean"])
+        parts["router"].append(own)
+        parts["router_engine"].append(eng)
+        row = [i + 1, ms(o["direct_mean"]), ms(o["router_mean"]), ms(o["router_upstream_mean"]), ms(own), ms(eng)]
+        if ref:
+            r_own = _minus(o.get("reference_mean"), o.get("reference_upstream_mean"))
+            r_eng = _minus(o.get("reference_upstream_mean"), o["direct_mean"])
+            parts["ref"].append(r_own)
+            parts["ref_engine"].append(r_eng)
+            row += [ms(o.get("reference_mean")), ms(o.get("reference_upstream_mean")), ms(r_own), ms(r_eng)]
+        rows.append(row)
+    med = {k: (percentile([v for v in vals if v is not None], 50) if any(v is not None for v in vals) else None)
+           for k, vals in parts.items()}
+    cols = ["round", "direct mean", "router mean", "engine as the router saw it", "router's part", "engine's part"]
+    if ref:
+        cols += ["reference mean", "engine as the reference saw it (%Tr)", "reference's part", "engine's part (ref.)"]
+    return [
+        "Where the added time goes (means, ms; *engine as the router saw it* = the mean of"
+        " `inferctl_router_upstream_latency_seconds`, request sent → first body byte"
+        + ("; for the reference, HAProxy's `%Tr`, request sent → response headers, whole ms" if ref else "")
+        + "; *part* = client mean − engine as the proxy saw it, and engine as the proxy saw it − direct mean):",
+        "",
+        md_table(cols, rows),
+        "",
+        f"Medians over the rounds: the router's part **{ms(med['router'])} ms**, the engine's part"
+        f" **{ms(med['router_engine'])} ms**"
+        + (f"; {ref}: its part **{ms(med['ref'])} ms**, the engine's part **{ms(med['ref_engine'])} ms**"
+           if ref else "")
+        + ". The engine's part is the engine answering the same load more slowly when it arrives through a proxy"
+        " (no proxy code runs in it).",
+        "",
+    ]
 
 
 def render(res: dict, uptime: str, facts: dict | None = None) -> str:

@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from bench import reference_proxy
-from bench.reference_proxy import haproxy_config, haproxy_version, start_haproxy
+from bench.reference_proxy import haproxy_config, haproxy_version, server_times, start_haproxy, timings_seen
 
 
 @pytest.fixture
@@ -89,6 +89,11 @@ def test_start_haproxy_forwards_a_json_post_and_returns_the_upstreams_status_and
             assert (status, header, got) == direct
             assert status == 207 and header == "echo"
             assert json.loads(got) == {"path": "/v1/completions?x=1", "length": len(body), "model": "stories260K"}
+        # one timing line a request, read back as the engine's time (%Tr, whole ms, ≥ 0)
+        # start_haproxy's readiness check left a line too ("-1": no request), which server_times leaves out
+        times = server_times(tmp_path / "haproxy.log", 0, 2)
+        assert len(times) == 2 and all(0 <= t < 10_000 for t in times), times
+        assert timings_seen(tmp_path / "haproxy.log") == 3
     finally:
         if proc is not None:
             proc.terminate()

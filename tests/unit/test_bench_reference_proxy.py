@@ -247,3 +247,50 @@ def test_render_overhead_without_a_reference_has_no_reference_column_or_sentence
     assert "reference" not in text and "HAProxy" not in text and "The same rounds through" not in text
     assert "median of the rounds' added p50 **0.80 ms**." in text
     assert "**added p50 5.20 ms**" in text
+
+
+# --- the turning order and the split of the added time ------------------------------------------
+
+def test_turned_puts_each_part_once_in_each_place_over_len_rounds():
+    from bench.router import turned
+
+    parts = ["direct", "routed", "referenced"]
+    orders = [turned(parts, k) for k in range(3)]
+    assert orders == [["direct", "routed", "referenced"], ["routed", "referenced", "direct"],
+                      ["referenced", "direct", "routed"]]
+    assert turned(parts, 4) == orders[1]
+    assert turned(["direct", "routed"], 1) == ["routed", "direct"]
+    with pytest.raises(ValueError, match="no parts"):
+        turned([], 0)
+
+
+def _split_round(direct, router, upstream, ref=None, ref_tr=None):
+    o = {"direct_mean": direct, "router_mean": router, "router_upstream_mean": upstream}
+    if ref is not None:
+        o.update(reference_mean=ref, reference_upstream_mean=ref_tr)
+    return o
+
+
+def test_split_table_gives_each_proxys_part_and_the_engines_with_their_medians():
+    from bench.router import split_table
+
+    res = {"reference": "HAProxy 2.6.12", "overhead": [
+        _split_round(0.060, 0.066, 0.061, 0.075, 0.071),     # router 5 / engine 1; ref 4 / engine 11
+        _split_round(0.070, 0.068, 0.062, 0.080, 0.076),     # router 6 / engine -8; ref 4 / engine 6
+        _split_round(0.050, 0.059, 0.052, 0.055, 0.052)]}    # router 7 / engine 2; ref 3 / engine 2
+    text = "\n".join(split_table(res))
+    assert "| 1 | 60.00 | 66.00 | 61.00 | 5.00 | 1.00 | 75.00 | 71.00 | 4.00 | 11.00 |" in text
+    assert "| 2 | 70.00 | 68.00 | 62.00 | 6.00 | -8.00 | 80.00 | 76.00 | 4.00 | 6.00 |" in text
+    assert ("the router's part **6.00 ms**, the engine's part **1.00 ms**; HAProxy 2.6.12: its part"
+            " **4.00 ms**, the engine's part **6.00 ms**") in text
+
+
+def test_split_table_without_a_reference_or_without_means():
+    from bench.router import split_table
+
+    res = {"reference": None, "overhead": [_split_round(0.060, 0.066, 0.061)]}
+    text = "\n".join(split_table(res))
+    assert "| 1 | 60.00 | 66.00 | 61.00 | 5.00 | 1.00 |" in text and "reference" not in text.split("\n\n")[1]
+    assert "HAProxy" not in text
+    # rounds recorded before the split (no means) give no table at all
+    assert split_table({"reference": None, "overhead": [{"direct_p50": 0.05}]}) == []
