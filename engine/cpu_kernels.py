@@ -47,12 +47,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from inferctl.contract.envflags import switch_or_default
 
 from inferctl.engine import onednn
 
@@ -115,8 +116,9 @@ CFLAGS_SERIAL = ("-O3", "-march=native")
 
 
 def enabled() -> bool:
-    """False when ``INFERCTL_CPU_KERNELS`` is set to 0/false/no/off (any case)."""
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    """False when ``INFERCTL_CPU_KERNELS`` is off (0/false/no/off/f/n, any case; contract/envflags.py's
+    rule: any other word than those and 1/true/yes/on/t/y logs a warning once and keeps them on)."""
+    return switch_or_default(ENV)
 
 
 def _cpu_tag(flags_used: tuple[str, ...] = CFLAGS + LDFLAGS) -> str:

@@ -15,10 +15,11 @@ Switch: ``INFERCTL_HUGEPAGES=0`` turns it off (default on where ``mmap.MADV_HUGE
 from __future__ import annotations
 
 import mmap
-import os
 from typing import Any
 
 import torch
+
+from inferctl.contract.envflags import switch_or_default
 
 #: Huge page size the buffer's start is aligned to (x86-64 and arm64 with 4 KiB base pages: 2 MiB).
 HUGE_PAGE_BYTES = 2 * 1024 * 1024
@@ -27,9 +28,10 @@ WEIGHT_ALIGN = 64
 
 
 def enabled() -> bool:
-    """Whether :func:`move_weights` acts: ``INFERCTL_HUGEPAGES`` is not ``"0"`` and this platform's
-    ``mmap`` module has ``MADV_HUGEPAGE`` (Linux)."""
-    return os.environ.get("INFERCTL_HUGEPAGES", "1") != "0" and hasattr(mmap, "MADV_HUGEPAGE")
+    """Whether :func:`move_weights` acts: ``INFERCTL_HUGEPAGES`` is not off (0/false/no/off/f/n, any case:
+    contract/envflags.py's rule; before, only ``"0"`` turned it off) and this platform's ``mmap`` module
+    has ``MADV_HUGEPAGE`` (Linux)."""
+    return switch_or_default("INFERCTL_HUGEPAGES") and hasattr(mmap, "MADV_HUGEPAGE")
 
 
 def huge_buffer(nbytes: int) -> torch.Tensor:

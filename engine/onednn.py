@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from typing import Any
 
 import torch
+
+from inferctl.contract.envflags import switch_or_default
 
 log = logging.getLogger("inferctl.engine.onednn")
 
@@ -55,8 +56,9 @@ MIN_FLOPS = 3_000_000
 
 
 def enabled() -> bool:
-    """False when ``INFERCTL_ONEDNN`` is set to 0/false/no/off (any case)."""
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    """False when ``INFERCTL_ONEDNN`` is off (0/false/no/off/f/n, any case; contract/envflags.py's rule:
+    an unknown word logs a warning once and keeps it on)."""
+    return switch_or_default(ENV)
 
 
 @functools.cache
