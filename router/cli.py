@@ -103,7 +103,9 @@ def router(
         raise typer.Exit(2)
     configure_router_logging(config.log_format, log_level)
     app = create_app(config, bind_host=host, allowed_hosts=tuple(allowed_host))
-    typer.echo(f"router: http://{host}:{port} -> {', '.join(f'{e.name}={e.url}' for e in config.engines)}",
+    # "routing", not "router:": under `inferctl up --replicas N` this line follows up's own
+    # "router: URL" line, and two "router:" lines read as the URL printed twice
+    typer.echo(f"routing http://{host}:{port} -> {', '.join(f'{e.name}={e.url}' for e in config.engines)}",
                err=True)
     # proxy_headers off: the router reads no client address or scheme, so uvicorn's X-Forwarded-*
     # middleware would be one more ASGI layer on every request for nothing (uvloop and httptools,
