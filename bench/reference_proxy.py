@@ -18,6 +18,7 @@ https://docs.haproxy.org/2.6/configuration.html
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -31,7 +32,9 @@ DEBIAN_PATH = "/usr/sbin/haproxy"
 
 def find_haproxy(spec: str = "auto") -> str | None:
     """The HAProxy binary to use, or None: ``spec`` ``none`` → None; ``auto`` → ``$INFERCTL_HAPROXY``,
-    then ``haproxy`` on PATH, then :data:`DEBIAN_PATH`, else None; any other value is a path.
+    then ``haproxy`` on PATH, then :data:`DEBIAN_PATH`, else None; any other value is a path (the
+    binary, or a wrapper that runs it with ``exec``: the bench reads the started process's pid for its CPU,
+    pins it and stops it, so a wrapper that forks would leave HAProxy running and measure the shell).
 
     Raises:
         FileNotFoundError: ``spec`` is a path that is not an executable file."""
@@ -55,12 +58,17 @@ def haproxy_config(port: int, upstream: str, maxconn: int = 256) -> str:
 
     Raises:
         ValueError: ``upstream`` is not an ``http://host:port`` URL, or ``port`` / ``maxconn`` out of range."""
-    parts = urlsplit(upstream)
-    if parts.scheme != "http" or not parts.hostname or not parts.port:
+    try:
+        parts = urlsplit(upstream)
+        upstream_port = parts.port
+    except ValueError:          # urllib's "Port out of range" / "could not be cast"
+        upstream_port = None
+    if parts.scheme != "http" or not parts.hostname or not upstream_port:
         raise ValueError(f"upstream must be http://HOST:PORT, got {upstream!r}")
-    if not 1 <= port <= 65535:
+    if type(port) is not int or not 1 <= port <= 65535:
         raise ValueError(f"port must be 1..65535, got {port}")
-    if not 1 <= maxconn <= 100_000:
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname     # an IPv6 address
+    if type(maxconn) is not int or not 1 <= maxconn <= 100_000:
         raise ValueError(f"maxconn must be 1..100000, got {maxconn}")
     return "\n".join([
         "global",
@@ -81,7 +89,7 @@ def haproxy_config(port: int, upstream: str, maxconn: int = 256) -> str:
         "    option http-buffer-request",
         "    default_backend engine",
         "backend engine",
-        f"    server engine {parts.hostname}:{parts.port}",
+        f"    server engine {host}:{upstream_port}",
         "",
     ])
 
@@ -108,9 +116,12 @@ def server_times(log: Path, skip: int, expect: int, wait: float = 2.0) -> list[f
     without a request, as :func:`start_haproxy`'s readiness check) is left out."""
     deadline = time.monotonic() + wait
     while True:
-        lines = [line.split() for line in log.read_text(errors="replace").splitlines()
-                 if line.startswith(TIMING_PREFIX)][skip:]
-        times = [float(f[1]) for f in lines if len(f) == 3 and f[1].isdigit()]
+        try:
+            text = log.read_text(errors="replace")
+        except FileNotFoundError:
+            text = ""
+        lines = [line.split() for line in text.splitlines() if line.startswith(TIMING_PREFIX)][skip:]
+        times = [float(f[1]) for f in lines if len(f) == 3 and re.fullmatch(r"[0-9]+", f[1])]
         if len(times) >= expect or time.monotonic() > deadline:
             return times
         time.sleep(0.05)
@@ -127,7 +138,8 @@ def start_haproxy(binary: str, port: int, upstream: str, workdir: Path, maxconn:
             within ``timeout`` seconds (its output in the message; it is stopped)."""
     cfg = workdir / "haproxy.cfg"
     cfg.write_text(haproxy_config(port, upstream, maxconn), encoding="utf-8")
-    check = subprocess.run([binary, "-c", "-f", str(cfg)], capture_output=True, text=True)
+    check = subprocess.run([binary, "-c", "-f", str(cfg)], capture_output=True, text=True, timeout=30,
+                           stdin=subprocess.DEVNULL)
     if check.returncode != 0:
         raise RuntimeError(f"haproxy -c refused {cfg}: {(check.stdout + check.stderr).strip()}")
     log = workdir / "haproxy.log"
@@ -153,5 +165,6 @@ def start_haproxy(binary: str, port: int, upstream: str, workdir: Path, maxconn:
 
 def haproxy_version(binary: str) -> str:
     """``HAProxy 2.6.12-1+deb12u3`` (the first line of ``haproxy -v``, shortened), or ``HAProxy``."""
-    out = subprocess.run([binary, "-v"], capture_output=True, text=True).stdout.split()
+    out = subprocess.run([binary, "-v"], capture_output=True, text=True, timeout=30,
+                         stdin=subprocess.DEVNULL).stdout.split()
     return f"HAProxy {out[2]}" if len(out) > 2 and out[0] == "HAProxy" else "HAProxy"

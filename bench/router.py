@@ -191,7 +191,7 @@ def measure_overhead(engine: str, router: str, engine_pid: int, router_pid: int,
                     "added_p50": percentile(r["lat"], 50) - percentile(d["lat"], 50)})
         if reference:
             x = asyncio.run(_closed_loop(reference[0], 1, n_per_client=40))
-            seq[-1]["reference_added_p50"] = percentile(x["lat"], 50) - percentile(d["lat"], 50)
+            seq[-1]["reference_added_p50"] = _minus(percentile(x["lat"], 50), percentile(d["lat"], 50))
     def direct() -> dict:
         e0, b0, k0 = _cpu_seconds(engine_pid), _engine_steps(engine), time.process_time()
         d = asyncio.run(_closed_loop(engine, clients, n_per_client=per_client))
@@ -254,14 +254,22 @@ def measure_overhead(engine: str, router: str, engine_pid: int, router_pid: int,
     for o in over:
         o["added_p50"] = o["router_p50"] - o["direct_p50"]
         o["added_p99"] = o["router_p99"] - o["direct_p99"]
-        if "reference_p50" in o:
-            o["reference_added_p50"] = o["reference_p50"] - o["direct_p50"]
+        if "reference_p50" in o:      # None when every request through the reference failed
+            o["reference_added_p50"] = _minus(o["reference_p50"], o["direct_p50"])
     if pinned:
         for pid in (0, engine_pid, router_pid, *([reference[1]] if reference else [])):
             _pin(pid, set(cpus))
     return {"overhead": over, "sequential": seq, "clients": clients, "per_client": per_client,
             "reference": reference[2] if reference else None,
             "pinned": None if not pinned else [sorted(pinned[0]), sorted(pinned[1])]}
+
+
+def _positive(text: str) -> int:
+    """argparse type: an integer ≥ 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def turned(parts: list, k: int) -> list:
@@ -314,8 +322,8 @@ def run_overhead(rounds: int = 5, clients: int = 64, per_client: int = 16, pin: 
             port = _port()
             procs.append(start_haproxy(haproxy, port, engine, workdir, maxconn=max(256, 2 * clients)))
             reference = (f"http://127.0.0.1:{port}", procs[-1].pid, haproxy_version(haproxy), workdir / "haproxy.log")
-        _wait(engine + "/ready")
-        _wait(router + "/ready")
+        _wait(engine + "/ready", proc=procs[0], log=workdir / "engine-0.log")
+        _wait(router + "/ready", proc=procs[1], log=workdir / "router-r1.log")
         warm = (engine, router, *([reference[0]] if reference else []))
         for url in warm + warm:                                 # warm-up, at the rounds' concurrency
             _wait_proxy(url)
@@ -328,10 +336,12 @@ def run_overhead(rounds: int = 5, clients: int = 64, per_client: int = 16, pin: 
 
 def run(rounds: int = 5, clients: int = 64, per_client: int = 16, tp_seconds: float = 6.0, chats: int = 6,
         groups: int = 3, turns: int = 3, system_chars: int = 6000, aff_runs: int = 1, pin: bool = True,
-        chat_memory_budget: str = CHAT_MEMORY_BUDGET) -> dict:
+        chat_memory_budget: str = CHAT_MEMORY_BUDGET, haproxy: str | None = None,
+        engine_device: str | None = None) -> dict:
     """Start the servers, measure (module docstring), stop them; the results as a dict. ``pin``: the
     overhead part runs with the client and engine main-0 on the first CPU and the router on the
-    second (``os.sched_setaffinity``; skipped with one CPU)."""
+    last (``os.sched_setaffinity``; skipped with one CPU). ``haproxy`` (its binary): the reference
+    proxy of the overhead part (:func:`run_overhead`); ``engine_device``: the engines' ``--device``."""
     workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-router-{os.getpid()}"
     workdir.mkdir(parents=True, exist_ok=True)
     procs: list[subprocess.Popen] = []
@@ -339,8 +349,8 @@ def run(rounds: int = 5, clients: int = 64, per_client: int = 16, tp_seconds: fl
         engines = []
         for i in range(3):
             port = _port()
-            procs.append(_spawn(["engine", "serve", "--model", str(STORIES_BIN), "--port", str(port), *ENGINE_ARGS],
-                                workdir / f"engine-{i}.log"))
+            procs.append(_spawn(["engine", "serve", "--model", str(STORIES_BIN), "--port", str(port), *ENGINE_ARGS,
+                                 *(["--device", engine_device] if engine_device else [])], workdir / f"engine-{i}.log"))
             engines.append(f"http://127.0.0.1:{port}")
         routers = {}
         for name, n, extra in (("r1", 1, []), ("r2", 2, []), ("r3", 3, [])):
@@ -350,14 +360,21 @@ def run(rounds: int = 5, clients: int = 64, per_client: int = 16, tp_seconds: fl
                 argv += ["--engine", f"main-{i}={engines[i]}"]
             procs.append(_spawn(argv, workdir / f"router-{name}.log"))
             routers[name] = f"http://127.0.0.1:{port}"
-        for url in engines:
-            _wait(url + "/ready")
-        for url in routers.values():
-            _wait(url + "/ready")
-        for url in (engines[0], routers["r1"], engines[0], routers["r1"]):   # warm-up, at the rounds' concurrency
+        for i, url in enumerate(engines):
+            _wait(url + "/ready", proc=procs[i], log=workdir / f"engine-{i}.log")
+        for i, (name, url) in enumerate(routers.items()):
+            _wait(url + "/ready", proc=procs[3 + i], log=workdir / f"router-{name}.log")
+        reference = None
+        if haproxy:
+            port = _port()
+            procs.append(start_haproxy(haproxy, port, engines[0], workdir, maxconn=max(256, 2 * clients)))
+            reference = (f"http://127.0.0.1:{port}", procs[-1].pid, haproxy_version(haproxy), workdir / "haproxy.log")
+        warm = (engines[0], routers["r1"], *([reference[0]] if reference else []))
+        for url in warm + warm:                                 # warm-up, at the rounds' concurrency
+            _wait_proxy(url)
             asyncio.run(_closed_loop(url, clients, n_per_client=2))
         ov = measure_overhead(engines[0], routers["r1"], procs[0].pid, procs[3].pid, rounds=rounds, clients=clients,
-                              per_client=per_client, pin=pin)
+                              per_client=per_client, pin=pin, reference=reference)
         tp = {}
         for name in ("r1", "r2", "r3"):
             res = asyncio.run(_closed_loop(routers[name], 32, seconds=tp_seconds, max_tokens=32, prompt=SHORT))
@@ -428,8 +445,8 @@ def render_overhead(res: dict, busy: bool = False) -> str:
     mid = percentile(added, 50)
     ref = res.get("reference")
     ref_cols = ["reference p50", "reference added p50", "reference CPU ms/req"] if ref else []
-    ref_row = (lambda o: [ms(o["reference_p50"]), ms(o["reference_added_p50"]),
-                          fmt(o["reference_cpu_ms_per_req"], 2)]) if ref else (lambda o: [])
+    ref_row = (lambda o: [ms(o.get("reference_p50")), ms(o.get("reference_added_p50")),
+                          fmt(o.get("reference_cpu_ms_per_req"), 2)]) if ref else (lambda o: [])
     rows = [[i + 1, ms(o["direct_p50"]), ms(o["router_p50"]), ms(o["added_p50"]), ms(o["direct_p99"]),
              ms(o["router_p99"]), ms(o["added_p99"]),
              f'{ms(o.get("router_own_p50"))} / {ms(o.get("router_own_p99"))} / {ms(o["router_own_mean"])}',
@@ -441,16 +458,18 @@ def render_overhead(res: dict, busy: bool = False) -> str:
             for i, o in enumerate(res["overhead"])]
     ref_text = ""
     if ref:
-        ref_added = [o["reference_added_p50"] for o in res["overhead"]]
-        ref_mid = percentile(ref_added, 50)
-        ref_cpu = percentile([o["reference_cpu_ms_per_req"] for o in res["overhead"]], 50)
+        ref_added = [o.get("reference_added_p50") for o in res["overhead"]]
+        got = [v for v in ref_added if v is not None]
+        ref_mid = percentile(got, 50) if got else None
+        ref_cpu = percentile([o.get("reference_cpu_ms_per_req") or 0.0 for o in res["overhead"]], 50)
         ref_text = (
             f" **The same rounds through {ref}** (a compiled proxy, bench/reference_proxy.py: one thread, keep-alive"
             " both ways, the whole body read before forwarding; placed as the router): added p50 median"
             f" **{ms(ref_mid)} ms** (rounds {', '.join(ms(v) for v in ref_added)}), {fmt(ref_cpu, 3)} ms of CPU a"
-            " request: what a hop through a proxy at tens of µs of CPU a request reads in this harness; the"
-            f" router's median is {ms(abs(mid - ref_mid))} ms {'above' if mid >= ref_mid else 'below'} it.")
-    seq_ref = [q["reference_added_p50"] for q in res["sequential"] if "reference_added_p50" in q]
+            " request: what a hop through a proxy at tens of µs of CPU a request reads in this harness;"
+            + (" every request through it failed (the errors column)." if ref_mid is None else
+               f" the router's median is {ms(abs(mid - ref_mid))} ms {'above' if mid >= ref_mid else 'below'} it."))
+    seq_ref = [q["reference_added_p50"] for q in res["sequential"] if q.get("reference_added_p50") is not None]
     split = split_table(res)
     return "\n".join([
         f"**Router overhead**, {res['clients']} concurrent clients × {res['per_client']} non-streamed completions"
@@ -518,14 +537,15 @@ def split_table(res: dict) -> list[str]:
     routing, relaying the answer, and the time the request waited for the proxy's event loop) and
     the engine's part (engine as the proxy saw it − straight). Lines of markdown (empty when the
     rounds carry no means: results written before this split existed)."""
-    over = [o for o in res["overhead"] if o.get("router_upstream_mean") is not None and o.get("direct_mean")]
+    over = [(i, o) for i, o in enumerate(res["overhead"])
+            if o.get("router_upstream_mean") is not None and o.get("direct_mean")]
     if not over:
         return []
     ms = lambda x: fmt(None if x is None else 1000 * x, 2)  # noqa: E731
     ref = res.get("reference")
     parts = {"router": [], "router_engine": [], "ref": [], "ref_engine": []}
     rows = []
-    for i, o in enumerate(over):
+    for i, o in over:                   # i: the round's own number (a round without means is left out)
         own = _minus(o["router_mean"], o["router_upstream_mean"])
         eng = _minus(o["router_upstream_mean"], o["direct_mean"])
         parts["router"].append(own)
@@ -639,7 +659,7 @@ def render(res: dict, uptime: str, facts: dict | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=_positive, default=5)
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--per-client", type=int, default=16)
     ap.add_argument("--tp-seconds", type=float, default=6.0)
@@ -666,12 +686,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--affinity-only", action="store_true",
                     help="Run only the affinity part (section 3) and print its runs; never writes.")
     args = ap.parse_args(argv)
+    try:
+        haproxy = find_haproxy(args.reference_proxy)
+    except FileNotFoundError as exc:
+        ap.error(str(exc))
     facts = machine_facts()
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     t = time.time()
     if args.overhead_only:
         ov = run_overhead(args.rounds, args.clients, args.per_client, pin=not args.no_pin,
-                          haproxy=find_haproxy(args.reference_proxy), engine_device=args.engine_device)
+                          haproxy=haproxy, engine_device=args.engine_device)
         busy = bool(facts.get("cpus")) and facts["load_1m"] > facts["cpus"]
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         block = (f"Part 1 re-run alone: `python -m bench.router --overhead-only` (one engine, one router), finished"
@@ -693,7 +717,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     res = run(args.rounds, args.clients, args.per_client, args.tp_seconds, args.chats, args.groups,
               min(args.turns, len(TURNS)), args.system_chars, args.aff_runs, pin=not args.no_pin,
-              chat_memory_budget=args.chat_memory_budget)
+              chat_memory_budget=args.chat_memory_budget, haproxy=haproxy, engine_device=args.engine_device)
     body = render(res, uptime, facts) + f"\n\nWall time of the whole run: {time.time() - t:.0f} s."
     print(json.dumps(res, indent=1, default=str))
     print(body)

@@ -53,8 +53,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait(url: str, timeout: float = 120.0) -> None:
-    """Until ``GET url`` answers 200; RuntimeError after ``timeout`` seconds."""
+def wait(url: str, timeout: float = 120.0, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
+    """Until ``GET url`` answers 200; RuntimeError after ``timeout`` seconds, or at once when ``proc``
+    (the server behind ``url``) has exited — the message then ends with the last lines of ``log``."""
     import httpx
 
     deadline = time.time() + timeout
@@ -64,6 +65,10 @@ def wait(url: str, timeout: float = 120.0) -> None:
                 return
         except httpx.HTTPError:
             pass
+        if proc is not None and proc.poll() is not None:
+            said = log.read_text(errors="replace").strip().splitlines()[-5:] if log and log.exists() else []
+            raise RuntimeError(f"{url}: the server exited with {proc.returncode} before it was ready"
+                               + (": " + " | ".join(said) if said else ""))
         time.sleep(0.3)
     raise RuntimeError(f"{url} not ready within {timeout:g} s")
 

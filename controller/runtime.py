@@ -260,8 +260,8 @@ def build_runtime(config: ControllerConfig, admin_token: str, *, engine_log_dir:
                 said = engine_usage_message(log_path)
                 raise EngineUsageError(
                     f"engine {e.name!r} refused its command line (exit code {USAGE_EXIT_CODE}, bad usage): "
-                    + (said if said else "its message is above") + " (check --engine-arg, --model and the"
-                    " configuration's launch.args)") from None
+                    + (said if said else "its message is above") + " (check --engine-arg, --model, the"
+                    " configuration's launch.args and the environment's INFERCTL_* switches)") from None
             if on_engine_started is not None:
                 on_engine_started(e.name, sup)
         timeout = config.intervals.call_timeout_seconds

@@ -184,7 +184,7 @@ class EngineConfig:
             mname = "cpu" if mdev.type == "cpu" else str(mdev)
             if device == "auto" or (device == "cuda" and mdev.type == "cuda"):
                 device = mname          # "cuda" → the model's "cuda:N": one concrete device everywhere
-            elif torch.device(device).type != mdev.type:
+            elif torch.device(device).type != mdev.type or str(torch.device(device)) != mname:
                 raise ConfigError("device", f"{device!r} asked for, but the model was loaded on "
                                   f"{mname!r}; load it with device={device!r}")
         if device == "auto":

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from inferctl.contract.envflags import check_switches
 from inferctl.engine import hugepages
 from inferctl.engine.llama2c_format import LLAMA2C_MAGIC, expected_bytes
 from inferctl.contract.jsonvalues import MAX_DIMENSION, json_integer, json_number
@@ -469,8 +470,10 @@ def load_model(spec: str | Path | None, device: str | torch.device = "cpu", dtyp
 
     On CPU the full-precision weights are then moved into huge pages (``engine.hugepages``; off with
     ``INFERCTL_HUGEPAGES=0``). Raises FileNotFoundError for a missing path and ValueError for a path
-    of another kind.
+    of another kind, or for an engine switch set to an unknown word (``INFERCTL_CPU_KERNELS``,
+    ``INFERCTL_ONEDNN``, ``INFERCTL_HUGEPAGES``: contract/envflags.py), before reading anything.
     """
+    check_switches()
     bundle = _load_by_spec(spec, device, dtype, tokenizer_path, name)
     hugepages.move_weights(bundle.model)     # CPU weights only; INFERCTL_HUGEPAGES=0 turns it off
     return bundle

@@ -57,8 +57,18 @@ def test_an_upstream_that_is_not_http_host_port_is_refused_naming_it(upstream):
 
 @pytest.mark.parametrize("upstream", ["http://127.0.0.1:abc", "http://127.0.0.1:70000"])
 def test_an_upstream_with_an_unreadable_port_is_refused(upstream):
-    with pytest.raises(ValueError, match="[Pp]ort"):
+    with pytest.raises(ValueError, match=r"upstream must be http://HOST:PORT, got 'http://127\.0\.0\.1:"):
         haproxy_config(18123, upstream)
+
+
+def test_an_ipv6_upstream_is_written_in_brackets():
+    assert "    server engine [::1]:8000\n" in haproxy_config(18123, "http://[::1]:8000")
+
+
+@pytest.mark.parametrize("port", [True, 8080.5, "8080"])
+def test_a_listening_port_that_is_not_an_int_is_refused(port):
+    with pytest.raises(ValueError, match="port must be 1..65535"):
+        haproxy_config(port, "http://127.0.0.1:9031")
 
 
 @pytest.mark.parametrize("port", [0, 70000, -1, 65536])
@@ -294,3 +304,53 @@ def test_split_table_without_a_reference_or_without_means():
     assert "HAProxy" not in text
     # rounds recorded before the split (no means) give no table at all
     assert split_table({"reference": None, "overhead": [{"direct_p50": 0.05}]}) == []
+
+
+def test_split_table_keeps_each_rounds_own_number_when_one_has_no_means():
+    from bench.router import split_table
+
+    res = {"reference": None, "overhead": [_split_round(0.060, 0.066, 0.061), _split_round(0.070, 0.071, None),
+                                           _split_round(0.050, 0.059, 0.052)]}
+    text = "\n".join(split_table(res))
+    assert "| 1 | 60.00 | 66.00 |" in text and "| 3 | 50.00 | 59.00 | 52.00 | 7.00 | 2.00 |" in text
+    assert "| 2 |" not in text
+
+
+def test_server_times_reads_only_whole_ascii_numbers_and_a_missing_log_is_empty(tmp_path):
+    from bench.reference_proxy import server_times, timings_seen
+
+    assert server_times(tmp_path / "none.log", 0, 0, wait=0) == []
+    log = tmp_path / "haproxy.log"
+    log.write_text("inferctl-timing -1 0\ninferctl-timing 12 13\ngarbage\ninferctl-timing \u00b2 3\n"
+                   "inferctl-timing 7\ninferctl-timing 40 41\n", encoding="utf-8")
+    assert server_times(log, 0, 2, wait=0) == [12.0, 40.0]
+    assert server_times(log, 2, 1, wait=0) == [40.0]       # after the first two timing lines
+    assert timings_seen(log) == 5
+
+
+def test_a_server_that_exits_before_ready_is_said_at_once_with_its_log(tmp_path):
+    import subprocess
+    import sys
+
+    from bench.router_affinity import wait
+
+    log = tmp_path / "engine-0.log"
+    log.write_text("loading\nerror: --device: 'cuda' asked for but CUDA is not available\n", encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(2)"])
+    proc.wait()
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"the server exited with 2 before it was ready: loading \| error: "
+                                           r"--device: 'cuda' asked for"):
+        wait(f"http://127.0.0.1:{_free_port()}/ready", timeout=60, proc=proc, log=log)
+    assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize("argv,says", [(["--reference-proxy", "/nonexistent/haproxy"], "is not an executable file"),
+                                       (["--rounds", "0"], "must be at least 1, got 0")])
+def test_bad_bench_flags_are_exit_2_before_anything_starts(argv, says, capsys):
+    from bench.router import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--overhead-only", *argv])
+    assert exc.value.code == 2
+    assert says in capsys.readouterr().err

@@ -71,3 +71,18 @@ def test_config_resolve_turns_cuda_into_the_models_indexed_device(monkeypatch):
     explicit = EngineConfig(device="cuda:1").resolve(512, model_device=torch.device("cuda", 1),
                                                       model_dtype=torch.bfloat16)
     assert explicit.device == "cuda:1"
+
+
+def test_config_resolve_refuses_another_gpu_than_the_models(monkeypatch):
+    import pytest
+
+    from inferctl.engine.config import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    # the KV cache and the accountant would go to cuda:1 while the weights sit on cuda:0
+    with pytest.raises(ConfigError, match="'cuda:1' asked for, but the model was loaded on 'cuda:0'"):
+        EngineConfig(device="cuda:1").resolve(512, model_device=torch.device("cuda", 0), model_dtype=torch.bfloat16)
+    with pytest.raises(ConfigError, match="'cpu' asked for, but the model was loaded on 'cuda:0'"):
+        EngineConfig(device="cpu").resolve(512, model_device=torch.device("cuda", 0), model_dtype=torch.bfloat16)
+    assert EngineConfig(device="cpu").resolve(512, model_device="cpu", model_dtype=torch.float32).device == "cpu"

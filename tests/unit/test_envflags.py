@@ -75,3 +75,12 @@ def test_engine_serve_refuses_a_typo_before_loading_anything(tmp_path):
     assert r.returncode == 2, r.stderr
     assert "INFERCTL_ONEDNN='of': must be one of" in r.stderr
     assert "none.bin" not in r.stderr          # said before the model path was looked at
+
+
+def test_load_model_refuses_a_typo_before_reading_the_model(monkeypatch, tmp_path):
+    # every in-process loader (longtext, the benches) goes through load_model, not only engine serve
+    from inferctl.engine.loader import load_model
+
+    monkeypatch.setenv("INFERCTL_HUGEPAGES", "nope")
+    with pytest.raises(ValueError, match="INFERCTL_HUGEPAGES='nope': must be one of"):
+        load_model(tmp_path / "missing.bin")        # not FileNotFoundError: the switch is checked first
