@@ -575,8 +575,8 @@ def split_table(res: dict) -> list[str]:
         f" **{ms(med['router_engine'])} ms**"
         + (f"; {ref}: its part **{ms(med['ref'])} ms**, the engine's part **{ms(med['ref_engine'])} ms**"
            if ref else "")
-        + ". The engine's part is the engine answering the same load more slowly when it arrives through a proxy"
-        " (no proxy code runs in it).",
+        + ". The engine's part is the engine answering the same load more slowly (positive) or faster (negative)"
+        " when it arrives through a proxy (no proxy code runs in it).",
         "",
     ]
 
