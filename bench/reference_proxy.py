@@ -50,11 +50,13 @@ def find_haproxy(spec: str = "auto") -> str | None:
     return None
 
 
-def haproxy_config(port: int, upstream: str, maxconn: int = 256) -> str:
+def haproxy_config(port: int, upstream: str, maxconn: int = 4096) -> str:
     """HAProxy's configuration: listen on 127.0.0.1:``port``, forward every request to ``upstream``
-    (``http://HOST:PORT``, the engine), at most ``maxconn`` client connections (HAProxy asks for
-    about two file descriptors per connection at start and exits when the hard limit is lower:
-    keep it near the bench's client count).
+    (``http://HOST:PORT``, the engine), ``maxconn`` connections at most (HAProxy asks for about two
+    file descriptors per connection at start and exits when the hard limit is lower: :func:`fitting_maxconn`).
+    Keep it in the thousands: HAProxy sizes its pool of idle server connections from it (the
+    ``tune.pool-*-fd-ratio`` settings), and at ``maxconn 256`` 64 keep-alive clients read 14.89 and 15.88 ms
+    of added p50 against 0.99–6.22 ms at 4096 in the same rounds (2026-12-04, docs/benchmarks.md).
 
     Raises:
         ValueError: ``upstream`` is not an ``http://host:port`` URL, or ``port`` / ``maxconn`` out of range."""
@@ -101,6 +103,17 @@ def haproxy_config(port: int, upstream: str, maxconn: int = 256) -> str:
 TIMING_PREFIX = "inferctl-timing"
 
 
+def fitting_maxconn(wanted: int = 4096) -> int:
+    """``wanted``, lowered to what this process's hard limit on open files allows HAProxy (about
+    two descriptors a connection plus a margin), at least 64."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY:
+        return wanted
+    return max(64, min(wanted, (hard - 64) // 2))
+
+
 def timings_seen(log: Path) -> int:
     """How many timing lines ``log`` (``haproxy.log``) holds now (0 when it does not exist)."""
     try:
@@ -127,7 +140,7 @@ def server_times(log: Path, skip: int, expect: int, wait: float = 2.0) -> list[f
         time.sleep(0.05)
 
 
-def start_haproxy(binary: str, port: int, upstream: str, workdir: Path, maxconn: int = 256,
+def start_haproxy(binary: str, port: int, upstream: str, workdir: Path, maxconn: int = 4096,
                   timeout: float = 10.0) -> subprocess.Popen:
     """Write the configuration under ``workdir`` (``haproxy.cfg``), check it (``haproxy -c``),
     start HAProxy in the foreground (``-db``), its output to ``workdir/haproxy.log``, and wait

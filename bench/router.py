@@ -50,7 +50,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench.reference_proxy import find_haproxy, haproxy_version, server_times, start_haproxy, timings_seen
+from bench.reference_proxy import (find_haproxy, fitting_maxconn, haproxy_version, server_times, start_haproxy,
+                                   timings_seen)
 from bench.common import DOC, STORIES_BIN, fmt, machine_facts, md_table, percentile, section, write_section
 from bench.router_affinity import (BOOK, CHAT_MEMORY_BUDGET, TURNS, affinity, affinity_summary, by_turn_table,  # noqa: F401
                                    free_port as _port, spawn as _spawn, stop as _stop, system_prompts, wait as _wait)
@@ -299,6 +300,17 @@ def _wait_proxy(url: str, timeout: float = 30.0) -> None:
         time.sleep(0.1)
 
 
+def _start_reference(haproxy: str | None, engine: str, workdir: Path, clients: int,
+                     procs: list[subprocess.Popen]) -> tuple[str, int, str, Path] | None:
+    """With ``haproxy`` (its binary), start the reference proxy in front of ``engine``, add it to
+    ``procs`` (stopped with the others) and return :func:`measure_overhead`'s ``reference``; None without."""
+    if not haproxy:
+        return None
+    port = _port()
+    procs.append(start_haproxy(haproxy, port, engine, workdir, maxconn=fitting_maxconn(max(4096, 2 * clients))))
+    return f"http://127.0.0.1:{port}", procs[-1].pid, haproxy_version(haproxy), workdir / "haproxy.log"
+
+
 def run_overhead(rounds: int = 5, clients: int = 64, per_client: int = 16, pin: bool = True,
                  haproxy: str | None = None, engine_device: str | None = None) -> dict:
     """``--overhead-only``: start one engine (main-0, ``--device engine_device`` when given) and one
@@ -317,11 +329,7 @@ def run_overhead(rounds: int = 5, clients: int = 64, per_client: int = 16, pin: 
         procs.append(_spawn(["router", "--port", str(port), "--log-level", "warning", "--probe-interval", "0.5",
                              "--engine", f"main-0={engine}"], workdir / "router-r1.log"))
         router = f"http://127.0.0.1:{port}"
-        reference = None
-        if haproxy:
-            port = _port()
-            procs.append(start_haproxy(haproxy, port, engine, workdir, maxconn=max(256, 2 * clients)))
-            reference = (f"http://127.0.0.1:{port}", procs[-1].pid, haproxy_version(haproxy), workdir / "haproxy.log")
+        reference = _start_reference(haproxy, engine, workdir, clients, procs)
         _wait(engine + "/ready", proc=procs[0], log=workdir / "engine-0.log")
         _wait(router + "/ready", proc=procs[1], log=workdir / "router-r1.log")
         warm = (engine, router, *([reference[0]] if reference else []))
@@ -364,11 +372,7 @@ def run(rounds: int = 5, clients: int = 64, per_client: int = 16, tp_seconds: fl
             _wait(url + "/ready", proc=procs[i], log=workdir / f"engine-{i}.log")
         for i, (name, url) in enumerate(routers.items()):
             _wait(url + "/ready", proc=procs[3 + i], log=workdir / f"router-{name}.log")
-        reference = None
-        if haproxy:
-            port = _port()
-            procs.append(start_haproxy(haproxy, port, engines[0], workdir, maxconn=max(256, 2 * clients)))
-            reference = (f"http://127.0.0.1:{port}", procs[-1].pid, haproxy_version(haproxy), workdir / "haproxy.log")
+        reference = _start_reference(haproxy, engines[0], workdir, clients, procs)
         warm = (engines[0], routers["r1"], *([reference[0]] if reference else []))
         for url in warm + warm:                                 # warm-up, at the rounds' concurrency
             _wait_proxy(url)

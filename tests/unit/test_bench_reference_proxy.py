@@ -165,7 +165,7 @@ def test_start_haproxy_stops_one_that_never_listens(tmp_path):
 
 
 def test_maxconn_is_written_and_bounded():
-    assert "    maxconn 256\n" in haproxy_config(18123, "http://127.0.0.1:9031")
+    assert "    maxconn 4096\n" in haproxy_config(18123, "http://127.0.0.1:9031")
     assert "    maxconn 130\n" in haproxy_config(18123, "http://127.0.0.1:9031", maxconn=130)
     for bad in (0, 100_001):
         with pytest.raises(ValueError, match=rf"maxconn must be 1\.\.100000, got {bad}"):
@@ -354,3 +354,18 @@ def test_bad_bench_flags_are_exit_2_before_anything_starts(argv, says, capsys):
         main(["--overhead-only", *argv])
     assert exc.value.code == 2
     assert says in capsys.readouterr().err
+
+
+def test_fitting_maxconn_follows_the_hard_open_file_limit(monkeypatch):
+    import resource
+
+    from bench.reference_proxy import fitting_maxconn
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _r: (1024, 1024))
+    assert fitting_maxconn(4096) == (1024 - 64) // 2 == 480
+    monkeypatch.setattr(resource, "getrlimit", lambda _r: (1024, 65536))
+    assert fitting_maxconn(4096) == 4096
+    monkeypatch.setattr(resource, "getrlimit", lambda _r: (64, 100))
+    assert fitting_maxconn(4096) == 64
+    monkeypatch.setattr(resource, "getrlimit", lambda _r: (1024, resource.RLIM_INFINITY))
+    assert fitting_maxconn(5000) == 5000
