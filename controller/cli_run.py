@@ -121,12 +121,17 @@ def up(model_arg: Optional[str] = typer.Argument(None, metavar="MODEL", show_def
     from inferctl.controller.up import UP_PORT_FLAGS
     from inferctl.controller.up_flags import up_config, up_flags
 
+    from inferctl.contract.envflags import check_switches
+
     try:
+        # the engines up launches inherit this environment: a bad INFERCTL_* switch is said here,
+        # before anything starts, rather than as "engine 'main-0' refused its command line"
+        check_switches()
         model = up_flags(model_arg, model, memory_budget)
         final = up_config(_load(config), from_file=bool(config), replicas=replicas, model=model,
                           memory_budget=memory_budget, engine_port=engine_port, engine_args=list(engine_arg),
                           controller_port=controller_port)
-    except ConfigError as exc:
+    except (ConfigError, ValueError) as exc:
         _die(str(exc), code=2)
     router = RouterSpec(final.listen.host, router_port) if (replicas > 1 if with_router is None else with_router) \
         else None

@@ -84,3 +84,20 @@ def test_load_model_refuses_a_typo_before_reading_the_model(monkeypatch, tmp_pat
     monkeypatch.setenv("INFERCTL_HUGEPAGES", "nope")
     with pytest.raises(ValueError, match="INFERCTL_HUGEPAGES='nope': must be one of"):
         load_model(tmp_path / "missing.bin")        # not FileNotFoundError: the switch is checked first
+
+
+def test_up_refuses_a_typo_before_it_starts_anything(monkeypatch):
+    from typer.testing import CliRunner
+
+    from inferctl.cli import app
+
+    started = []
+    monkeypatch.setattr("inferctl.controller.cli_run._run_config", lambda *a, **k: started.append(a))
+    monkeypatch.setenv("INFERCTL_CPU_KERNELS", "nein")
+    res = CliRunner().invoke(app, ["up", "--replicas", "2"])
+    assert res.exit_code == 2, res.output
+    assert "INFERCTL_CPU_KERNELS='nein': must be one of" in res.output
+    assert started == []
+    monkeypatch.setenv("INFERCTL_CPU_KERNELS", "off")
+    assert CliRunner().invoke(app, ["up", "--replicas", "2"]).exit_code == 0
+    assert len(started) == 1
