@@ -114,12 +114,18 @@ def fitting_maxconn(wanted: int = 4096) -> int:
     return max(64, min(wanted, (hard - 64) // 2))
 
 
+def _timing_lines(log: Path) -> list[list[str]]:
+    """The timing lines ``log`` (``haproxy.log``) holds now, each split in words (none when it does not exist)."""
+    try:
+        text = log.read_text(errors="replace")
+    except FileNotFoundError:
+        return []
+    return [line.split() for line in text.splitlines() if line.startswith(TIMING_PREFIX)]
+
+
 def timings_seen(log: Path) -> int:
     """How many timing lines ``log`` (``haproxy.log``) holds now (0 when it does not exist)."""
-    try:
-        return sum(1 for line in log.read_text(errors="replace").splitlines() if line.startswith(TIMING_PREFIX))
-    except FileNotFoundError:
-        return 0
+    return len(_timing_lines(log))
 
 
 def server_times(log: Path, skip: int, expect: int, wait: float = 2.0) -> list[float]:
@@ -129,12 +135,7 @@ def server_times(log: Path, skip: int, expect: int, wait: float = 2.0) -> list[f
     without a request, as :func:`start_haproxy`'s readiness check) is left out."""
     deadline = time.monotonic() + wait
     while True:
-        try:
-            text = log.read_text(errors="replace")
-        except FileNotFoundError:
-            text = ""
-        lines = [line.split() for line in text.splitlines() if line.startswith(TIMING_PREFIX)][skip:]
-        times = [float(f[1]) for f in lines if len(f) == 3 and re.fullmatch(r"[0-9]+", f[1])]
+        times = [float(f[1]) for f in _timing_lines(log)[skip:] if len(f) == 3 and re.fullmatch(r"[0-9]+", f[1])]
         if len(times) >= expect or time.monotonic() > deadline:
             return times
         time.sleep(0.05)

@@ -300,6 +300,22 @@ def _wait_proxy(url: str, timeout: float = 30.0) -> None:
         time.sleep(0.1)
 
 
+def _spawn_engine(port: int, log: Path, engine_device: str | None) -> subprocess.Popen:
+    """``inferctl engine serve`` of stories260K on ``port`` (:data:`ENGINE_ARGS`, ``--device engine_device``
+    when given), its output to ``log``."""
+    device = ["--device", engine_device] if engine_device else []
+    return _spawn(["engine", "serve", "--model", str(STORIES_BIN), "--port", str(port), *ENGINE_ARGS, *device], log)
+
+
+def _warm_up(engine: str, router: str, reference: tuple | None, clients: int) -> None:
+    """Twice through each of ``engine``, ``router`` and the reference proxy's URL, at the rounds'
+    concurrency (two requests a client), each after it answered a completion (:func:`_wait_proxy`)."""
+    warm = (engine, router, *([reference[0]] if reference else []))
+    for url in warm + warm:
+        _wait_proxy(url)
+        asyncio.run(_closed_loop(url, clients, n_per_client=2))
+
+
 def _start_reference(haproxy: str | None, engine: str, workdir: Path, clients: int,
                      procs: list[subprocess.Popen]) -> tuple[str, int, str, Path] | None:
     """With ``haproxy`` (its binary), start the reference proxy in front of ``engine``, add it to
@@ -321,9 +337,7 @@ def run_overhead(rounds: int = 5, clients: int = 64, per_client: int = 16, pin: 
     procs: list[subprocess.Popen] = []
     try:
         port = _port()
-        device = ["--device", engine_device] if engine_device else []
-        procs.append(_spawn(["engine", "serve", "--model", str(STORIES_BIN), "--port", str(port), *ENGINE_ARGS,
-                             *device], workdir / "engine-0.log"))
+        procs.append(_spawn_engine(port, workdir / "engine-0.log", engine_device))
         engine = f"http://127.0.0.1:{port}"
         port = _port()
         procs.append(_spawn(["router", "--port", str(port), "--log-level", "warning", "--probe-interval", "0.5",
@@ -332,10 +346,7 @@ def run_overhead(rounds: int = 5, clients: int = 64, per_client: int = 16, pin: 
         reference = _start_reference(haproxy, engine, workdir, clients, procs)
         _wait(engine + "/ready", proc=procs[0], log=workdir / "engine-0.log")
         _wait(router + "/ready", proc=procs[1], log=workdir / "router-r1.log")
-        warm = (engine, router, *([reference[0]] if reference else []))
-        for url in warm + warm:                                 # warm-up, at the rounds' concurrency
-            _wait_proxy(url)
-            asyncio.run(_closed_loop(url, clients, n_per_client=2))
+        _warm_up(engine, router, reference, clients)
         return measure_overhead(engine, router, procs[0].pid, procs[1].pid, rounds=rounds, clients=clients,
                                 per_client=per_client, pin=pin, reference=reference)
     finally:
@@ -357,8 +368,7 @@ def run(rounds: int = 5, clients: int = 64, per_client: int = 16, tp_seconds: fl
         engines = []
         for i in range(3):
             port = _port()
-            procs.append(_spawn(["engine", "serve", "--model", str(STORIES_BIN), "--port", str(port), *ENGINE_ARGS,
-                                 *(["--device", engine_device] if engine_device else [])], workdir / f"engine-{i}.log"))
+            procs.append(_spawn_engine(port, workdir / f"engine-{i}.log", engine_device))
             engines.append(f"http://127.0.0.1:{port}")
         routers = {}
         for name, n, extra in (("r1", 1, []), ("r2", 2, []), ("r3", 3, [])):
@@ -373,10 +383,7 @@ def run(rounds: int = 5, clients: int = 64, per_client: int = 16, tp_seconds: fl
         for i, (name, url) in enumerate(routers.items()):
             _wait(url + "/ready", proc=procs[3 + i], log=workdir / f"router-{name}.log")
         reference = _start_reference(haproxy, engines[0], workdir, clients, procs)
-        warm = (engines[0], routers["r1"], *([reference[0]] if reference else []))
-        for url in warm + warm:                                 # warm-up, at the rounds' concurrency
-            _wait_proxy(url)
-            asyncio.run(_closed_loop(url, clients, n_per_client=2))
+        _warm_up(engines[0], routers["r1"], reference, clients)
         ov = measure_overhead(engines[0], routers["r1"], procs[0].pid, procs[3].pid, rounds=rounds, clients=clients,
                               per_client=per_client, pin=pin, reference=reference)
         tp = {}
@@ -465,7 +472,8 @@ def render_overhead(res: dict, busy: bool = False) -> str:
         ref_added = [o.get("reference_added_p50") for o in res["overhead"]]
         got = [v for v in ref_added if v is not None]
         ref_mid = percentile(got, 50) if got else None
-        ref_cpu = percentile([o.get("reference_cpu_ms_per_req") or 0.0 for o in res["overhead"]], 50)
+        cpu = [o["reference_cpu_ms_per_req"] for o in res["overhead"] if o.get("reference_cpu_ms_per_req") is not None]
+        ref_cpu = percentile(cpu, 50) if cpu else None
         ref_text = (
             f" **The same rounds through {ref}** (a compiled proxy, bench/reference_proxy.py: one thread, keep-alive"
             " both ways, the whole body read before forwarding; placed as the router): added p50 median"

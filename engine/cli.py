@@ -176,13 +176,8 @@ def _load(spec: Optional[str], tokenizer: Optional[str], device: str, dtype: str
     """
     import torch
 
-    from inferctl.contract.envflags import check_switches
     from inferctl.engine.loader import load_model
 
-    try:
-        check_switches()        # INFERCTL_CPU_KERNELS / _ONEDNN / _HUGEPAGES: a typo is exit 2 here, not "on"
-    except ValueError as exc:
-        _die(str(exc))
     if spec and spec != "demo" and looks_like_hub_id(spec):
         _die(f"--model: {spec!r} looks like a Hugging Face hub id: hub ids are not downloaded; give a local path"
              " (a llama2.c .bin or a Hugging Face directory)")
