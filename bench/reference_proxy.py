@@ -17,37 +17,29 @@ https://docs.haproxy.org/2.6/configuration.html
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-#: Where Debian installs the binary (not on an unprivileged user's PATH).
-DEBIAN_PATH = "/usr/sbin/haproxy"
-
+from inferctl.router.dataplane import DEBIAN_PATH, fitting_maxconn, haproxy_version  # noqa: F401 - one copy
+from inferctl.router.dataplane import find_haproxy as _find_haproxy
 
 def find_haproxy(spec: str = "auto") -> str | None:
-    """The HAProxy binary to use, or None: ``spec`` ``none`` → None; ``auto`` → ``$INFERCTL_HAPROXY``,
-    then ``haproxy`` on PATH, then :data:`DEBIAN_PATH`, else None; any other value is a path (the
-    binary, or a wrapper that runs it with ``exec``: the bench reads the started process's pid for its CPU,
-    pins it and stops it, so a wrapper that forks would leave HAProxy running and measure the shell).
+    """The HAProxy binary to use, or None (:func:`inferctl.router.dataplane.find_haproxy`: ``none``,
+    ``auto`` or a path; a wrapper must run HAProxy with ``exec``: the bench reads the started
+    process's pid for its CPU, pins it and stops it, so a wrapper that forks would leave HAProxy
+    running and measure the shell).
 
     Raises:
-        FileNotFoundError: ``spec`` is a path that is not an executable file."""
-    if spec == "none":
-        return None
-    if spec != "auto":
-        if not (os.path.isfile(spec) and os.access(spec, os.X_OK)):
-            raise FileNotFoundError(f"--reference-proxy: {spec!r} is not an executable file")
-        return spec
-    for candidate in (os.environ.get("INFERCTL_HAPROXY"), shutil.which("haproxy"), DEBIAN_PATH):
-        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    return None
+        FileNotFoundError: ``spec`` is a path that is not an executable file (the message names
+            ``--reference-proxy``)."""
+    try:
+        return _find_haproxy(spec)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"--reference-proxy: {exc}") from None
 
 
 def haproxy_config(port: int, upstream: str, maxconn: int = 4096) -> str:
@@ -101,17 +93,6 @@ def haproxy_config(port: int, upstream: str, maxconn: int = 4096) -> str:
 #: the request's first byte to the response's last, the proxy's part included). Custom log
 #: format: https://docs.haproxy.org/2.6/configuration.html#8.2.4
 TIMING_PREFIX = "inferctl-timing"
-
-
-def fitting_maxconn(wanted: int = 4096) -> int:
-    """``wanted``, lowered to what this process's hard limit on open files allows HAProxy (about
-    two descriptors a connection plus a margin), at least 64."""
-    import resource
-
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    if hard == resource.RLIM_INFINITY:
-        return wanted
-    return max(64, min(wanted, (hard - 64) // 2))
 
 
 def _timing_lines(log: Path) -> list[list[str]]:
@@ -175,10 +156,3 @@ def start_haproxy(binary: str, port: int, upstream: str, workdir: Path, maxconn:
     raise RuntimeError(f"HAProxy ({binary}) " + (f"exited with {code}" if code is not None else
                                                  f"did not listen on 127.0.0.1:{port} in {timeout:g} s")
                        + f": {said or 'no output'}")
-
-
-def haproxy_version(binary: str) -> str:
-    """``HAProxy 2.6.12-1+deb12u3`` (the first line of ``haproxy -v``, shortened), or ``HAProxy``."""
-    out = subprocess.run([binary, "-v"], capture_output=True, text=True, timeout=30,
-                         stdin=subprocess.DEVNULL).stdout.split()
-    return f"HAProxy {out[2]}" if len(out) > 2 and out[0] == "HAProxy" else "HAProxy"

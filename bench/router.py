@@ -163,7 +163,8 @@ def _pin(pid: int, cpus: set[int] | None) -> None:
 
 def measure_overhead(engine: str, router: str, engine_pid: int, router_pid: int, *, rounds: int = 5,
                      clients: int = 64, per_client: int = 16, pin: bool = True,
-                     reference: tuple[str, int, str, Path] | None = None) -> dict:
+                     reference: tuple[str, int, str, Path] | None = None, router_also: tuple[int, ...] = (),
+                     data_plane: str = "python") -> dict:
     """Part 1 (module docstring) against a running ``engine`` (URL, process ``engine_pid``) and a
     ``router`` in front of it alone (URL, ``router_pid``): ``overhead`` (a dict per round),
     ``sequential`` (one client, per round), ``pinned`` (the two CPU sets, or None), ``clients``,
@@ -172,7 +173,9 @@ def measure_overhead(engine: str, router: str, engine_pid: int, router_pid: int,
     ``reference``: (URL, pid, name, its timing log) of a compiled proxy in front of the same engine
     (:mod:`bench.reference_proxy`), placed as the router and measured in the same rounds after it:
     each round's dict then also holds ``reference_p50`` / ``reference_p99`` / ``reference_added_p50`` /
-    ``reference_cpu_ms_per_req``, and the result ``reference`` (its name)."""
+    ``reference_cpu_ms_per_req``, and the result ``reference`` (its name). ``router_also``: more processes
+    of the router (``--data-plane haproxy``: ``router_pid`` is HAProxy, these its Python control plane),
+    pinned with it, their CPU counted in the router's; ``data_plane`` is recorded in the result."""
     over = []
     cpus = sorted(os.sched_getaffinity(0))
     # pinned: the load generator and engine main-0 share one core, the router has another, so the
@@ -181,7 +184,8 @@ def measure_overhead(engine: str, router: str, engine_pid: int, router_pid: int,
     if pinned:
         _pin(0, pinned[0])
         _pin(engine_pid, pinned[0])
-        _pin(router_pid, pinned[1])
+        for pid in (router_pid, *router_also):
+            _pin(pid, pinned[1])
         if reference:
             _pin(reference[1], pinned[1])
     seq = []
@@ -193,6 +197,9 @@ def measure_overhead(engine: str, router: str, engine_pid: int, router_pid: int,
         if reference:
             x = asyncio.run(_closed_loop(reference[0], 1, n_per_client=40))
             seq[-1]["reference_added_p50"] = _minus(percentile(x["lat"], 50), percentile(d["lat"], 50))
+    def router_cpu() -> float:
+        return sum(_cpu_seconds(pid) for pid in (router_pid, *router_also))
+
     def direct() -> dict:
         e0, b0, k0 = _cpu_seconds(engine_pid), _engine_steps(engine), time.process_time()
         d = asyncio.run(_closed_loop(engine, clients, n_per_client=per_client))
@@ -208,11 +215,9 @@ def measure_overhead(engine: str, router: str, engine_pid: int, router_pid: int,
         # the router's upstream connections open again if they idled past their keep-alive
         asyncio.run(_closed_loop(router, clients, n_per_client=1))
         h0 = _overhead_metric(router)
-        u0, e2, b2, k2 = (_cpu_seconds(router_pid), _cpu_seconds(engine_pid), _engine_steps(engine),
-                          time.process_time())
+        u0, e2, b2, k2 = (router_cpu(), _cpu_seconds(engine_pid), _engine_steps(engine), time.process_time())
         r = asyncio.run(_closed_loop(router, clients, n_per_client=per_client))
-        u1, e3, b3, k3 = (_cpu_seconds(router_pid), _cpu_seconds(engine_pid), _engine_steps(engine),
-                          time.process_time())
+        u1, e3, b3, k3 = (router_cpu(), _cpu_seconds(engine_pid), _engine_steps(engine), time.process_time())
         h1 = _overhead_metric(router)
         return {"router_p50": percentile(r["lat"], 50), "router_p99": percentile(r["lat"], 99),
                 "router_rps": r["n"] / r["wall"], "router_errors": r["errors"], "router_n": r["n"],
@@ -258,10 +263,10 @@ def measure_overhead(engine: str, router: str, engine_pid: int, router_pid: int,
         if "reference_p50" in o:      # None when every request through the reference failed
             o["reference_added_p50"] = _minus(o["reference_p50"], o["direct_p50"])
     if pinned:
-        for pid in (0, engine_pid, router_pid, *([reference[1]] if reference else [])):
+        for pid in (0, engine_pid, router_pid, *router_also, *([reference[1]] if reference else [])):
             _pin(pid, set(cpus))
     return {"overhead": over, "sequential": seq, "clients": clients, "per_client": per_client,
-            "reference": reference[2] if reference else None,
+            "reference": reference[2] if reference else None, "data_plane": data_plane,
             "pinned": None if not pinned else [sorted(pinned[0]), sorted(pinned[1])]}
 
 
@@ -327,11 +332,20 @@ def _start_reference(haproxy: str | None, engine: str, workdir: Path, clients: i
     return f"http://127.0.0.1:{port}", procs[-1].pid, haproxy_version(haproxy), workdir / "haproxy.log"
 
 
+def _children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (/proc/PID/task/*/children)."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
 def run_overhead(rounds: int = 5, clients: int = 64, per_client: int = 16, pin: bool = True,
-                 haproxy: str | None = None, engine_device: str | None = None) -> dict:
+                 haproxy: str | None = None, engine_device: str | None = None, data_plane: str = "python") -> dict:
     """``--overhead-only``: start one engine (main-0, ``--device engine_device`` when given) and one
-    router in front of it, and with ``haproxy`` (its binary) a reference HAProxy beside the router
-    (:mod:`bench.reference_proxy`), warm them up, :func:`measure_overhead`, stop them."""
+    router in front of it (``--data-plane data_plane``), and with ``haproxy`` (its binary) a reference
+    HAProxy beside the router (:mod:`bench.reference_proxy`), warm them up, :func:`measure_overhead`,
+    stop them. Raises RuntimeError when a haproxy data plane has no HAProxy child."""
     workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-router-{os.getpid()}"
     workdir.mkdir(parents=True, exist_ok=True)
     procs: list[subprocess.Popen] = []
@@ -341,14 +355,21 @@ def run_overhead(rounds: int = 5, clients: int = 64, per_client: int = 16, pin: 
         engine = f"http://127.0.0.1:{port}"
         port = _port()
         procs.append(_spawn(["router", "--port", str(port), "--log-level", "warning", "--probe-interval", "0.5",
-                             "--engine", f"main-0={engine}"], workdir / "router-r1.log"))
+                             "--data-plane", data_plane, "--engine", f"main-0={engine}"], workdir / "router-r1.log"))
         router = f"http://127.0.0.1:{port}"
         reference = _start_reference(haproxy, engine, workdir, clients, procs)
         _wait(engine + "/ready", proc=procs[0], log=workdir / "engine-0.log")
         _wait(router + "/ready", proc=procs[1], log=workdir / "router-r1.log")
+        router_pid, also = procs[1].pid, ()
+        if data_plane == "haproxy":         # HAProxy carries the requests; the Python process drives it
+            kids = _children(procs[1].pid)
+            if len(kids) != 1:
+                raise RuntimeError(f"router --data-plane haproxy: expected one HAProxy child, found {kids}")
+            router_pid, also = kids[0], (procs[1].pid,)
         _warm_up(engine, router, reference, clients)
-        return measure_overhead(engine, router, procs[0].pid, procs[1].pid, rounds=rounds, clients=clients,
-                                per_client=per_client, pin=pin, reference=reference)
+        return measure_overhead(engine, router, procs[0].pid, router_pid, rounds=rounds, clients=clients,
+                                per_client=per_client, pin=pin, reference=reference, router_also=also,
+                                data_plane=data_plane)
     finally:
         _stop(procs)
 
@@ -455,6 +476,7 @@ def render_overhead(res: dict, busy: bool = False) -> str:
     added = [o["added_p50"] for o in res["overhead"]]
     mid = percentile(added, 50)
     ref = res.get("reference")
+    plane = res.get("data_plane") or "python"
     ref_cols = ["reference p50", "reference added p50", "reference CPU ms/req"] if ref else []
     ref_row = (lambda o: [ms(o.get("reference_p50")), ms(o.get("reference_added_p50")),
                           fmt(o.get("reference_cpu_ms_per_req"), 2)]) if ref else (lambda o: [])
@@ -485,7 +507,10 @@ def render_overhead(res: dict, busy: bool = False) -> str:
     split = split_table(res)
     return "\n".join([
         f"**Router overhead**, {res['clients']} concurrent clients × {res['per_client']} non-streamed completions"
-        " (`max_tokens` 4) straight to one engine vs through a router in front of it, loopback, alternated (the"
+        " (`max_tokens` 4) straight to one engine vs through a router"
+        + (f" (`--data-plane {plane}`: HAProxy carries the requests, the router's Python process drives it;"
+           " docs/router.md \"Data planes\")" if plane != "python" else "")
+        + " in front of it, loopback, alternated (the"
         " order of the loads turning each round, so none always follows the same one), "
         f"{len(res['overhead'])} rounds, "
         + (f"pinned: the load generator and the engine on CPU {res['pinned'][0]}, the router on CPU"
@@ -511,6 +536,7 @@ def render_overhead(res: dict, busy: bool = False) -> str:
         f" {fmt(best['router_cpu_ms_per_req'], 2)} ms, engine {fmt(best['engine_cpu_ms_per_req_routed'], 2)} ms"
         f" (direct: engine {fmt(best['engine_cpu_ms_per_req_direct'], 2)} ms). "
         + ("**Target met** (median of the rounds)." if mid <= 0.002 else
+           "**Target not met** (median of the rounds)." if plane != "python" else
            "**Target not met**: the closed-loop clients' requests finish in engine batches, so the router gets"
            " them in bursts and handles a burst one request after another on its one event loop; the median"
            f" request of a burst of {res['clients']} waits for about {res['clients'] // 2} others, so the added p50 is"
@@ -690,6 +716,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="Overhead part: also measure HAProxy (a compiled proxy, bench/reference_proxy.py) in front "
                          "of the same engine in the same rounds, placed as the router: auto (default) uses it when "
                          "installed (Debian package haproxy), none skips it, or the binary's path.")
+    ap.add_argument("--router-data-plane", choices=("python", "haproxy"), default="python",
+                    help="Overhead part: the router's --data-plane (haproxy: HAProxy carries the requests).")
     ap.add_argument("--engine-device", default=None, help="Overhead part: the engine's --device (default: its auto).")
     ap.add_argument("--write", action="store_true", help="Write the router section of docs/benchmarks.md.")
     ap.add_argument("--overhead-only", action="store_true",
@@ -698,6 +726,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--affinity-only", action="store_true",
                     help="Run only the affinity part (section 3) and print its runs; never writes.")
     args = ap.parse_args(argv)
+    if args.router_data_plane != "python" and not args.overhead_only:
+        ap.error("--router-data-plane: only the overhead part measures another data plane (add --overhead-only)")
     try:
         haproxy = find_haproxy(args.reference_proxy)
     except FileNotFoundError as exc:
@@ -707,10 +737,12 @@ def main(argv: list[str] | None = None) -> int:
     t = time.time()
     if args.overhead_only:
         ov = run_overhead(args.rounds, args.clients, args.per_client, pin=not args.no_pin,
-                          haproxy=haproxy, engine_device=args.engine_device)
+                          haproxy=haproxy, engine_device=args.engine_device, data_plane=args.router_data_plane)
         busy = bool(facts.get("cpus")) and facts["load_1m"] > facts["cpus"]
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-        block = (f"Part 1 re-run alone: `python -m bench.router --overhead-only` (one engine, one router), finished"
+        flag = "" if args.router_data_plane == "python" else f" --router-data-plane {args.router_data_plane}"
+        block = (f"Part 1 re-run alone: `python -m bench.router --overhead-only{flag}` (one engine, one router),"
+                 " finished"
                  f" {when}; `uptime` at the start: `{uptime}`.\n\n" + render_overhead(ov, busy)
                  + f"\n\nWall time of the overhead part: {time.time() - t:.0f} s.")
         print(json.dumps(ov, indent=1, default=str))

@@ -92,6 +92,9 @@ def up(model_arg: Optional[str] = typer.Argument(None, metavar="MODEL", show_def
        router_port: int = typer.Option(8080, "--router-port", min=1, max=65535, help="The router's port."),
        with_router: Optional[bool] = typer.Option(None, "--router/--no-router", help="Start the router"
                                                   " (default: when --replicas > 1)."),
+       router_data_plane: str = typer.Option("python", "--router-data-plane", help="The router's --data-plane:"
+                                             " python, or haproxy (HAProxy carries the requests; docs/router.md"
+                                             " \"Data planes\")."),
        memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Engine memory budget, e.g."
                                                    " 512MiB or 2GiB (binary units; default: what the model needs"
                                                    " on CPU, gpu_memory_utilization of the GPU on CUDA)."),
@@ -133,7 +136,9 @@ def up(model_arg: Optional[str] = typer.Argument(None, metavar="MODEL", show_def
                           controller_port=controller_port)
     except (ConfigError, ValueError) as exc:
         _die(str(exc), code=2)
-    router = RouterSpec(final.listen.host, router_port) if (replicas > 1 if with_router is None else with_router) \
-        else None
+    if router_data_plane not in ("python", "haproxy"):
+        _die(f"--router-data-plane: {router_data_plane!r} is not one of python, haproxy", code=2)
+    router = RouterSpec(final.listen.host, router_port, router_data_plane) \
+        if (replicas > 1 if with_router is None else with_router) else None
     _run_config(final, token, engine_log_dir, token_file, tuple(allowed_host), router=router,
                 port_flags=UP_PORT_FLAGS)

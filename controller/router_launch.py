@@ -27,6 +27,8 @@ class RouterSpec:
 
     host: str = "127.0.0.1"
     port: int = DEFAULT_ROUTER_PORT
+    #: the router's ``--data-plane`` (``python`` or ``haproxy``; ``inferctl up --router-data-plane``)
+    data_plane: str = "python"
 
 
 #: the variable ``inferctl up`` hands the launched engines' API key to its router in (never argv)
@@ -39,6 +41,8 @@ def router_argv(spec: RouterSpec, engines: list[tuple[str, str]], controller_url
     controller's ``/status`` (docs/router.md), logging warnings and errors only;
     ``upstream_key_env``: the variable that holds the engines' API key (``--upstream-api-key-env``)."""
     argv = [sys.executable, "-m", "inferctl", "router", "--host", spec.host, "--port", str(spec.port)]
+    if spec.data_plane != "python":
+        argv += ["--data-plane", spec.data_plane]
     for name, url in engines:
         argv += ["--engine", f"{name}={url}"]
     if upstream_key_env:

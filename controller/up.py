@@ -64,12 +64,15 @@ def _start_router(spec: RouterSpec, config: ControllerConfig, controller_url: st
                   log_dir: str | Path | None) -> EngineSupervisor:
     """Start the router (port checked free first) and wait for its ``/health``; RuntimeError
     when it cannot start."""
+    env = router_env(config)
+    if spec.data_plane == "haproxy" and env:
+        raise RuntimeError("router: --router-data-plane haproxy does not carry API keys ($INFERCTL_API_KEY or the "
+                           "engines' launch.api_key): use --router-data-plane python (docs/router.md \"Data planes\")")
     _bind(spec.host, spec.port).close()      # a port in use is said here, not by a timeout
     engines = [(e.name, e.url or "") for e in config.engines if e.launch is not None]
     if not engines:
         raise RuntimeError("router: no launched engine to route to")
     log_path = None if log_dir is None else Path(log_dir) / "router.log"
-    env = router_env(config)
     sup = EngineSupervisor("router", router_argv(spec, engines, controller_url,
                                                  UPSTREAM_KEY_ENV if UPSTREAM_KEY_ENV in env else None),
                            _url(spec.host, spec.port), env=env or None,

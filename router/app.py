@@ -38,7 +38,7 @@ import contextlib
 import time
 from dataclasses import dataclass
 from functools import lru_cache, partial
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import httpx
@@ -145,7 +145,8 @@ class RouterApp(FastAPI):
 
 def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None, upstream: Upstream | None = None,
                limits: ProtocolLimits | None = None, bind_host: str | None = None,
-               allowed_hosts: tuple[str, ...] = ()) -> RouterApp:
+               allowed_hosts: tuple[str, ...] = (),
+               after_round: Callable[[RouterState], Awaitable[None]] | None = None) -> RouterApp:
     """The router app over ``config`` (validated here: raises ConfigError).
 
     ``client``: the httpx.AsyncClient of the probes (default :func:`default_client`, closed at
@@ -157,6 +158,8 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
     ``bind_host`` (the address it listens on): given, every request's ``Host`` must pass the
     DNS-rebinding rule of :func:`inferctl.contract.hosts.host_allowed` (421 otherwise), as on
     the engine and the controller; ``allowed_hosts`` are the ``--allowed-host`` names.
+    ``after_round``: awaited with the router's state after each probe round (the HAProxy data
+    plane's sync, :mod:`inferctl.router.dataplane`).
     """
     config.validate()
     owns_client = client is None
@@ -178,7 +181,8 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
     async def lifespan(_app: FastAPI):
         if isinstance(upstream, AiohttpUpstream):
             upstream.start()
-        task = asyncio.create_task(prober.run(config.probe_interval_seconds))
+        after = partial(after_round, state) if after_round is not None else None
+        task = asyncio.create_task(prober.run(config.probe_interval_seconds, after))
         try:
             yield
         finally:

@@ -6,6 +6,7 @@ Exit codes: 0 after a clean stop (SIGINT/SIGTERM), 2 for a bad flag (the message
 
 from __future__ import annotations
 
+import subprocess
 from typing import List, Optional
 
 import typer
@@ -14,6 +15,7 @@ from inferctl.contract.hosts import check_bind_host
 from inferctl.contract.units import parse_size
 from inferctl.contract.logs import check_log_level
 from inferctl.router.config import ConfigError, RouterConfig, load_config_file, parse_engine, upstream_key_from_env
+from inferctl.router.dataplane import DATA_PLANES
 
 #: Third-party loggers quieted to WARNING unless ``--log-level debug``: httpx logs every request
 #: it sends at INFO ("HTTP Request: GET http://.../ready"), i.e. every probe of every replica.
@@ -75,6 +77,14 @@ def router(
     allowed_host: List[str] = typer.Option([], "--allowed-host",
                                            help="A Host name clients may use (repeat; default: loopback names "
                                                 "when bound to loopback, any name otherwise)."),
+    data_plane: str = typer.Option("python", "--data-plane",
+                                   help="python: this process carries the requests (every feature); haproxy: "
+                                        "HAProxy carries them and this process drives it (about 1/5 of the "
+                                        "added latency; no --api-key, upstream key or rate limits; "
+                                        "docs/router.md \"Data planes\")."),
+    haproxy: str = typer.Option("auto", "--haproxy", metavar="PATH",
+                                help="The HAProxy binary of --data-plane haproxy (auto: $INFERCTL_HAPROXY, "
+                                     "PATH, /usr/sbin/haproxy)."),
 ) -> None:
     """Serve the OpenAI-compatible router in front of engine replicas (docs/router.md)."""
     import uvicorn
@@ -101,7 +111,14 @@ def router(
     except (ConfigError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2)
+    if data_plane not in DATA_PLANES:
+        typer.echo(f"error: --data-plane: {data_plane!r} is not one of {', '.join(DATA_PLANES)}", err=True)
+        raise typer.Exit(2)
     configure_router_logging(config.log_format, log_level)
+    if data_plane == "haproxy":
+        _serve_haproxy(config, host=host, port=port, allowed_hosts=tuple(allowed_host), log_level=log_level,
+                       binary_spec=haproxy)
+        return
     app = create_app(config, bind_host=host, allowed_hosts=tuple(allowed_host))
     # "routing", not "router:": under `inferctl up --replicas N` this line follows up's own
     # "router: URL" line, and two "router:" lines read as the URL printed twice
@@ -115,6 +132,106 @@ def router(
     server.run()
     if not server.started:
         raise typer.Exit(3)
+
+
+def _haproxy_binary(spec: str) -> str:
+    """The HAProxy binary of ``--haproxy`` (exit 2 naming the flag when there is none)."""
+    from inferctl.router.dataplane import find_haproxy
+
+    try:
+        binary = find_haproxy(spec)
+    except FileNotFoundError as exc:
+        typer.echo(f"error: --haproxy: {exc}", err=True)
+        raise typer.Exit(2)
+    if binary is None:
+        typer.echo("error: --data-plane haproxy: no HAProxy binary found ($INFERCTL_HAPROXY, PATH, /usr/sbin/haproxy); "
+                   "install it (apt-get install haproxy) or give --haproxy PATH", err=True)
+        raise typer.Exit(2)
+    return binary
+
+
+def _serve_haproxy(config: RouterConfig, *, host: str, port: int, allowed_hosts: tuple[str, ...], log_level: str,
+                   binary_spec: str) -> None:
+    """``--data-plane haproxy``: HAProxy on ``host``:``port`` carries the requests; this process serves
+    the rest on a private loopback port and drives HAProxy (:mod:`inferctl.router.dataplane`). Exit 2
+    for a setting HAProxy does not carry or no binary, 3 when HAProxy could not start or died."""
+    import logging
+    import shutil
+    import socket
+    import tempfile
+    from pathlib import Path
+
+    import uvicorn
+
+    from inferctl.router import dataplane as dp
+    from inferctl.router.app import RouterState, create_app
+
+    problems = dp.unsupported(config)
+    if problems:
+        typer.echo(f"error: --data-plane haproxy does not carry {'; '.join(problems)}: use --data-plane python "
+                   "(docs/router.md \"Data planes\")", err=True)
+        raise typer.Exit(2)
+    binary = _haproxy_binary(binary_spec)
+    control = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    control.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    control.bind(("127.0.0.1", 0))
+    control_port = control.getsockname()[1]
+    workdir = Path(tempfile.mkdtemp(prefix="inferctl-router-"))
+    try:
+        try:
+            cfg = dp.render_config(config, bind_host=host, port=port, control_port=control_port,
+                                   socket_path=str(workdir / "haproxy.sock"), files=str(workdir),
+                                   allowed_hosts=allowed_hosts, maxconn=dp.fitting_maxconn())
+        except (ConfigError, ValueError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2)
+        try:
+            proc = dp.start(binary, cfg, workdir, host=host, port=port,
+                            bodies=dp.error_bodies(config, host, allowed_hosts))
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+            typer.echo(f"error: --data-plane haproxy: {exc}", err=True)
+            raise typer.Exit(3)
+        log = logging.getLogger("inferctl.router.dataplane")
+        server = None
+        died: list[str] = []
+        syncs: list[dp.DataPlaneSync] = []
+        failing = [False]
+
+        async def after_round(state: RouterState) -> None:
+            if not syncs:
+                syncs.append(dp.DataPlaneSync(dp.Runtime(str(workdir / "haproxy.sock")), state.replicas,
+                                              state.metrics, proc=proc))
+            try:
+                await syncs[0].tick()
+                if failing[0]:
+                    log.info("data plane: HAProxy's runtime API answers again")
+                failing[0] = False
+            except dp.DataPlaneExited as exc:
+                if not died:
+                    log.error("data plane: %s; the router stops", exc)
+                    died.append(str(exc))
+                if server is not None:
+                    server.should_exit = True
+            except dp.RuntimeApiError as exc:
+                if not failing[0]:
+                    log.warning("data plane: %s (retried every probe round)", exc)
+                failing[0] = True
+
+        app = create_app(config, bind_host=host, allowed_hosts=allowed_hosts, after_round=after_round)
+        typer.echo(f"routing http://{host}:{port} -> {', '.join(f'{e.name}={e.url}' for e in config.engines)} "
+                   f"(data plane: {dp.haproxy_version(binary)})", err=True)
+        server = dp.data_plane_server(uvicorn.Config(app, host="127.0.0.1", port=control_port,
+                                                     log_level=log_level.lower(), access_log=False, log_config=None,
+                                                     proxy_headers=False), proc)
+        try:
+            server.run(sockets=[control])
+        finally:
+            dp.stop(proc)
+        if died or not server.started:
+            raise typer.Exit(3)
+    finally:
+        control.close()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def register(app: typer.Typer) -> None:

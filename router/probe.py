@@ -32,6 +32,7 @@ import asyncio
 import logging
 import time
 from typing import Any
+from collections.abc import Awaitable, Callable
 
 import httpx
 
@@ -88,14 +89,21 @@ class Prober:
         self.rounds += 1
         self.update_gauges()
 
-    async def run(self, interval: float) -> None:
-        """Probe rounds every ``interval`` seconds until cancelled (errors logged, never raised)."""
+    async def run(self, interval: float, after: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Probe rounds every ``interval`` seconds until cancelled (errors logged, never raised);
+        ``after`` (the HAProxy data plane's sync, :mod:`inferctl.router.dataplane`) is awaited after
+        each round, its errors logged the same way."""
         while True:
             started = time.monotonic()
             try:
                 await self.round()
             except Exception:  # a probe bug must not stop routing
                 log.exception("probe round failed")
+            if after is not None:
+                try:
+                    await after()
+                except Exception:
+                    log.exception("data plane sync failed")
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
 
     def update_gauges(self) -> None:

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from bench import reference_proxy
+from bench import reference_proxy  # noqa: F401
+from inferctl.router import dataplane
 from bench.reference_proxy import find_haproxy, haproxy_config, haproxy_version, start_haproxy
 from bench.router import render_overhead
 
@@ -119,7 +120,7 @@ def test_find_haproxy_auto_skips_a_non_executable_environment_value_for_the_one_
     plain.chmod(0o644)
     monkeypatch.setenv("INFERCTL_HAPROXY", str(plain))
     monkeypatch.setenv("PATH", str(on_path))
-    monkeypatch.setattr(reference_proxy, "DEBIAN_PATH", str(tmp_path / "absent"))
+    monkeypatch.setattr(dataplane, "DEBIAN_PATH", str(tmp_path / "absent"))
     assert find_haproxy("auto") == found
 
 
@@ -127,14 +128,14 @@ def test_find_haproxy_auto_falls_back_to_the_debian_path(tmp_path, monkeypatch):
     debian = _executable(tmp_path / "sbin-haproxy")
     monkeypatch.delenv("INFERCTL_HAPROXY", raising=False)
     monkeypatch.setenv("PATH", "")
-    monkeypatch.setattr(reference_proxy, "DEBIAN_PATH", debian)
+    monkeypatch.setattr(dataplane, "DEBIAN_PATH", debian)
     assert find_haproxy("auto") == debian
 
 
 def test_find_haproxy_auto_without_any_haproxy_is_none(tmp_path, monkeypatch):
     monkeypatch.delenv("INFERCTL_HAPROXY", raising=False)
     monkeypatch.setenv("PATH", "")
-    monkeypatch.setattr(reference_proxy, "DEBIAN_PATH", str(tmp_path / "no-such-haproxy"))
+    monkeypatch.setattr(dataplane, "DEBIAN_PATH", str(tmp_path / "no-such-haproxy"))
     assert find_haproxy("auto") is None
 
 

@@ -140,3 +140,40 @@ def test_the_full_report_marks_part_one_so_an_overhead_only_run_can_replace_it()
                   {"load_1m": 0.5, "cpus": 2})
     assert f"{OVERHEAD_START}\n{text}\n{OVERHEAD_END}" in full
     assert full.index(OVERHEAD_END) < full.index("**Aggregate throughput**")
+
+
+def test_the_overhead_part_names_the_haproxy_data_plane_and_drops_the_python_explanation():
+    from bench.router import main, render_overhead
+
+    over = {"direct_p50": 0.030, "direct_p99": 0.04, "router_p50": 0.0335, "router_p99": 0.045, "direct_rps": 200.0,
+            "router_rps": 190.0, "errors": 0, "n": 512, "router_own_mean": None, "router_cpu_ms_per_req": 0.05,
+            "engine_cpu_ms_per_req_direct": 4.5, "engine_cpu_ms_per_req_routed": 4.7, "seqs_per_step_direct": 30.0,
+            "seqs_per_step_routed": 28.0, "added_p50": 0.0035, "added_p99": 0.005}
+    ov = {"overhead": [over], "sequential": [{"direct_p50": 0.03, "router_p50": 0.032, "added_p50": 0.002}],
+          "clients": 64, "per_client": 4, "pinned": [[0], [1]], "data_plane": "haproxy"}
+    text = render_overhead(ov)
+    assert "(`--data-plane haproxy`: HAProxy carries the requests" in text
+    assert "**Target not met** (median of the rounds)." in text and "one event loop" not in text
+    python = render_overhead({**ov, "data_plane": "python"})
+    assert "--data-plane" not in python and "one event loop" in python
+    with pytest.raises(SystemExit) as exc:            # only the overhead part measures another plane
+        main(["--router-data-plane", "haproxy", "--reference-proxy", "none"])
+    assert exc.value.code == 2
+
+
+def test_children_lists_a_process_s_children():
+    import subprocess
+    import sys
+
+    from bench.router import _children
+
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess,sys; p=subprocess.Popen(['sleep','30']);"
+                               "print(p.pid, flush=True); sys.stdin.read()"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        assert _children(parent.pid) == [child]
+    finally:
+        subprocess.run(["kill", str(child)])
+        parent.stdin.close()
+        parent.wait(10)

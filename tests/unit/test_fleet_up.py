@@ -74,3 +74,28 @@ def test_rails_max_unavailable_is_a_real_integer(value):
 
     with pytest.raises(ConfigError, match=r"rails\.max_unavailable"):
         parse_config({"rails": {"max_unavailable": value}})
+
+
+def test_router_argv_carries_the_haproxy_data_plane_and_python_adds_nothing():
+    engines = [("main-0", "http://h:1")]
+    argv = router_argv(RouterSpec("127.0.0.1", 8181, "haproxy"), engines, "http://c:9")
+    assert argv[argv.index("--data-plane") + 1] == "haproxy"
+    assert "--data-plane" not in router_argv(RouterSpec("127.0.0.1", 8181), engines, "http://c:9")
+
+
+def test_up_refuses_the_haproxy_data_plane_with_api_keys_before_starting_the_router(monkeypatch):
+    from inferctl.controller import up
+    from inferctl.controller.config_launch import API_KEY_ENV
+
+    monkeypatch.setenv(API_KEY_ENV, "k" * 32)
+    config = up_config(parse_config({}), from_file=False, replicas=2, model="/m.bin", engine_port=9100)
+    with pytest.raises(RuntimeError, match="--router-data-plane haproxy does not carry API keys"):
+        up._start_router(RouterSpec("127.0.0.1", 1, "haproxy"), config, "http://c:9", None)
+
+
+def test_up_refuses_an_unknown_router_data_plane_with_exit_2():
+    from typer.testing import CliRunner
+
+    from inferctl.cli import app
+    result = CliRunner().invoke(app, ["up", "--replicas", "2", "--router-data-plane", "envoy"])
+    assert result.exit_code == 2 and "--router-data-plane: 'envoy' is not one of python, haproxy" in result.output

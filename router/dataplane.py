@@ -1,0 +1,578 @@
+"""The HAProxy data plane: ``inferctl router --data-plane haproxy``.
+
+The router's Python data plane costs about 0.2 ms of CPU a request; at 64 closed-loop clients
+the requests of a burst queue behind each other on its one event loop and it adds 5–7 ms at p50
+on this host, where a compiled proxy adds 1.5–1.8 ms (docs/benchmarks.md, "Router"). In this
+mode HAProxy (C, one thread) carries the requests and the router's Python process is the control
+plane only, as llm-d drives Envoy and AIBrix its gateway:
+
+* **HAProxy** listens on the router's ``--host``/``--port``. ``POST`` to ``/v1/completions``,
+  ``/v1/chat/completions``, ``/tokenize`` and ``/detokenize`` goes to the replicas; every other
+  request (``/health``, ``/ready``, ``/replicas``, ``/metrics``, ``/v1/models``, the OpenAPI
+  document) goes to the Python app on a private loopback port, answering as it always does.
+* **Routing** (:func:`render_config`): consistent hashing with bounded load
+  (``hash-type consistent`` + ``hash-balance-factor`` = 100 × (1 + ``--epsilon``): no replica
+  above that share of the average load, the rule of the Python ring). The key is the
+  ``X-Session-Id`` header, else the prompt's first ``--affinity-chars`` bytes (the completions
+  ``prompt`` string, or the chat's first message ``content``) when at least
+  ``--affinity-min-chars`` long, else a random number: a keyless request lands at random within
+  the bounded load. Weights carry each replica's KV-cache use (:func:`weight_for`).
+* **Readiness** (:class:`DataPlaneSync`): every server starts ``disabled``; after each probe
+  round the control plane sets each one ``ready`` or ``maint`` over HAProxy's runtime API (the
+  ``stats socket``) from the replica's routable state (its ``/ready`` and the controller's view,
+  :mod:`inferctl.router.probe`) and its weight. In-flight requests on a replica put in ``maint``
+  finish.
+* **Retries**: a connection refused, a connection closed before any answer byte, or a 503 is
+  retried on another replica (``retry-on conn-failure empty-response 503``, ``option redispatch
+  1``, ``retries`` = ``--max-retries``); nothing is retried once a byte went to the client. A
+  request body larger than ``tune.bufsize`` (:data:`BUFSIZE`) is not retried, and its affinity key
+  is not read (HAProxy keeps one buffer of it): it lands at random.
+* **Same front door**: ``X-Request-Id`` (the client's when 1..200 visible ASCII characters, else
+  a new uuid4 hex, as :func:`inferctl.contract.http.request_id`) on the request and every answer;
+  ``X-Inferctl-Replica`` on answers; the ``Host`` rule of
+  :func:`inferctl.contract.hosts.host_allowed` (421); 413 above ``--max-body-bytes`` (declared
+  ``Content-Length``); 503 ``no_ready_replica`` with ``Retry-After`` when no replica is ready.
+  The bodies are the Python router's OpenAI error objects.
+* **Metrics**: the control plane reads HAProxy's ``show stat`` each round and moves the router's
+  own series (:func:`apply_stats`): ``inferctl_router_requests_total`` by replica and status
+  *class* (``2xx``, ``4xx``, ``5xx``...; HAProxy counts classes), ``_retries_total`` with reason
+  ``dataplane`` (HAProxy's retries and redispatches; it does not say why), ``_outstanding_requests``
+  (HAProxy's current requests to each). What only the Python data plane measures (the upstream
+  time-to-first-byte and overhead histograms, routing decisions, rate limits) is absent here:
+  no data, not 0.
+
+Not in this mode (the CLI refuses them, exit 2): ``--api-key``, ``--upstream-api-key-env``,
+``rate_limits`` and ``https://`` replicas. The request is not validated before the replica: a
+bad request gets the engine's own 4xx, passed through unchanged, which is what the Python router
+returns too. One model per fleet: the model named in a request does not steer the choice
+(:meth:`DataPlaneSync.tick` warns when the replicas serve different models).
+
+HAProxy: the Debian package ``haproxy`` (2.6 in bookworm); its manual:
+https://docs.haproxy.org/2.6/configuration.html (configuration), .../management.html (runtime API).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from inferctl.contract.errors import APIError
+from inferctl.contract.hosts import HOST_REFUSED_STATUS, host_name, is_loopback
+from inferctl.router.config import ConfigError, RouterConfig
+from inferctl.router.replicas import Replica, ReplicaSet
+
+log = logging.getLogger("inferctl.router.dataplane")
+
+#: The data planes ``--data-plane`` accepts.
+DATA_PLANES: tuple[str, ...] = ("python", "haproxy")
+#: Where Debian installs HAProxy (not on an unprivileged user's PATH).
+DEBIAN_PATH = "/usr/sbin/haproxy"
+#: HAProxy's buffer (``tune.bufsize``, bytes): a request body up to about this size is read whole
+#: before routing, so its affinity key is read and it can be retried. 64 KiB: a long system prompt
+#: (about 16k tokens of English) fits; HAProxy allocates buffers per connection as needed.
+BUFSIZE = 65536
+#: The ``POST`` paths HAProxy sends to the replicas (everything else goes to the control plane).
+HOT_PATHS: tuple[str, ...] = ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize")
+#: HAProxy's server weight of an idle replica with an empty KV cache (range 1..256).
+FULL_WEIGHT = 100
+#: Seconds HAProxy's soft stop (SIGUSR1) waits for requests in flight at shutdown (``hard-stop-after``).
+STOP_GRACE_SECONDS = 30.0
+
+
+def find_haproxy(spec: str = "auto") -> str | None:
+    """The HAProxy binary, or None: ``spec`` ``none`` → None; ``auto`` → ``$INFERCTL_HAPROXY``, then
+    ``haproxy`` on PATH, then :data:`DEBIAN_PATH`, else None; any other value is a path (the binary,
+    or a wrapper that runs it with ``exec``).
+
+    Raises:
+        FileNotFoundError: ``spec`` is a path that is not an executable file."""
+    if spec == "none":
+        return None
+    if spec != "auto":
+        if not (os.path.isfile(spec) and os.access(spec, os.X_OK)):
+            raise FileNotFoundError(f"{spec!r} is not an executable file")
+        return spec
+    for candidate in (os.environ.get("INFERCTL_HAPROXY"), shutil.which("haproxy"), DEBIAN_PATH):
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def fitting_maxconn(wanted: int = 4096) -> int:
+    """``wanted``, lowered to what this process's hard limit on open files allows HAProxy (about
+    two descriptors a connection plus a margin), at least 64. Keep it in the thousands: HAProxy
+    sizes its pool of idle server connections from ``maxconn``, and at 256 64 keep-alive clients
+    read 14.9–15.9 ms of added p50 against 1.0–6.2 ms at 4096 (2026-12-04, docs/benchmarks.md)."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY:
+        return wanted
+    return max(64, min(wanted, (hard - 64) // 2))
+
+
+def unsupported(config: RouterConfig) -> list[str]:
+    """The settings of ``config`` the HAProxy data plane does not carry (module docstring), each as
+    the flag or file key an operator wrote; empty when it can run ``config``."""
+    out = []
+    if config.api_key is not None:
+        out.append("--api-key")
+    if config.upstream_api_key is not None:
+        out.append("--upstream-api-key-env (or the config file's upstream_api_key)")
+    if config.rate_keys or config.rate_default is not None:
+        out.append("rate_limits (the --config file)")
+    out += [f"--engine {e.name}={e.url} (https)" for e in config.engines if not e.url.startswith("http://")]
+    return out
+
+
+def server_address(url: str) -> str:
+    """``http://host:port`` → HAProxy's ``host:port`` (an IPv6 literal in brackets, port 80 when absent).
+
+    Raises:
+        ValueError: not an ``http://`` URL with a host."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"a replica URL must be http://host[:port], got {url!r}")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{host}:{parts.port or 80}"
+
+
+def host_regex(bind_host: str, allowed_hosts: Iterable[str] = ()) -> str | None:
+    """A PCRE for a lower-cased ``Host`` header value (port and one trailing dot allowed) that
+    matches exactly the names :func:`inferctl.contract.hosts.host_allowed` accepts for a server
+    bound to ``bind_host`` with ``allowed_hosts``; None when every name is accepted (no check).
+    A request without ``Host`` is accepted in both (rule 1 there; the frontend's ACL here).
+
+    Raises:
+        ConfigError: an ``--allowed-host`` pattern with a character outside letters, digits, ``.``,
+            ``-``, ``*`` and ``:`` (it would not be a host name)."""
+    port = r"(:[0-9]{1,5})?"
+    names: list[str] = [r"localhost\.?", r"127(\.[0-9]{1,3}){3}", r"\[0*(:0*){0,6}:0*1\]"]
+    patterns = [p.strip().lower().rstrip(".") for p in allowed_hosts]
+    for p in patterns:
+        if not re.fullmatch(r"[a-z0-9.*:\[\]-]+", p):
+            raise ConfigError(f"--allowed-host: {p!r} is not a host name pattern")
+        if p == "*":
+            return None
+        if p.startswith("*."):
+            names.append(r"[a-z0-9-][a-z0-9.-]*" + re.escape(p[1:]) + r"\.?")
+        else:
+            bare = p[1:-1] if p.startswith("[") and p.endswith("]") else p
+            names.append(re.escape(f"[{bare}]" if ":" in bare else bare) + r"\.?")
+    if not is_loopback(host_name(bind_host)):
+        if not patterns:
+            return None
+        names += [r"[0-9]{1,3}(\.[0-9]{1,3}){3}", r"\[[0-9a-f:.]+\]"]    # rule 5: an IP literal
+    return "^(" + "|".join(names) + ")" + port + "$"
+
+
+def weight_for(replica: Replica) -> int:
+    """HAProxy's weight of a routable replica: :data:`FULL_WEIGHT` / (1 + KV use), the use rounded
+    to quarters so a fluctuating reading does not move the hash ring every round (100, 80, 67, 57,
+    50); a missing reading counts as empty, as in :func:`inferctl.router.balancer.load_score`."""
+    kv = 0.0 if replica.kv_usage_ratio is None else min(1.0, max(0.0, float(replica.kv_usage_ratio)))
+    return max(1, round(FULL_WEIGHT / (1.0 + round(kv * 4) / 4)))
+
+
+def _error_file(err: APIError) -> str:
+    return json.dumps(err.body(), separators=(",", ":")) + "\n"
+
+
+def error_bodies(config: RouterConfig, bind_host: str, allowed_hosts: tuple[str, ...]) -> dict[str, str]:
+    """The bodies HAProxy answers itself, by file name: ``no_ready_replica.json`` (503),
+    ``too_large.json`` (413), ``host_not_allowed.json`` (421); the Python router's error objects."""
+    extra = f", {', '.join(allowed_hosts)}" if allowed_hosts else ""
+    return {
+        "no_ready_replica.json": _error_file(APIError(
+            503, "no ready replica to serve this request", code="no_ready_replica",
+            err_type="service_unavailable_error")),
+        "too_large.json": _error_file(APIError(
+            413, f"request body is larger than the limit of {config.max_body_bytes} bytes", code="request_too_large")),
+        "host_not_allowed.json": _error_file(APIError(
+            HOST_REFUSED_STATUS, f"Host is not allowed: this server is bound to {bind_host} and accepts the host names "
+                                 f"localhost, 127.0.0.1, [::1]{extra} (a guard against DNS rebinding); add "
+                                 "--allowed-host NAME to accept another", param="Host", code="host_not_allowed")),
+    }
+
+
+def render_config(config: RouterConfig, *, bind_host: str, port: int, control_port: int, socket_path: str,
+                  files: str, allowed_hosts: tuple[str, ...] = (), maxconn: int = 4096) -> str:
+    """HAProxy's configuration for the router (module docstring): the frontend on ``bind_host``:``port``,
+    backend ``replicas`` (one server per engine, named as the engine, all starting ``disabled``),
+    backend ``control`` (the Python app on 127.0.0.1:``control_port``), the runtime socket at
+    ``socket_path`` (mode 600, admin level), the error bodies of :func:`error_bodies` in the folder
+    ``files``.
+
+    Raises:
+        ValueError: a port out of 1..65535, or a replica URL that is not ``http://``.
+        ConfigError: an ``--allowed-host`` pattern that is not a host name."""
+    for name, value in (("port", port), ("control_port", control_port)):
+        if type(value) is not int or not 1 <= value <= 65535:
+            raise ValueError(f"{name} must be 1..65535, got {value!r}")
+    bind = f"[{bind_host}]" if ":" in bind_host else bind_host
+    hosts = host_regex(bind_host, allowed_hosts)
+    timeout = max(1, round(config.upstream_timeout_seconds))
+    factor = max(101, round(100 * (1.0 + config.epsilon)))
+    per_server = max(1, config.upstream_connections)
+    json_ct = "content-type application/json"
+    lines = [
+        "global",
+        "    nbthread 1",
+        f"    maxconn {maxconn}",
+        f"    tune.bufsize {BUFSIZE}",
+        f"    hard-stop-after {round(STOP_GRACE_SECONDS)}s",
+        f"    stats socket {socket_path} mode 600 level admin",
+        "defaults",
+        "    mode http",
+        f"    timeout connect {max(1, round(config.connect_timeout_seconds * 1000))}ms",
+        f"    timeout client {timeout}s",
+        f"    timeout server {timeout}s",
+        "    timeout http-request 60s",
+        "    timeout http-keep-alive 60s",
+        "    option http-keep-alive",
+        "    http-reuse always",
+        "frontend router",
+        f"    bind {bind}:{port}",
+        "    option http-buffer-request",
+        "    acl hot method POST",
+        f"    acl hot path {' '.join(HOT_PATHS)}",
+        # the Python router's request id rule (contract.http.request_id): the client's when one header
+        # of 1..200 visible ASCII characters, else a new uuid4 in hex
+        "    http-request set-var(txn.rid) req.fhdr(x-request-id) if { req.fhdr_cnt(x-request-id) eq 1 } "
+        "{ req.fhdr(x-request-id) -m reg '^[!-~]{1,200}$' }",
+        "    http-request set-var(txn.rid) uuid,regsub(-,,g) unless { var(txn.rid) -m found }",
+        "    http-request set-header x-request-id %[var(txn.rid)]",
+        "    http-after-response set-header x-request-id %[var(txn.rid)]",
+    ]
+    if hosts is not None:
+        lines += [
+            "    acl host_given req.fhdr_cnt(host) gt 0",
+            f"    acl host_ok req.fhdr(host),lower -m reg '{hosts}'",
+            f"    http-request return status {HOST_REFUSED_STATUS} {json_ct} file {files}/host_not_allowed.json "
+            "if hot host_given !host_ok",
+        ]
+    lines += [
+        f"    http-request return status 413 {json_ct} file {files}/too_large.json "
+        f"if hot {{ req.hdr_val(content-length) gt {config.max_body_bytes} }}",
+        "    use_backend replicas if hot",
+        "    default_backend control",
+        "backend replicas",
+        "    balance hash var(txn.key)",
+        "    hash-type consistent",
+        f"    hash-balance-factor {factor}",
+        f"    retries {config.max_retries}",
+        "    option redispatch 1",
+        "    retry-on conn-failure empty-response 503",
+        f"    http-request return status 503 {json_ct} file {files}/no_ready_replica.json "
+        f"hdr retry-after {config.retry_after_seconds} if {{ nbsrv lt 1 }}",
+        # the affinity key: the session header, else the prompt's first N bytes when long enough, else random
+        "    http-request set-var(txn.key) req.fhdr(x-session-id),concat(s:) if { req.fhdr(x-session-id) -m found }",
+    ]
+    for path in ("$.prompt", "$.messages[0].content"):
+        lines.append("    http-request set-var(txn.key) "
+                     f"req.body,json_query('{path}'),bytes(0,{config.affinity_chars}) "
+                     f"if !{{ var(txn.key) -m found }} {{ req.body,json_query('{path}'),length "
+                     f"ge {max(1, config.affinity_min_chars)} }}")
+    lines += [
+        "    http-request set-var(txn.key) rand unless { var(txn.key) -m found }",
+        "    http-response set-header x-inferctl-replica %[srv_name]",
+    ]
+    for e in config.engines:
+        lines.append(f"    server {e.name} {server_address(e.url)} disabled weight {FULL_WEIGHT} maxconn {per_server}")
+    lines += [
+        "backend control",
+        f"    server control 127.0.0.1:{control_port}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+class RuntimeApiError(Exception):
+    """HAProxy's runtime API refused a command or could not be reached (the message says which)."""
+
+
+@dataclass
+class Runtime:
+    """HAProxy's runtime API over its ``stats socket`` (a Unix socket): one command a connection
+    (management guide section 9.3)."""
+
+    socket_path: str
+    timeout: float = 2.0
+
+    async def command(self, text: str) -> str:
+        """Send ``text`` (one command, no newline) and return HAProxy's whole answer.
+
+        Raises:
+            RuntimeApiError: the socket could not be reached in ``timeout`` seconds."""
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(self.socket_path), self.timeout)
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise RuntimeApiError(f"HAProxy runtime socket {self.socket_path}: {exc or type(exc).__name__}") from exc
+        try:
+            writer.write(text.encode() + b"\n")
+            await writer.drain()
+            return (await asyncio.wait_for(reader.read(), self.timeout)).decode(errors="replace")
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise RuntimeApiError(f"HAProxy runtime command {text.split()[0]!r}: {exc or type(exc).__name__}") from exc
+        finally:
+            writer.close()
+
+
+def parse_stat(text: str, backend: str = "replicas") -> dict[str, dict[str, str]]:
+    """``show stat`` CSV (management guide section 9.1; the header line starts with ``# ``) → each
+    server of ``backend`` by name, its fields by column name (strings as HAProxy wrote them)."""
+    body = text[2:] if text.startswith("# ") else text
+    rows = csv.DictReader(io.StringIO(body))
+    return {row["svname"]: row for row in rows
+            if row.get("pxname") == backend and row.get("svname") not in ("FRONTEND", "BACKEND", None)}
+
+
+#: ``show stat`` columns counted into ``inferctl_router_requests_total``: the status class label.
+STATUS_COLUMNS: dict[str, str] = {"hrsp_1xx": "1xx", "hrsp_2xx": "2xx", "hrsp_3xx": "3xx", "hrsp_4xx": "4xx",
+                                  "hrsp_5xx": "5xx", "hrsp_other": "other"}
+
+
+def _int(row: Mapping[str, str], column: str) -> int | None:
+    try:
+        return int(row.get(column) or "")
+    except ValueError:
+        return None
+
+
+@dataclass
+class StatCounters:
+    """The last ``show stat`` counters seen, to turn HAProxy's running totals into increments
+    (a total lower than the last one means HAProxy restarted: the new total is the increment)."""
+
+    last: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def delta(self, key: tuple[str, str], total: int) -> int:
+        """The increase of ``key``'s running total since the last call."""
+        before = self.last.get(key, 0)
+        self.last[key] = total
+        return total - before if total >= before else total
+
+
+def apply_stats(stats: Mapping[str, Mapping[str, str]], replicas: ReplicaSet, metrics: Mapping,
+                counters: StatCounters) -> None:
+    """Move the router's series from one ``show stat`` reading (module docstring, "Metrics"):
+    requests by status class, retries (``wretr`` + ``wredis``, reason ``dataplane``), and each
+    replica's ``outstanding`` (HAProxy's ``scur``). A server absent from ``stats`` or a column HAProxy
+    left empty changes nothing (no data, not 0)."""
+    for r in replicas:
+        row = stats.get(r.name)
+        if row is None:
+            continue
+        for column, status in STATUS_COLUMNS.items():
+            total = _int(row, column)
+            if total is not None:
+                step = counters.delta((r.name, column), total)
+                if step:
+                    metrics["inferctl_router_requests_total"].labels(r.name, status).inc(step)
+        retried = [v for v in (_int(row, "wretr"), _int(row, "wredis")) if v is not None]
+        if retried:
+            step = counters.delta((r.name, "retries"), sum(retried))
+            if step:
+                metrics["inferctl_router_retries_total"].labels(r.name, "dataplane").inc(step)
+        current = _int(row, "scur")
+        if current is not None:
+            r.outstanding = current
+
+
+@dataclass
+class DataPlaneSync:
+    """After each probe round: push each replica's routable state and weight to HAProxy (only what
+    changed since the last push; everything again after a failed command) and read its counters.
+
+    ``proc``: the HAProxy process (None in tests that run one apart); when it has exited,
+    :meth:`tick` raises :class:`DataPlaneExited`."""
+
+    runtime: Runtime
+    replicas: ReplicaSet
+    metrics: Mapping
+    proc: subprocess.Popen | None = None
+    pushed: dict[str, tuple[str, int]] = field(default_factory=dict)
+    counters: StatCounters = field(default_factory=StatCounters)
+    warned_models: bool = False
+
+    def desired(self, r: Replica) -> tuple[str, int]:
+        """``("ready", weight)`` for a routable replica, ``("maint", weight)`` otherwise."""
+        return ("ready" if r.routable else "maint"), weight_for(r)
+
+    async def push(self) -> int:
+        """Send the state and weight commands that differ from the last push; the number sent.
+
+        Raises:
+            RuntimeApiError: HAProxy refused a command or could not be reached (the next push resends all)."""
+        sent = 0
+        for r in self.replicas:
+            want = self.desired(r)
+            if self.pushed.get(r.name) == want:
+                continue
+            for cmd in (f"set server replicas/{r.name} weight {want[1]}",
+                        f"set server replicas/{r.name} state {want[0]}"):
+                answer = (await self.runtime.command(cmd)).strip()
+                if answer:        # HAProxy answers these commands with an empty line when they worked
+                    self.pushed.clear()
+                    raise RuntimeApiError(f"HAProxy refused {cmd!r}: {answer[:200]}")
+                sent += 1
+            if self.pushed.get(r.name, ("", 0))[0] != want[0]:
+                log.info("data plane: replica %s -> %s", r.name, want[0])
+            self.pushed[r.name] = want
+        return sent
+
+    async def read_stats(self) -> None:
+        """Read ``show stat`` and apply it (:func:`apply_stats`)."""
+        stats = parse_stat(await self.runtime.command("show stat"))
+        apply_stats(stats, self.replicas, self.metrics, self.counters)
+
+    def check_models(self) -> None:
+        """Warn once when the routable replicas list different models (this plane routes one model)."""
+        seen = {r.models for r in self.replicas.routable() if r.models is not None}
+        if len(seen) > 1 and not self.warned_models:
+            self.warned_models = True
+            log.warning("data plane haproxy routes without reading the model: the replicas serve different models "
+                        "(%s); a request may reach a replica without its model and get its 404. Use --data-plane "
+                        "python for a mixed fleet", "; ".join(sorted(",".join(sorted(m)) for m in seen)))
+
+    async def tick(self) -> None:
+        """One sync: check the process, push, read the counters, check the models.
+
+        Raises:
+            DataPlaneExited: HAProxy has exited.
+            RuntimeApiError: a runtime command failed."""
+        if self.proc is not None and self.proc.poll() is not None:
+            raise DataPlaneExited(f"HAProxy exited with status {self.proc.returncode}")
+        self.pushed = {k: v for k, v in self.pushed.items() if k in {r.name for r in self.replicas}}
+        try:
+            await self.push()
+        except RuntimeApiError:
+            self.pushed.clear()
+            raise
+        await self.read_stats()
+        self.check_models()
+
+
+class DataPlaneExited(Exception):
+    """The HAProxy process ended while the router ran."""
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``),
+    so a router killed with SIGKILL leaves no HAProxy behind; nothing elsewhere."""
+    import ctypes
+    import sys
+
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)   # PR_SET_PDEATHSIG = 1
+
+
+def start(binary: str, cfg_text: str, workdir: Path, *, host: str, port: int, bodies: Mapping[str, str] = {},
+          timeout: float = 10.0) -> subprocess.Popen:
+    """Write ``haproxy.cfg`` and the error ``bodies`` under ``workdir``, check the configuration
+    (``haproxy -c``), start HAProxy in the foreground (``-db``; its output to ``workdir/haproxy.log``)
+    and wait until it accepts connections on ``host``:``port``.
+
+    Raises:
+        RuntimeError: ``haproxy -c`` refused the configuration, or HAProxy exited or did not listen
+            within ``timeout`` seconds (stopped then; its words in the message)."""
+    for name, text in bodies.items():
+        (workdir / name).write_text(text, encoding="utf-8")
+    cfg = workdir / "haproxy.cfg"
+    cfg.write_text(cfg_text, encoding="utf-8")
+    check = subprocess.run([binary, "-c", "-f", str(cfg)], capture_output=True, text=True, timeout=30,
+                           stdin=subprocess.DEVNULL)
+    if check.returncode != 0:
+        raise RuntimeError(f"haproxy -c refused {cfg}: {(check.stdout + check.stderr).strip()[-2000:]}")
+    errlog = workdir / "haproxy.log"
+    with open(errlog, "wb") as out:
+        # its own session: a terminal's Ctrl-C reaches the router only, which then soft-stops HAProxy
+        # (a SIGINT would hard-stop it, cutting requests in flight); it dies with the router (PDEATHSIG)
+        proc = subprocess.Popen([binary, "-db", "-f", str(cfg)], stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
+    target = "127.0.0.1" if host in ("0.0.0.0", "") else ("::1" if host == "::" else host)
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            socket.create_connection((target, port), timeout=0.5).close()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    code = proc.poll()
+    if code is None:
+        proc.kill()
+        proc.wait()
+    said = errlog.read_text(errors="replace").strip()[-2000:]
+    raise RuntimeError(f"HAProxy ({binary}) " + (f"exited with status {code}" if code is not None else
+                                                 f"did not listen on {host}:{port} in {timeout:g} s")
+                       + f": {said or 'no output'}")
+
+
+def stop(proc: subprocess.Popen, grace: float = STOP_GRACE_SECONDS) -> int | None:
+    """Soft-stop HAProxy (SIGUSR1: it stops listening and lets requests in flight finish), SIGKILL
+    after ``grace`` seconds (+2: its own ``hard-stop-after`` comes first); its exit status."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGUSR1)
+        try:
+            proc.wait(grace + 2.0)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def haproxy_version(binary: str) -> str:
+    """``HAProxy 2.6.12-1+deb12u3`` from ``binary -v`` (plain ``HAProxy`` when it says something else)."""
+    try:
+        out = subprocess.run([binary, "-v"], capture_output=True, text=True, timeout=30,
+                             stdin=subprocess.DEVNULL).stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        return "HAProxy"
+    return f"HAProxy {out[2]}" if len(out) > 2 and out[0] == "HAProxy" else "HAProxy"
+
+
+def data_plane_server(config, proc: subprocess.Popen, grace: float = STOP_GRACE_SECONDS):
+    """A uvicorn server for the control plane whose stop signal (SIGTERM, SIGINT) first soft-stops
+    HAProxy (:func:`stop`'s SIGUSR1: it stops listening, requests in flight finish, at most ``grace``
+    seconds), then shuts the control plane down; the process then exits 0 (no re-raised signal). A
+    second signal kills HAProxy at once. ``config``: the ``uvicorn.Config``."""
+    import uvicorn
+
+    class DataPlaneServer(uvicorn.Server):
+        def __init__(self) -> None:
+            super().__init__(config)
+            self.signalled = 0
+            self.stop_sent: float | None = None
+
+        def handle_exit(self, sig: int, frame) -> None:   # a signal handler: no logging, no loop calls
+            self.signalled += 1
+
+        async def on_tick(self, counter: int) -> bool:
+            if self.signalled and proc.poll() is None:
+                if self.stop_sent is None:
+                    log.info("stop signal received: HAProxy stops listening and lets requests in flight finish "
+                             "(at most %g s)", grace)
+                    proc.send_signal(signal.SIGUSR1)
+                    self.stop_sent = time.monotonic()
+                elif self.signalled > 1 or time.monotonic() - self.stop_sent > grace + 2.0:
+                    log.warning("HAProxy stopped now: requests in flight are cut")
+                    proc.kill()
+            if self.signalled and proc.poll() is not None:
+                self.should_exit = True
+            return await super().on_tick(counter)
+
+    return DataPlaneServer()
