@@ -155,7 +155,6 @@ def _serve_haproxy(config: RouterConfig, *, host: str, port: int, allowed_hosts:
     """``--data-plane haproxy``: HAProxy on ``host``:``port`` carries the requests; this process serves
     the rest on a private loopback port and drives HAProxy (:mod:`inferctl.router.dataplane`). Exit 2
     for a setting HAProxy does not carry or no binary, 3 when HAProxy could not start or died."""
-    import logging
     import shutil
     import socket
     import tempfile
@@ -164,7 +163,7 @@ def _serve_haproxy(config: RouterConfig, *, host: str, port: int, allowed_hosts:
     import uvicorn
 
     from inferctl.router import dataplane as dp
-    from inferctl.router.app import RouterState, create_app
+    from inferctl.router.app import create_app
 
     problems = dp.unsupported(config)
     if problems:
@@ -191,43 +190,19 @@ def _serve_haproxy(config: RouterConfig, *, host: str, port: int, allowed_hosts:
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
             typer.echo(f"error: --data-plane haproxy: {exc}", err=True)
             raise typer.Exit(3)
-        log = logging.getLogger("inferctl.router.dataplane")
-        server = None
-        died: list[str] = []
-        syncs: list[dp.DataPlaneSync] = []
-        failing = [False]
-
-        async def after_round(state: RouterState) -> None:
-            if not syncs:
-                syncs.append(dp.DataPlaneSync(dp.Runtime(str(workdir / "haproxy.sock")), state.replicas,
-                                              state.metrics, proc=proc))
-            try:
-                await syncs[0].tick()
-                if failing[0]:
-                    log.info("data plane: HAProxy's runtime API answers again")
-                failing[0] = False
-            except dp.DataPlaneExited as exc:
-                if not died:
-                    log.error("data plane: %s; the router stops", exc)
-                    died.append(str(exc))
-                if server is not None:
-                    server.should_exit = True
-            except dp.RuntimeApiError as exc:
-                if not failing[0]:
-                    log.warning("data plane: %s (retried every probe round)", exc)
-                failing[0] = True
-
-        app = create_app(config, bind_host=host, allowed_hosts=allowed_hosts, after_round=after_round)
+        driver = dp.Driver(dp.Runtime(str(workdir / "haproxy.sock")), proc)
+        app = create_app(config, bind_host=host, allowed_hosts=allowed_hosts, after_round=driver.after_round)
         typer.echo(f"routing http://{host}:{port} -> {', '.join(f'{e.name}={e.url}' for e in config.engines)} "
                    f"(data plane: {dp.haproxy_version(binary)})", err=True)
         server = dp.data_plane_server(uvicorn.Config(app, host="127.0.0.1", port=control_port,
                                                      log_level=log_level.lower(), access_log=False, log_config=None,
                                                      proxy_headers=False), proc)
+        driver.server = server
         try:
             server.run(sockets=[control])
         finally:
             dp.stop(proc)
-        if died or not server.started:
+        if driver.died or not server.started:
             raise typer.Exit(3)
     finally:
         control.close()

@@ -471,6 +471,49 @@ class DataPlaneExited(Exception):
     """The HAProxy process ended while the router ran."""
 
 
+@dataclass
+class Driver:
+    """The control plane's hook after each probe round (``create_app(after_round=driver.after_round)``):
+    one :class:`DataPlaneSync` over the app's replicas and metrics, made at the first round.
+
+    * HAProxy exited while the router runs → logged as an error once, ``died`` set, the server told
+      to stop (the CLI then exits 3);
+    * the runtime API failed → a warning once per failing streak (the next round retries);
+    * once the server got its stop signal (``server.signalled``, :func:`data_plane_server`), nothing
+      is synced: HAProxy's soft stop ends it on purpose.
+
+    ``server``: the uvicorn server (set once made; None before)."""
+
+    runtime: Runtime
+    proc: subprocess.Popen | None = None
+    server: object | None = None
+    sync: DataPlaneSync | None = None
+    died: str | None = None
+    failing: bool = False
+
+    async def after_round(self, state) -> None:
+        """Sync once (see the class docstring); never raises."""
+        if self.server is not None and getattr(self.server, "signalled", 0):
+            return
+        if self.sync is None:
+            self.sync = DataPlaneSync(self.runtime, state.replicas, state.metrics, proc=self.proc)
+        try:
+            await self.sync.tick()
+            if self.failing:
+                log.info("data plane: HAProxy's runtime API answers again")
+            self.failing = False
+        except DataPlaneExited as exc:
+            if self.died is None:
+                log.error("data plane: %s; the router stops", exc)
+                self.died = str(exc)
+            if self.server is not None:
+                self.server.should_exit = True
+        except RuntimeApiError as exc:
+            if not self.failing:
+                log.warning("data plane: %s (retried every probe round)", exc)
+            self.failing = True
+
+
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM when the parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``),
     so a router killed with SIGKILL leaves no HAProxy behind; nothing elsewhere."""

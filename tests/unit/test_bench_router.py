@@ -177,3 +177,17 @@ def test_children_lists_a_process_s_children():
         subprocess.run(["kill", str(child)])
         parent.stdin.close()
         parent.wait(10)
+
+
+def test_overhead_write_keeps_the_previous_runs_below_the_new_one():
+    from bench.router import OVERHEAD_END, OVERHEAD_START, replace_overhead
+
+    doc = (f"<!-- bench:router:start -->\nintro\n\n{OVERHEAD_START}\nPart 1, finished 2026-12-04 12:43 UTC; old.\n\n"
+           f"#### Earlier run (2026-12-03 06:33 UTC)\n\nolder\n{OVERHEAD_END}\n\n**Aggregate throughput**\n"
+           "<!-- bench:router:end -->\n")
+    out = replace_overhead(doc, "Part 1, finished 2026-12-04 14:40 UTC; new.", keep=True)
+    inner = out[out.index(OVERHEAD_START):out.index(OVERHEAD_END)]
+    assert inner.index("new.") < inner.index("#### Earlier run (2026-12-04 12:43 UTC)") < inner.index("old.") \
+        < inner.index("#### Earlier run (2026-12-03 06:33 UTC)") < inner.index("older")
+    assert out.count(OVERHEAD_START) == 1 and out.endswith("**Aggregate throughput**\n<!-- bench:router:end -->\n")
+    assert "old." not in replace_overhead(doc, "new.")           # without keep: replaced

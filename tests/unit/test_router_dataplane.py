@@ -245,3 +245,57 @@ def test_cli_refuses_with_exit_2_naming_the_flag(args, needle):
     result = CliRunner().invoke(app, ["router", "--engine", "e0=http://127.0.0.1:9", "--port", "1", *args])
     assert result.exit_code == 2, result.output
     assert needle in result.output
+
+
+# --- the driver: what a probe round's hook does with HAProxy's state -----------------------------------------------
+
+class _Server:
+    def __init__(self, signalled=0):
+        self.signalled = signalled
+        self.should_exit = False
+
+
+class _State:
+    def __init__(self):
+        self.replicas = ReplicaSet.from_specs(_config().engines)
+        _registry, self.metrics = build_router_registry()
+
+
+def _exited():
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc
+
+
+def test_driver_stops_the_router_once_when_haproxy_dies_on_its_own(caplog):
+    server = _Server()
+    driver = dp.Driver(_Runtime(), _exited(), server=server)
+    asyncio.run(driver.after_round(_State()))
+    asyncio.run(driver.after_round(_State()))
+    assert driver.died == "HAProxy exited with status 0" and server.should_exit
+    assert sum("the router stops" in r.message for r in caplog.records) == 1
+
+
+def test_driver_takes_the_soft_stop_after_a_signal_for_no_failure(caplog):
+    server = _Server(signalled=1)                  # SIGTERM: HAProxy is being soft-stopped on purpose
+    runtime = _Runtime()
+    driver = dp.Driver(runtime, _exited(), server=server)
+    asyncio.run(driver.after_round(_State()))
+    assert driver.died is None and not server.should_exit and runtime.sent == []
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "WARNING")]
+
+
+def test_driver_warns_once_per_runtime_failure_streak(caplog):
+    class Down:
+        async def command(self, text):
+            raise dp.RuntimeApiError("HAProxy runtime socket /x: refused")
+
+    caplog.set_level("INFO", logger="inferctl.router.dataplane")
+    driver = dp.Driver(Down(), None, server=_Server())
+    state = _State()
+    for _ in range(3):
+        asyncio.run(driver.after_round(state))
+    assert driver.failing and sum(r.levelname == "WARNING" for r in caplog.records) == 1
+    driver.runtime = driver.sync.runtime = _Runtime()
+    asyncio.run(driver.after_round(state))
+    assert not driver.failing and any("answers again" in r.message for r in caplog.records)
