@@ -47,6 +47,7 @@ import os
 import re
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -305,9 +306,17 @@ def _wait_proxy(url: str, timeout: float = 30.0) -> None:
         time.sleep(0.1)
 
 
-def _spawn_engine(port: int, log: Path, engine_device: str | None) -> subprocess.Popen:
+def _spawn_engine(port: int, log: Path, engine_device: str | None, stub_delay_ms: float | None = None,
+                  stub_step_ms: float = 0.0) -> subprocess.Popen:
     """``inferctl engine serve`` of stories260K on ``port`` (:data:`ENGINE_ARGS`, ``--device engine_device``
-    when given), its output to ``log``."""
+    when given), its output to ``log``; with ``stub_delay_ms``, :mod:`bench.stub_upstream` instead (a
+    fixed answer time, steps of ``stub_step_ms``; no engine)."""
+    if stub_delay_ms is not None:
+        with open(log, "wb") as out:
+            return subprocess.Popen([sys.executable, "-m", "bench.stub_upstream", "--port", str(port),
+                                     "--delay-ms", str(stub_delay_ms), "--step-ms", str(stub_step_ms)],
+                                    stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[1])
     device = ["--device", engine_device] if engine_device else []
     return _spawn(["engine", "serve", "--model", str(STORIES_BIN), "--port", str(port), *ENGINE_ARGS, *device], log)
 
@@ -341,17 +350,19 @@ def _children(pid: int) -> list[int]:
 
 
 def run_overhead(rounds: int = 5, clients: int = 64, per_client: int = 16, pin: bool = True,
-                 haproxy: str | None = None, engine_device: str | None = None, data_plane: str = "python") -> dict:
+                 haproxy: str | None = None, engine_device: str | None = None, data_plane: str = "python",
+                 stub_delay_ms: float | None = None, stub_step_ms: float = 0.0) -> dict:
     """``--overhead-only``: start one engine (main-0, ``--device engine_device`` when given) and one
     router in front of it (``--data-plane data_plane``), and with ``haproxy`` (its binary) a reference
     HAProxy beside the router (:mod:`bench.reference_proxy`), warm them up, :func:`measure_overhead`,
-    stop them. Raises RuntimeError when a haproxy data plane has no HAProxy child."""
+    stop them. ``stub_delay_ms``: :mod:`bench.stub_upstream` in place of the engine (its answer time, ms).
+    Raises RuntimeError when a haproxy data plane has no HAProxy child."""
     workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-router-{os.getpid()}"
     workdir.mkdir(parents=True, exist_ok=True)
     procs: list[subprocess.Popen] = []
     try:
         port = _port()
-        procs.append(_spawn_engine(port, workdir / "engine-0.log", engine_device))
+        procs.append(_spawn_engine(port, workdir / "engine-0.log", engine_device, stub_delay_ms, stub_step_ms))
         engine = f"http://127.0.0.1:{port}"
         port = _port()
         procs.append(_spawn(["router", "--port", str(port), "--log-level", "warning", "--probe-interval", "0.5",
@@ -367,9 +378,10 @@ def run_overhead(rounds: int = 5, clients: int = 64, per_client: int = 16, pin: 
                 raise RuntimeError(f"router --data-plane haproxy: expected one HAProxy child, found {kids}")
             router_pid, also = kids[0], (procs[1].pid,)
         _warm_up(engine, router, reference, clients)
-        return measure_overhead(engine, router, procs[0].pid, router_pid, rounds=rounds, clients=clients,
-                                per_client=per_client, pin=pin, reference=reference, router_also=also,
-                                data_plane=data_plane)
+        res = measure_overhead(engine, router, procs[0].pid, router_pid, rounds=rounds, clients=clients,
+                               per_client=per_client, pin=pin, reference=reference, router_also=also,
+                               data_plane=data_plane)
+        return {**res, "stub_delay_ms": stub_delay_ms, "stub_step_ms": stub_step_ms}
     finally:
         _stop(procs)
 
@@ -424,10 +436,12 @@ def run(rounds: int = 5, clients: int = 64, per_client: int = 16, tp_seconds: fl
 OVERHEAD_START, OVERHEAD_END = "<!-- bench:router-overhead:start -->", "<!-- bench:router-overhead:end -->"
 
 
-def replace_overhead(doc: str, block: str) -> str:
+def replace_overhead(doc: str, block: str, keep: bool = False) -> str:
     """``doc`` (docs/benchmarks.md's text) with part 1 of its router section replaced by ``block``
     (kept between :data:`OVERHEAD_START` / :data:`OVERHEAD_END`); the other parts' tables and any
-    notes after them stay as they are.
+    notes after them stay as they are. ``keep`` (what ``--write`` does): what was between the markers
+    stays below the new block under ``#### Earlier run (<its finish time>)``, so the runs' history
+    (and the notes written into it) is never lost.
 
     Raises:
         ValueError: no router section, or no part 1 in it (neither the markers nor the
@@ -440,6 +454,11 @@ def replace_overhead(doc: str, block: str) -> str:
     new = f"{OVERHEAD_START}\n{block.strip()}\n{OVERHEAD_END}"
     i, j = sec.find(OVERHEAD_START), sec.find(OVERHEAD_END)
     if 0 <= i < j:
+        old = sec[i + len(OVERHEAD_START):j].strip()
+        if keep and old:
+            when = re.search(r"finished (\d{4}-\d\d-\d\d \d\d:\d\d UTC)", old)
+            stamp = when.group(1) if when else "time not recorded"
+            new = f"{OVERHEAD_START}\n{block.strip()}\n\n#### Earlier run ({stamp})\n\n{old}\n{OVERHEAD_END}"
         j += len(OVERHEAD_END)
     else:
         i, j = sec.find("**Router overhead**"), sec.find("**Aggregate throughput**")
@@ -507,7 +526,14 @@ def render_overhead(res: dict, busy: bool = False) -> str:
     split = split_table(res)
     return "\n".join([
         f"**Router overhead**, {res['clients']} concurrent clients × {res['per_client']} non-streamed completions"
-        " (`max_tokens` 4) straight to one engine vs through a router"
+        " (`max_tokens` 4) straight to "
+        + (f"a stub upstream that answers each one {fmt(res['stub_delay_ms'])} ms after reading it"
+           + (f", at the next multiple of {fmt(res.get('stub_step_ms'))} ms (answers leave in bursts, as after an"
+              " engine's step)" if res.get("stub_step_ms") else "")
+           + ", however many are in flight (bench/stub_upstream.py: no engine, so the rounds do not swing with its"
+           " batching)"
+           if res.get("stub_delay_ms") is not None else "one engine")
+        + " vs through a router"
         + (f" (`--data-plane {plane}`: HAProxy carries the requests, the router's Python process drives it;"
            " docs/router.md \"Data planes\")" if plane != "python" else "")
         + " in front of it, loopback, alternated (the"
@@ -555,11 +581,14 @@ def render_overhead(res: dict, busy: bool = False) -> str:
         + f"; median of the rounds' added p50 **{ms(percentile([q['added_p50'] for q in res['sequential']], 50))}"
         " ms**" + (f" ({ref}: {ms(percentile(seq_ref, 50))} ms)." if seq_ref else "."),
         "",
-        "Where the router's time goes (docs/router.md \"Cost per request\"; cProfile, py-spy and"
-        " `time.process_time`, 2026-12-02): the app alone (plain ASGI on the two completion routes, a stub upstream)"
-        " about 0.1–0.15 ms of CPU per request, the upstream client (" + _client_versions() + ", one keep-alive"
-        " `ClientSession`) about a third of the process's CPU, uvicorn (httptools, uvloop), the event loop and the"
-        " socket system calls the rest; no single part dominates.",
+        ("Where the router's time goes (docs/router.md \"Cost per request\"; cProfile, py-spy and"
+         " `time.process_time`, 2026-12-02): the app alone (plain ASGI on the two completion routes, a stub upstream)"
+         " about 0.1–0.15 ms of CPU per request, the upstream client (" + _client_versions() + ", one keep-alive"
+         " `ClientSession`) about a third of the process's CPU, uvicorn (httptools, uvloop), the event loop and the"
+         " socket system calls the rest; no single part dominates." if plane == "python" else
+         "Where the router's time goes: its *router CPU* column is HAProxy's CPU plus the Python control plane's"
+         " (the probes every 0.5 s and one runtime-API sync after each, whatever the request rate); a request"
+         " never enters Python (docs/router.md \"Data planes\")."),
     ])
 
 
@@ -718,6 +747,12 @@ def main(argv: list[str] | None = None) -> int:
                          "installed (Debian package haproxy), none skips it, or the binary's path.")
     ap.add_argument("--router-data-plane", choices=("python", "haproxy"), default="python",
                     help="Overhead part: the router's --data-plane (haproxy: HAProxy carries the requests).")
+    ap.add_argument("--upstream", choices=("engine", "stub"), default="engine",
+                    help="Overhead part: what stands behind the router: the real engine, or bench/stub_upstream.py "
+                         "(a fixed answer time: the low-noise reading of what the router adds).")
+    ap.add_argument("--stub-delay-ms", type=float, default=50.0, help="The stub's answer time (ms).")
+    ap.add_argument("--stub-step-ms", type=float, default=0.0,
+                    help="The stub's answers leave at multiples of this, as after an engine's step (ms; 0: none).")
     ap.add_argument("--engine-device", default=None, help="Overhead part: the engine's --device (default: its auto).")
     ap.add_argument("--write", action="store_true", help="Write the router section of docs/benchmarks.md.")
     ap.add_argument("--overhead-only", action="store_true",
@@ -728,6 +763,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.router_data_plane != "python" and not args.overhead_only:
         ap.error("--router-data-plane: only the overhead part measures another data plane (add --overhead-only)")
+    if args.upstream != "engine" and not args.overhead_only:
+        ap.error("--upstream stub: only the overhead part runs against the stub (add --overhead-only)")
+    if args.stub_delay_ms < 0 or args.stub_step_ms < 0:
+        ap.error(f"--stub-delay-ms / --stub-step-ms: must be >= 0, got {args.stub_delay_ms:g} / {args.stub_step_ms:g}")
     try:
         haproxy = find_haproxy(args.reference_proxy)
     except FileNotFoundError as exc:
@@ -737,18 +776,23 @@ def main(argv: list[str] | None = None) -> int:
     t = time.time()
     if args.overhead_only:
         ov = run_overhead(args.rounds, args.clients, args.per_client, pin=not args.no_pin,
-                          haproxy=haproxy, engine_device=args.engine_device, data_plane=args.router_data_plane)
+                          haproxy=haproxy, engine_device=args.engine_device, data_plane=args.router_data_plane,
+                          stub_delay_ms=args.stub_delay_ms if args.upstream == "stub" else None,
+                          stub_step_ms=args.stub_step_ms)
         busy = bool(facts.get("cpus")) and facts["load_1m"] > facts["cpus"]
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         flag = "" if args.router_data_plane == "python" else f" --router-data-plane {args.router_data_plane}"
-        block = (f"Part 1 re-run alone: `python -m bench.router --overhead-only{flag}` (one engine, one router),"
+        if args.upstream == "stub":
+            flag += f" --upstream stub --stub-delay-ms {args.stub_delay_ms:g} --stub-step-ms {args.stub_step_ms:g}"
+        upstream = "stub" if args.upstream == "stub" else "engine"
+        block = (f"Part 1 re-run alone: `python -m bench.router --overhead-only{flag}` (one {upstream}, one router),"
                  " finished"
                  f" {when}; `uptime` at the start: `{uptime}`.\n\n" + render_overhead(ov, busy)
                  + f"\n\nWall time of the overhead part: {time.time() - t:.0f} s.")
         print(json.dumps(ov, indent=1, default=str))
         print(block)
         if args.write:
-            DOC.write_text(replace_overhead(DOC.read_text(encoding="utf-8"), block), encoding="utf-8")
+            DOC.write_text(replace_overhead(DOC.read_text(encoding="utf-8"), block, keep=True), encoding="utf-8")
         return 0
     if args.affinity_only:
         workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-router-{os.getpid()}"
