@@ -18,7 +18,6 @@ https://docs.haproxy.org/2.6/configuration.html
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from urllib.parse import urlsplit
 
 from inferctl.router.dataplane import DEBIAN_PATH, fitting_maxconn, haproxy_version  # noqa: F401 - one copy
 from inferctl.router.dataplane import find_haproxy as _find_haproxy
+from inferctl.router.dataplane import start as _start
 
 def find_haproxy(spec: str = "auto") -> str | None:
     """The HAProxy binary to use, or None (:func:`inferctl.router.dataplane.find_haproxy`: ``none``,
@@ -131,28 +131,5 @@ def start_haproxy(binary: str, port: int, upstream: str, workdir: Path, maxconn:
     Raises:
         RuntimeError: ``haproxy -c`` refused the configuration, or HAProxy exited or did not listen
             within ``timeout`` seconds (its output in the message; it is stopped)."""
-    cfg = workdir / "haproxy.cfg"
-    cfg.write_text(haproxy_config(port, upstream, maxconn), encoding="utf-8")
-    check = subprocess.run([binary, "-c", "-f", str(cfg)], capture_output=True, text=True, timeout=30,
-                           stdin=subprocess.DEVNULL)
-    if check.returncode != 0:
-        raise RuntimeError(f"haproxy -c refused {cfg}: {(check.stdout + check.stderr).strip()}")
-    log = workdir / "haproxy.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([binary, "-db", "-f", str(cfg)], stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + timeout
-    while proc.poll() is None and time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return proc
-        except OSError:
-            time.sleep(0.05)
-    code = proc.poll()
-    if code is None:
-        proc.kill()
-        proc.wait()
-    said = log.read_text(errors="replace").strip()[-2000:]
-    raise RuntimeError(f"HAProxy ({binary}) " + (f"exited with {code}" if code is not None else
-                                                 f"did not listen on 127.0.0.1:{port} in {timeout:g} s")
-                       + f": {said or 'no output'}")
+    return _start(binary, haproxy_config(port, upstream, maxconn), workdir, host="127.0.0.1", port=port,
+                  timeout=timeout)

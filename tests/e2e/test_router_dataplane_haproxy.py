@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from inferctl.router.dataplane import find_haproxy
-from tests.server_helpers import STORIES, free_port, start_inferctl, stop_all
+from tests.server_helpers import STORIES, free_port, start_inferctl, stop_all, wait_ready
 
 #: longer than --affinity-chars (256): prompts sharing it share their affinity key
 LONG = ("Once upon a time there was a little girl named Lily. She liked to play in the park with her "
@@ -33,26 +33,13 @@ def fleet(stories_dir, tmp_path_factory):
                                       "--port", str(port), "--device", "cpu"], tmp / f"{name}.log")
         engines[name] = f"http://127.0.0.1:{port}"
     for name, url in engines.items():
-        _wait(f"{url}/ready", procs[name])
+        wait_ready(f"{url}/ready", procs[name], tmp / f"{name}.log")
     port = free_port()
     router = start_inferctl(["router", "--data-plane", "haproxy", "--port", str(port), "--probe-interval", "0.5",
                              *[a for n, u in engines.items() for a in ("--engine", f"{n}={u}")]],
                             tmp / "router.log", ready_url=f"http://127.0.0.1:{port}/ready")
     yield {"url": f"http://127.0.0.1:{port}", "router": router, "engines": engines, "procs": procs, "tmp": tmp}
     stop_all([router, *procs.values()])
-
-
-def _wait(url, proc, timeout=90):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"exited with {proc.returncode}"
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    pytest.fail(f"{url} not ready in {timeout} s")
 
 
 def _ready_count(url):

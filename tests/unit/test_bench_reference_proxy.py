@@ -154,7 +154,7 @@ def test_start_haproxy_raises_with_its_output_when_it_exits_at_start(tmp_path):
     fake = _executable(tmp_path / "fake-haproxy", "#!/bin/sh\n[ \"$1\" = -c ] && exit 0\n"
                        "echo '[ALERT] Cannot raise FD limit to 8206, limit is 1024.' >&2\nexit 1\n")
     t0 = time.monotonic()
-    with pytest.raises(RuntimeError, match=r"exited with 1: \[ALERT\] Cannot raise FD limit to 8206"):
+    with pytest.raises(RuntimeError, match=r"exited with status 1: \[ALERT\] Cannot raise FD limit to 8206"):
         start_haproxy(fake, _free_port(), "http://127.0.0.1:9031", tmp_path, timeout=20)
     assert time.monotonic() - t0 < 10                     # noticed at once, not after the timeout
 
