@@ -287,3 +287,13 @@ def test_manifest_images_are_this_version_and_the_right_variant():
     variants = {"StatefulSet": "cuda", "DaemonSet": "cpu", "Deployment": "cpu"}
     for workload, c in inferctl_containers(DOCS):
         assert c["image"] == f"{IMAGE}:{version}-{variants[workload['kind']]}", workload["metadata"]["name"]
+
+
+def test_the_router_image_carries_haproxy_for_the_haproxy_data_plane():
+    """The router runs the CPU image (the Deployment's variant above); --data-plane haproxy needs the binary
+    where find_haproxy looks for it (Debian installs /usr/sbin/haproxy)."""
+    from inferctl.router.dataplane import DEBIAN_PATH
+
+    runs = " ".join(rest for word, rest in _instructions("Dockerfile.cpu") if word == "RUN")
+    assert re.search(r"apt-get install -y --no-install-recommends haproxy(\s|$)", runs)
+    assert DEBIAN_PATH == "/usr/sbin/haproxy"
