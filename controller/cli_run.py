@@ -92,9 +92,10 @@ def up(model_arg: Optional[str] = typer.Argument(None, metavar="MODEL", show_def
        router_port: int = typer.Option(8080, "--router-port", min=1, max=65535, help="The router's port."),
        with_router: Optional[bool] = typer.Option(None, "--router/--no-router", help="Start the router"
                                                   " (default: when --replicas > 1)."),
-       router_data_plane: str = typer.Option("python", "--router-data-plane", help="The router's --data-plane:"
-                                             " python, or haproxy (HAProxy carries the requests; docs/router.md"
-                                             " \"Data planes\")."),
+       router_data_plane: str = typer.Option("python", "--router-data-plane", metavar="python|haproxy",
+                                             help="The router's --data-plane: python, or haproxy (HAProxy carries"
+                                             " the requests; no API keys; needs a router: --replicas N > 1 or"
+                                             " --router; docs/router.md \"Data planes\")."),
        memory_budget: Optional[str] = typer.Option(None, "--memory-budget", help="Engine memory budget, e.g."
                                                    " 512MiB or 2GiB (binary units; default: what the model needs"
                                                    " on CPU, gpu_memory_utilization of the GPU on CUDA)."),
@@ -140,5 +141,10 @@ def up(model_arg: Optional[str] = typer.Argument(None, metavar="MODEL", show_def
         _die(f"--router-data-plane: {router_data_plane!r} is not one of python, haproxy", code=2)
     router = RouterSpec(final.listen.host, router_port, router_data_plane) \
         if (replicas > 1 if with_router is None else with_router) else None
+    if router_data_plane != "python":
+        from inferctl.controller.up import router_plane_problem
+        problem = router_plane_problem(router, final)
+        if problem:
+            _die(problem, code=2)
     _run_config(final, token, engine_log_dir, token_file, tuple(allowed_host), router=router,
                 port_flags=UP_PORT_FLAGS)

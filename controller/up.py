@@ -60,14 +60,31 @@ def generate_token() -> str:
     return generate_admin_token()
 
 
+def router_plane_problem(spec: RouterSpec | None, config: ControllerConfig) -> str | None:
+    """Why ``inferctl up`` cannot start the router's ``--router-data-plane`` it was given, said before
+    anything starts (None: it can): no router at all (one replica without ``--router``), or API keys
+    (the shell's ``$INFERCTL_API_KEY`` or the engines' ``launch.api_key``) with the haproxy plane, which
+    does not carry them (docs/router.md "Data planes"). The bad key cases of :func:`router_env` are
+    said as they are."""
+    if spec is None:
+        return ("--router-data-plane: no router is started (one replica): add --replicas N (N > 1) or --router")
+    try:
+        keys = router_env(config)
+    except RuntimeError as exc:
+        return str(exc)
+    if spec.data_plane == "haproxy" and keys:
+        return ("router: --router-data-plane haproxy does not carry API keys ($INFERCTL_API_KEY or the engines' "
+                "launch.api_key): use --router-data-plane python (docs/router.md \"Data planes\")")
+    return None
+
+
 def _start_router(spec: RouterSpec, config: ControllerConfig, controller_url: str,
                   log_dir: str | Path | None) -> EngineSupervisor:
     """Start the router (port checked free first) and wait for its ``/health``; RuntimeError
     when it cannot start."""
     env = router_env(config)
-    if spec.data_plane == "haproxy" and env:
-        raise RuntimeError("router: --router-data-plane haproxy does not carry API keys ($INFERCTL_API_KEY or the "
-                           "engines' launch.api_key): use --router-data-plane python (docs/router.md \"Data planes\")")
+    if spec.data_plane == "haproxy" and env:     # up's CLI said so before starting (router_plane_problem)
+        raise RuntimeError(router_plane_problem(spec, config) or "router: API keys")
     _bind(spec.host, spec.port).close()      # a port in use is said here, not by a timeout
     engines = [(e.name, e.url or "") for e in config.engines if e.launch is not None]
     if not engines:

@@ -77,11 +77,11 @@ def router(
     allowed_host: List[str] = typer.Option([], "--allowed-host",
                                            help="A Host name clients may use (repeat; default: loopback names "
                                                 "when bound to loopback, any name otherwise)."),
-    data_plane: str = typer.Option("python", "--data-plane",
+    data_plane: str = typer.Option("python", "--data-plane", metavar="python|haproxy",
                                    help="python: this process carries the requests (every feature); haproxy: "
-                                        "HAProxy carries them and this process drives it (about 1/5 of the "
-                                        "added latency; no --api-key, upstream key or rate limits; "
-                                        "docs/router.md \"Data planes\")."),
+                                        "HAProxy carries them and this process drives it (about a fifth of the "
+                                        "CPU a request; no --api-key, upstream key, rate limits or https:// "
+                                        "replicas, and one model per fleet; docs/router.md \"Data planes\")."),
     haproxy: str = typer.Option("auto", "--haproxy", metavar="PATH",
                                 help="The HAProxy binary of --data-plane haproxy (auto: $INFERCTL_HAPROXY, "
                                      "PATH, /usr/sbin/haproxy)."),
@@ -136,8 +136,15 @@ def router(
 
 def _haproxy_binary(spec: str) -> str:
     """The HAProxy binary of ``--haproxy`` (exit 2 naming the flag when there is none)."""
-    from inferctl.router.dataplane import find_haproxy
+    import os
 
+    from inferctl.router.dataplane import HAPROXY_ENV, find_haproxy
+
+    named = os.environ.get(HAPROXY_ENV)
+    if spec == "auto" and named and not (os.path.isfile(named) and os.access(named, os.X_OK)):
+        typer.echo(f"error: ${HAPROXY_ENV}: {named!r} is not an executable file (unset it, or give --haproxy PATH)",
+                   err=True)
+        raise typer.Exit(2)
     try:
         binary = find_haproxy(spec)
     except FileNotFoundError as exc:
@@ -192,8 +199,9 @@ def _serve_haproxy(config: RouterConfig, *, host: str, port: int, allowed_hosts:
             raise typer.Exit(3)
         driver = dp.Driver(dp.Runtime(str(workdir / "haproxy.sock")), proc)
         app = create_app(config, bind_host=host, allowed_hosts=allowed_hosts, after_round=driver.after_round)
+        dp.drop_python_plane_series(app.state.router.registry, app.state.router.metrics)
         typer.echo(f"routing http://{host}:{port} -> {', '.join(f'{e.name}={e.url}' for e in config.engines)} "
-                   f"(data plane: {dp.haproxy_version(binary)})", err=True)
+                   f"(data plane: {dp.haproxy_version(binary)}, {binary})", err=True)
         server = dp.data_plane_server(uvicorn.Config(app, host="127.0.0.1", port=control_port,
                                                      log_level=log_level.lower(), access_log=False, log_config=None,
                                                      proxy_headers=False), proc)

@@ -81,6 +81,15 @@ log = logging.getLogger("inferctl.router.dataplane")
 DATA_PLANES: tuple[str, ...] = ("python", "haproxy")
 #: Where Debian installs HAProxy (not on an unprivileged user's PATH).
 DEBIAN_PATH = "/usr/sbin/haproxy"
+#: The environment variable naming the HAProxy binary (``--haproxy auto`` looks there first).
+HAPROXY_ENV = "INFERCTL_HAPROXY"
+#: The router's series only the python data plane feeds (its request path measures them): with HAProxy
+#: carrying the requests they are unregistered, so they are absent (no data), not a row of zeros.
+PYTHON_PLANE_SERIES: tuple[str, ...] = (
+    "inferctl_router_overhead_seconds", "inferctl_router_upstream_latency_seconds",
+    "inferctl_router_routing_decisions_total", "inferctl_router_affinity_keys", "inferctl_router_rejected_total",
+    "inferctl_router_rate_limited_total", "inferctl_router_stream_errors_total",
+    "inferctl_router_client_disconnects_total")
 #: HAProxy's buffer (``tune.bufsize``, bytes): a request body up to about this size is read whole
 #: before routing, so its affinity key is read and it can be retried. 64 KiB: a long system prompt
 #: (about 16k tokens of English) fits; HAProxy allocates buffers per connection as needed.
@@ -106,7 +115,7 @@ def find_haproxy(spec: str = "auto") -> str | None:
         if not (os.path.isfile(spec) and os.access(spec, os.X_OK)):
             raise FileNotFoundError(f"{spec!r} is not an executable file")
         return spec
-    for candidate in (os.environ.get("INFERCTL_HAPROXY"), shutil.which("haproxy"), DEBIAN_PATH):
+    for candidate in (os.environ.get(HAPROXY_ENV), shutil.which("haproxy"), DEBIAN_PATH):
         if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
     return None
@@ -125,6 +134,14 @@ def fitting_maxconn(wanted: int = 4096) -> int:
     return max(64, min(wanted, (hard - 64) // 2))
 
 
+def drop_python_plane_series(registry, metrics: Mapping) -> None:
+    """Unregister :data:`PYTHON_PLANE_SERIES` from the router's ``registry`` (a prometheus-client
+    ``CollectorRegistry``; ``metrics`` maps catalog names to the registered metrics)."""
+    for name in PYTHON_PLANE_SERIES:
+        if name in metrics:
+            registry.unregister(metrics[name])
+
+
 def unsupported(config: RouterConfig) -> list[str]:
     """The settings of ``config`` the HAProxy data plane does not carry (module docstring), each as
     the flag or file key an operator wrote; empty when it can run ``config``."""
@@ -132,7 +149,7 @@ def unsupported(config: RouterConfig) -> list[str]:
     if config.api_key is not None:
         out.append("--api-key")
     if config.upstream_api_key is not None:
-        out.append("--upstream-api-key-env (or the config file's upstream_api_key)")
+        out.append("--upstream-api-key-env (or the config file's upstream_api_key_env)")
     if config.rate_keys or config.rate_default is not None:
         out.append("rate_limits (the --config file)")
     out += [f"--engine {e.name}={e.url} (https)" for e in config.engines if not e.url.startswith("http://")]

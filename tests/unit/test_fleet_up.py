@@ -99,3 +99,19 @@ def test_up_refuses_an_unknown_router_data_plane_with_exit_2():
     from inferctl.cli import app
     result = CliRunner().invoke(app, ["up", "--replicas", "2", "--router-data-plane", "envoy"])
     assert result.exit_code == 2 and "--router-data-plane: 'envoy' is not one of python, haproxy" in result.output
+
+
+@pytest.mark.parametrize("args,env,needle", [
+    (["--replicas", "2"], {"INFERCTL_API_KEY": "k" * 32}, "--router-data-plane haproxy does not carry API keys"),
+    (["--replicas", "1"], {}, "--router-data-plane: no router is started (one replica)"),
+])
+def test_up_refuses_an_unusable_router_data_plane_before_starting_anything(monkeypatch, args, env, needle):
+    from typer.testing import CliRunner
+
+    from inferctl.cli import app
+    from inferctl.controller import cli_run
+
+    monkeypatch.setattr(cli_run, "_run_config", lambda *a, **k: pytest.fail("up started the fleet"))
+    result = CliRunner().invoke(app, ["up", *args, "--router-data-plane", "haproxy", "--model", "/m.bin"], env=env)
+    assert result.exit_code == 2, result.output
+    assert needle in result.output

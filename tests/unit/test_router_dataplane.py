@@ -224,7 +224,7 @@ def test_unsupported_names_each_setting():
     cfg = _config(engines=("a=http://h:1", "b=https://h:2"), api_key="k", upstream_api_key="u",
                   rate_default=KeyLimit("default", 10, None))
     got = dp.unsupported(cfg)
-    assert got[:3] == ["--api-key", "--upstream-api-key-env (or the config file's upstream_api_key)",
+    assert got[:3] == ["--api-key", "--upstream-api-key-env (or the config file's upstream_api_key_env)",
                        "rate_limits (the --config file)"]
     assert got[3:] == ["--engine b=https://h:2 (https)"]
     assert dp.unsupported(_config()) == []
@@ -299,3 +299,21 @@ def test_driver_warns_once_per_runtime_failure_streak(caplog):
     driver.runtime = driver.sync.runtime = _Runtime()
     asyncio.run(driver.after_round(state))
     assert not driver.failing and any("answers again" in r.message for r in caplog.records)
+
+
+def test_the_python_planes_own_series_are_absent_not_zero():
+    from prometheus_client import generate_latest
+    registry, metrics = build_router_registry()
+    before = generate_latest(registry).decode()
+    assert "inferctl_router_overhead_seconds_count 0.0" in before        # what the HAProxy plane used to show
+    dp.drop_python_plane_series(registry, metrics)
+    after = generate_latest(registry).decode()
+    assert "inferctl_router_overhead_seconds" not in after and "inferctl_router_affinity_keys" not in after
+    assert "inferctl_router_replicas_ready" in after                     # the probes' gauges stay
+
+
+def test_cli_refuses_a_bad_haproxy_environment_variable_and_shows_the_help_metavar():
+    result = CliRunner().invoke(app, ["router", "--engine", "e0=http://127.0.0.1:9", "--data-plane", "haproxy"],
+                                env={"INFERCTL_HAPROXY": "/no/such/haproxy"})
+    assert result.exit_code == 2 and "$INFERCTL_HAPROXY: '/no/such/haproxy' is not an executable file" in result.output
+    assert "--data-plane python|haproxy" in CliRunner().invoke(app, ["router", "--help"], terminal_width=200).output
