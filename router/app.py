@@ -176,6 +176,8 @@ def create_app(config: RouterConfig, *, client: httpx.AsyncClient | None = None,
                         RateLimiter(config.rate_keys, config.rate_default))
     prober.update_gauges()
     state.forwarder.update_affinity_gauge()
+    if not config.controller:       # the catalog's word: absent without --controller (no data, not 0)
+        registry.unregister(metrics["inferctl_router_controller_up"])
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):

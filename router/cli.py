@@ -197,7 +197,7 @@ def _serve_haproxy(config: RouterConfig, *, host: str, port: int, allowed_hosts:
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
             typer.echo(f"error: --data-plane haproxy: {exc}", err=True)
             raise typer.Exit(3)
-        driver = dp.Driver(dp.Runtime(str(workdir / "haproxy.sock")), proc)
+        driver = dp.Driver(dp.Runtime(str(workdir / "haproxy.sock")), proc, log=workdir / "haproxy.log")
         app = create_app(config, bind_host=host, allowed_hosts=allowed_hosts, after_round=driver.after_round)
         dp.drop_python_plane_series(app.state.router.registry, app.state.router.metrics)
         typer.echo(f"routing http://{host}:{port} -> {', '.join(f'{e.name}={e.url}' for e in config.engines)} "

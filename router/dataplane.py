@@ -71,7 +71,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from inferctl.contract.errors import APIError
-from inferctl.contract.hosts import HOST_REFUSED_STATUS, host_name, is_loopback
+from inferctl.contract.hosts import HOST_REFUSED_STATUS, HostRefused, host_name, is_loopback
 from inferctl.router.config import ConfigError, RouterConfig
 from inferctl.router.replicas import Replica, ReplicaSet
 
@@ -156,6 +156,19 @@ def unsupported(config: RouterConfig) -> list[str]:
     return out
 
 
+def replica_host(config: RouterConfig) -> str:
+    """The ``Host`` HAProxy sends the replicas: the replicas' common host name when they share one (the
+    Python router sends each replica's own), else ``localhost``. HAProxy rewrites headers before it picks
+    the server, so it cannot name each one; every inferctl engine accepts a loopback name whatever it is
+    bound to (:func:`inferctl.contract.hosts.host_allowed`, rule 2), and the client's own ``Host`` would be
+    refused by a replica bound to loopback."""
+    hosts = {urlsplit(e.url).hostname for e in config.engines}
+    if len(hosts) == 1:
+        (host,) = hosts
+        return f"[{host}]" if host and ":" in host else (host or "localhost")
+    return "localhost"
+
+
 def server_address(url: str) -> str:
     """``http://host:port`` → HAProxy's ``host:port`` (an IPv6 literal in brackets, port 80 when absent).
 
@@ -177,24 +190,30 @@ def host_regex(bind_host: str, allowed_hosts: Iterable[str] = ()) -> str | None:
     Raises:
         ConfigError: an ``--allowed-host`` pattern with a character outside letters, digits, ``.``,
             ``-``, ``*`` and ``:`` (it would not be a host name)."""
-    port = r"(:[0-9]{1,5})?"
-    names: list[str] = [r"localhost\.?", r"127(\.[0-9]{1,3}){3}", r"\[0*(:0*){0,6}:0*1\]"]
+    # host_name(): a bracketed name ends at "]" (anything after it is ignored); a plain name with one
+    # ":" ends there (any port text); a plain name with more colons is the whole value
+    octet = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+    plain: list[str] = [r"localhost", rf"127(\.{octet}){{3}}"]
+    bracketed: list[str] = [r"0*(:0*){0,6}:0*1"]
     patterns = [p.strip().lower().rstrip(".") for p in allowed_hosts]
     for p in patterns:
-        if not re.fullmatch(r"[a-z0-9.*:\[\]-]+", p):
+        if not re.fullmatch(r"\[[0-9a-f:.]+\]|[0-9a-f.]*:[0-9a-f:.]*|[a-z0-9.*-]+", p):
             raise ConfigError(f"--allowed-host: {p!r} is not a host name pattern")
         if p == "*":
             return None
-        if p.startswith("*."):
-            names.append(r"[a-z0-9-][a-z0-9.-]*" + re.escape(p[1:]) + r"\.?")
+        bare = p[1:-1] if p.startswith("[") else p
+        if ":" in bare:
+            bracketed.append(re.escape(bare))
+        elif p.startswith("*."):
+            plain.append(r"[^:\[\]]+" + re.escape(p[1:]))
         else:
-            bare = p[1:-1] if p.startswith("[") and p.endswith("]") else p
-            names.append(re.escape(f"[{bare}]" if ":" in bare else bare) + r"\.?")
+            plain.append(re.escape(p))
     if not is_loopback(host_name(bind_host)):
         if not patterns:
             return None
-        names += [r"[0-9]{1,3}(\.[0-9]{1,3}){3}", r"\[[0-9a-f:.]+\]"]    # rule 5: an IP literal
-    return "^(" + "|".join(names) + ")" + port + "$"
+        plain.append(rf"{octet}(\.{octet}){{3}}")                 # rule 5: an IP literal
+        bracketed.append(r"[0-9a-f:.]*:[0-9a-f:.]*")
+    return (r"^((" + "|".join(plain) + r")\.?(:[^:]*)?|\[(" + "|".join(bracketed) + r")\.?\].*)$")
 
 
 def weight_for(replica: Replica) -> int:
@@ -209,20 +228,44 @@ def _error_file(err: APIError) -> str:
     return json.dumps(err.body(), separators=(",", ":")) + "\n"
 
 
+#: HAProxy's own errors (``errorfile``): status → (reason phrase, message, code, OpenAI type).
+HAPROXY_ERRORS: dict[int, tuple[str, str, str, str]] = {
+    400: ("Bad Request", "the request could not be read as HTTP (the router's HAProxy refused it)",
+          "invalid_request", "invalid_request_error"),
+    408: ("Request Timeout", "the request was not received in time", "request_timeout", "invalid_request_error"),
+    500: ("Internal Server Error", "the router failed on this request", "router_error", "server_error"),
+    502: ("Bad Gateway", "the replica's answer was broken or invalid", "bad_gateway", "server_error"),
+    503: ("Service Unavailable", "no ready replica to serve this request", "no_ready_replica",
+          "service_unavailable_error"),
+    504: ("Gateway Timeout", "no answer from the replica in time (--upstream-timeout)", "upstream_timeout",
+          "server_error"),
+}
+#: The ``Host`` value in the 421 body: HAProxy's log-format, JSON-escaped, the first 100 bytes
+#: (:class:`inferctl.contract.hosts.HostRefused` shows ``repr(host[:100])``).
+HOST_PLACEHOLDER = "%[req.fhdr(host),bytes(0,100),json(utf8s)]"
+
+
 def error_bodies(config: RouterConfig, bind_host: str, allowed_hosts: tuple[str, ...]) -> dict[str, str]:
-    """The bodies HAProxy answers itself, by file name: ``no_ready_replica.json`` (503),
-    ``too_large.json`` (413), ``host_not_allowed.json`` (421); the Python router's error objects."""
-    extra = f", {', '.join(allowed_hosts)}" if allowed_hosts else ""
-    return {
+    """The answers HAProxy gives itself, by file name: ``no_ready_replica.json`` (503),
+    ``too_large.json`` (413), ``host_not_allowed.json`` (421, a log-format file: the ``Host`` value is
+    filled in as the Python router's message shows it), and ``error-<status>.http`` (whole HTTP answers
+    for HAProxy's own errors, :data:`HAPROXY_ERRORS`); the Python router's OpenAI error objects."""
+    refused = HostRefused("\x00", bind_host, tuple(allowed_hosts))
+    host_body = _error_file(APIError(HOST_REFUSED_STATUS, refused.message, param="Host", code="host_not_allowed"))
+    host_body = host_body.replace("%", "%%").replace(json.dumps(repr("\x00"))[1:-1], f"'{HOST_PLACEHOLDER}'")
+    out: dict[str, str] = {}
+    for status, (phrase, message, code, kind) in HAPROXY_ERRORS.items():
+        body = _error_file(APIError(status, message, code=code, err_type=kind)).encode()
+        head = (f"HTTP/1.1 {status} {phrase}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+                "cache-control: no-cache\r\nconnection: close\r\n\r\n")
+        out[f"error-{status}.http"] = head + body.decode()
+    out["host_not_allowed.json"] = host_body
+    return {**out,
         "no_ready_replica.json": _error_file(APIError(
             503, "no ready replica to serve this request", code="no_ready_replica",
             err_type="service_unavailable_error")),
         "too_large.json": _error_file(APIError(
             413, f"request body is larger than the limit of {config.max_body_bytes} bytes", code="request_too_large")),
-        "host_not_allowed.json": _error_file(APIError(
-            HOST_REFUSED_STATUS, f"Host is not allowed: this server is bound to {bind_host} and accepts the host names "
-                                 f"localhost, 127.0.0.1, [::1]{extra} (a guard against DNS rebinding); add "
-                                 "--allowed-host NAME to accept another", param="Host", code="host_not_allowed")),
     }
 
 
@@ -252,6 +295,8 @@ def render_config(config: RouterConfig, *, bind_host: str, port: int, control_po
         f"    maxconn {maxconn}",
         f"    tune.bufsize {BUFSIZE}",
         f"    hard-stop-after {round(STOP_GRACE_SECONDS)}s",
+        # one router a port: without it a second HAProxy on a taken port would share it (SO_REUSEPORT)
+        "    noreuseport",
         f"    stats socket {socket_path} mode 600 level admin",
         "defaults",
         "    mode http",
@@ -262,30 +307,35 @@ def render_config(config: RouterConfig, *, bind_host: str, port: int, control_po
         "    timeout http-keep-alive 60s",
         "    option http-keep-alive",
         "    http-reuse always",
+        *[f"    errorfile {status} {files}/error-{status}.http" for status in HAPROXY_ERRORS],
         "frontend router",
         f"    bind {bind}:{port}",
-        "    option http-buffer-request",
-        "    acl hot method POST",
-        f"    acl hot path {' '.join(HOT_PATHS)}",
+        "    acl hot_method method POST",
+        f"    acl hot_path path {' '.join(HOT_PATHS)}",
         # the Python router's request id rule (contract.http.request_id): the client's when one header
         # of 1..200 visible ASCII characters, else a new uuid4 in hex
-        "    http-request set-var(txn.rid) req.fhdr(x-request-id) if { req.fhdr_cnt(x-request-id) eq 1 } "
-        "{ req.fhdr(x-request-id) -m reg '^[!-~]{1,200}$' }",
+        "    http-request set-var(txn.rid) req.fhdr(x-request-id,1) "
+        "if { req.fhdr(x-request-id,1) -m reg '^[!-~]{1,200}$' }",
         "    http-request set-var(txn.rid) uuid,regsub(-,,g) unless { var(txn.rid) -m found }",
         "    http-request set-header x-request-id %[var(txn.rid)]",
-        "    http-after-response set-header x-request-id %[var(txn.rid)]",
+        "    http-after-response set-header x-request-id %[var(txn.rid)] if { var(txn.rid) -m found }",
     ]
     if hosts is not None:
         lines += [
-            "    acl host_given req.fhdr_cnt(host) gt 0",
+            "    acl host_given req.fhdr(host) -m reg '[^ \t]'",      # no Host or a blank one: allowed (rule 1)
             f"    acl host_ok req.fhdr(host),lower -m reg '{hosts}'",
-            f"    http-request return status {HOST_REFUSED_STATUS} {json_ct} file {files}/host_not_allowed.json "
-            "if hot host_given !host_ok",
+            f"    http-request return status {HOST_REFUSED_STATUS} {json_ct} lf-file {files}/host_not_allowed.json "
+            "if hot_method hot_path host_given !host_ok",
         ]
     lines += [
+        # the declared length first (no wait for a body that will be refused), then the body itself, which
+        # is waited for here (the affinity key and the retries need it), so a chunked one is checked too
         f"    http-request return status 413 {json_ct} file {files}/too_large.json "
-        f"if hot {{ req.hdr_val(content-length) gt {config.max_body_bytes} }}",
-        "    use_backend replicas if hot",
+        f"if hot_method hot_path {{ req.hdr_val(content-length) gt {config.max_body_bytes} }}",
+        "    http-request wait-for-body time 60s if hot_method hot_path",
+        f"    http-request return status 413 {json_ct} file {files}/too_large.json "
+        f"if hot_method hot_path {{ req.body_size gt {config.max_body_bytes} }}",
+        "    use_backend replicas if hot_method hot_path",
         "    default_backend control",
         "backend replicas",
         "    balance hash var(txn.key)",
@@ -297,7 +347,8 @@ def render_config(config: RouterConfig, *, bind_host: str, port: int, control_po
         f"    http-request return status 503 {json_ct} file {files}/no_ready_replica.json "
         f"hdr retry-after {config.retry_after_seconds} if {{ nbsrv lt 1 }}",
         # the affinity key: the session header, else the prompt's first N bytes when long enough, else random
-        "    http-request set-var(txn.key) req.fhdr(x-session-id),concat(s:) if { req.fhdr(x-session-id) -m found }",
+        f"    http-request set-header host {replica_host(config)}",
+        "    http-request set-var(txn.key) req.fhdr(x-session-id),concat(s:) if { req.fhdr(x-session-id) -m reg . }",
     ]
     for path in ("$.prompt", "$.messages[0].content"):
         lines.append("    http-request set-var(txn.key) "
@@ -387,7 +438,8 @@ class StatCounters:
 def apply_stats(stats: Mapping[str, Mapping[str, str]], replicas: ReplicaSet, metrics: Mapping,
                 counters: StatCounters) -> None:
     """Move the router's series from one ``show stat`` reading (module docstring, "Metrics"):
-    requests by status class, retries (``wretr`` + ``wredis``, reason ``dataplane``), and each
+    requests by status class, retries (``wredis``: with ``option redispatch 1`` every retry is a redispatch;
+    ``wretr`` counts the same retries again; reason ``dataplane``), and each
     replica's ``outstanding`` (HAProxy's ``scur``). A server absent from ``stats`` or a column HAProxy
     left empty changes nothing (no data, not 0)."""
     for r in replicas:
@@ -400,9 +452,9 @@ def apply_stats(stats: Mapping[str, Mapping[str, str]], replicas: ReplicaSet, me
                 step = counters.delta((r.name, column), total)
                 if step:
                     metrics["inferctl_router_requests_total"].labels(r.name, status).inc(step)
-        retried = [v for v in (_int(row, "wretr"), _int(row, "wredis")) if v is not None]
-        if retried:
-            step = counters.delta((r.name, "retries"), sum(retried))
+        retried = _int(row, "wredis")    # option redispatch 1: each retry is one redispatch (wretr counts it too)
+        if retried is not None:
+            step = counters.delta((r.name, "retries"), retried)
             if step:
                 metrics["inferctl_router_retries_total"].labels(r.name, "dataplane").inc(step)
         current = _int(row, "scur")
@@ -422,6 +474,7 @@ class DataPlaneSync:
     replicas: ReplicaSet
     metrics: Mapping
     proc: subprocess.Popen | None = None
+    log: Path | None = None
     pushed: dict[str, tuple[str, int]] = field(default_factory=dict)
     counters: StatCounters = field(default_factory=StatCounters)
     warned_models: bool = False
@@ -473,7 +526,8 @@ class DataPlaneSync:
             DataPlaneExited: HAProxy has exited.
             RuntimeApiError: a runtime command failed."""
         if self.proc is not None and self.proc.poll() is not None:
-            raise DataPlaneExited(f"HAProxy exited with status {self.proc.returncode}")
+            said = log_tail(self.log)
+            raise DataPlaneExited(f"HAProxy exited with status {self.proc.returncode}" + (f": {said}" if said else ""))
         self.pushed = {k: v for k, v in self.pushed.items() if k in {r.name for r in self.replicas}}
         try:
             await self.push()
@@ -504,6 +558,7 @@ class Driver:
     runtime: Runtime
     proc: subprocess.Popen | None = None
     server: object | None = None
+    log: Path | None = None
     sync: DataPlaneSync | None = None
     died: str | None = None
     failing: bool = False
@@ -513,7 +568,7 @@ class Driver:
         if self.server is not None and getattr(self.server, "signalled", 0):
             return
         if self.sync is None:
-            self.sync = DataPlaneSync(self.runtime, state.replicas, state.metrics, proc=self.proc)
+            self.sync = DataPlaneSync(self.runtime, state.replicas, state.metrics, proc=self.proc, log=self.log)
         try:
             await self.sync.tick()
             if self.failing:
@@ -541,6 +596,27 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)   # PR_SET_PDEATHSIG = 1
 
 
+def _check_free(host: str, port: int) -> None:
+    """Raise RuntimeError when nothing may listen on ``host``:``port`` now (in use, or not an address of
+    this host): HAProxy would fail to bind, and the connect check of :func:`start` could reach the other
+    listener and take it for HAProxy."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise RuntimeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def log_tail(path: Path | None, lines: int = 5) -> str:
+    """The last ``lines`` lines of HAProxy's output file (empty when there is none)."""
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:]) if path else ""
+    except OSError:
+        return ""
+
+
 def start(binary: str, cfg_text: str, workdir: Path, *, host: str, port: int, bodies: Mapping[str, str] = {},
           timeout: float = 10.0) -> subprocess.Popen:
     """Write ``haproxy.cfg`` and the error ``bodies`` under ``workdir``, check the configuration
@@ -557,14 +633,16 @@ def start(binary: str, cfg_text: str, workdir: Path, *, host: str, port: int, bo
     check = subprocess.run([binary, "-c", "-f", str(cfg)], capture_output=True, text=True, timeout=30,
                            stdin=subprocess.DEVNULL)
     if check.returncode != 0:
-        raise RuntimeError(f"haproxy -c refused {cfg}: {(check.stdout + check.stderr).strip()[-2000:]}")
+        said = (check.stdout + check.stderr).strip()[-2000:] or f"no output (is {binary} HAProxy?)"
+        raise RuntimeError(f"haproxy -c refused {cfg}: {said}")
+    target = "127.0.0.1" if host in ("0.0.0.0", "") else ("::1" if host == "::" else host)
+    _check_free(target, port)
     errlog = workdir / "haproxy.log"
     with open(errlog, "wb") as out:
         # its own session: a terminal's Ctrl-C reaches the router only, which then soft-stops HAProxy
         # (a SIGINT would hard-stop it, cutting requests in flight); it dies with the router (PDEATHSIG)
         proc = subprocess.Popen([binary, "-db", "-f", str(cfg)], stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
-    target = "127.0.0.1" if host in ("0.0.0.0", "") else ("::1" if host == "::" else host)
     deadline = time.monotonic() + timeout
     while proc.poll() is None and time.monotonic() < deadline:
         try:

@@ -6,6 +6,7 @@ two kill the replicas."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 
@@ -36,9 +37,11 @@ def fleet(stories_dir, tmp_path_factory):
         wait_ready(f"{url}/ready", procs[name], tmp / f"{name}.log")
     port = free_port()
     router = start_inferctl(["router", "--data-plane", "haproxy", "--port", str(port), "--probe-interval", "0.5",
+                             "--allowed-host", "api.example.com", "--max-body-bytes", "1KiB",
                              *[a for n, u in engines.items() for a in ("--engine", f"{n}={u}")]],
                             tmp / "router.log", ready_url=f"http://127.0.0.1:{port}/ready")
-    yield {"url": f"http://127.0.0.1:{port}", "router": router, "engines": engines, "procs": procs, "tmp": tmp}
+    yield {"url": f"http://127.0.0.1:{port}", "port": port, "router": router, "engines": engines, "procs": procs,
+           "tmp": tmp}
     stop_all([router, *procs.values()])
 
 
@@ -108,6 +111,49 @@ def test_the_front_door_rules_match_the_python_router(fleet):
                      headers={"Content-Type": "application/json"}, timeout=30)
     assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
     assert _metric(fleet["url"], 'inferctl_router_requests_total{replica="') is not None
+
+
+def test_only_a_post_to_a_hot_path_reaches_a_replica(fleet):
+    url = fleet["url"]
+    for method, path in (("POST", "/health"), ("POST", "/admin/precision"), ("GET", "/v1/completions"),
+                         ("POST", "/v1/completions/"), ("POST", "/nonexist")):
+        r = httpx.request(method, url + path, json={"mode": "int8"}, timeout=10)
+        assert "x-inferctl-replica" not in r.headers, (method, path, r.status_code)      # the control plane's answer
+        assert r.status_code in (404, 405, 307), (method, path, r.status_code)
+
+
+def test_a_replica_bound_to_loopback_serves_a_client_that_used_an_allowed_name(fleet):
+    r = httpx.post(f"{fleet['url']}/v1/completions", headers={"Host": "api.example.com"}, timeout=30,
+                   json={"model": STORIES, "prompt": "Hi", "max_tokens": 1})
+    assert r.status_code == 200 and r.headers["x-inferctl-replica"] in fleet["engines"]
+
+
+def test_body_limits_hold_for_a_declared_length_at_once_and_for_a_chunked_body(fleet):
+    with socket.create_connection(("127.0.0.1", fleet["port"]), timeout=5) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 99999999\r\n\r\n{\"prompt\": \"x\"}")
+        t0 = time.monotonic()
+        head = sock.recv(4096)
+    assert head.startswith(b"HTTP/1.1 413") and time.monotonic() - t0 < 5
+    chunks = (b'{"model": "stories260K", "prompt": "' + b"a" * 4000 + b'"}',)
+    r = httpx.post(f"{fleet['url']}/v1/completions", content=iter(chunks),
+                   headers={"Content-Type": "application/json"}, timeout=30)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    assert "x-inferctl-replica" not in r.headers
+
+
+def test_the_first_of_two_request_ids_is_kept_as_the_python_router_does(fleet):
+    r = httpx.post(f"{fleet['url']}/v1/completions", timeout=30,
+                   json={"model": STORIES, "prompt": "Hi", "max_tokens": 1},
+                   headers=[("X-Request-Id", "first-id"), ("X-Request-Id", "second-id")])
+    assert r.status_code == 200 and r.headers["x-request-id"] == "first-id"
+
+
+def test_a_second_router_on_a_taken_port_exits_3_saying_so(fleet):
+    other = start_inferctl(["router", "--data-plane", "haproxy", "--port", str(fleet["port"]),
+                            "--engine", f"x={fleet['engines']['e0']}"], fleet["tmp"] / "router-taken.log")
+    assert other.wait(30) == 3
+    assert "cannot listen on 127.0.0.1:" in (fleet["tmp"] / "router-taken.log").read_text()
 
 
 def test_sigterm_lets_a_stream_in_flight_finish_then_exits_0(fleet):

@@ -5,6 +5,7 @@ HAProxy 2.6.12's ``show stat``, tests/data/haproxy_2.6_show_stat.csv: two replic
 refusals. tests/contract/test_router_dataplane_haproxy.py runs the real binary."""
 
 import asyncio
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -86,7 +87,8 @@ def test_the_hot_paths_are_the_python_routers_post_routes():
 HOSTS = ["localhost", "LOCALHOST:8080", "localhost.", "127.0.0.1", "127.9.8.7:1", "[::1]", "[::1]:80",
          "[0:0:0:0:0:0:0:1]", "evil.com", "evil.com:80", "localhost.evil.com", "10.0.0.5", "10.0.0.5:8080",
          "[fe80::1]", "api.example.com", "x.api.example.com", "example.com", "api.example.com.", "xapi.example.com",
-         "127.0.0.1.evil.com"]
+         "127.0.0.1.evil.com", "127.0.0.1.", "localhost:99999999", "localhost:abc", "127.999.1.1", "127.0.0.01",
+         "[::1]garbage", "localhost:1:2", "10.0.0.5.", "[fe80::1]:8080", "300.1.1.1", "api.example.com:443"]
 
 
 @pytest.mark.parametrize("bind,allowed", [
@@ -104,8 +106,48 @@ def test_host_regex_accepts_exactly_what_host_allowed_accepts(bind, allowed):
 
 
 def test_host_regex_refuses_a_pattern_that_is_not_a_host_name():
-    with pytest.raises(ConfigError, match="--allowed-host"):
-        dp.host_regex("127.0.0.1", ("evil.com' || true",))
+    for bad in ("evil.com' || true", "[::1", "a b"):
+        with pytest.raises(ConfigError, match="--allowed-host"):
+            dp.host_regex("127.0.0.1", (bad,))
+
+
+def test_a_missing_or_blank_host_is_allowed_as_in_the_python_rule():
+    assert host_allowed("", "127.0.0.1") and host_allowed("   ", "127.0.0.1")
+    line = next(x for x in _render().splitlines() if "acl host_given" in x)
+    given = re.search(r"-m reg '(.*)'", line).group(1)
+    assert [bool(re.search(given, v)) for v in ("", "   ", "\t", "a")] == [False, False, False, True]
+
+
+def test_the_hot_path_rule_needs_post_and_the_path_together():
+    text = _render()
+    assert "acl hot_method method POST" in text and "acl hot_path path /v1/completions" in text
+    assert "    use_backend replicas if hot_method hot_path" in text
+    assert " hot " not in text and not re.search(r"if hot($|\s)", text)      # no OR-ed one-name ACL
+
+
+def test_the_replicas_get_their_own_host_not_the_clients():
+    assert "    http-request set-header host 127.0.0.1" in _render(_config(engines=("a=http://127.0.0.1:1",
+                                                                                   "b=http://127.0.0.1:2")))
+    assert "    http-request set-header host localhost" in _render()      # 127.0.0.1 and ::1: no common name
+    assert "    http-request set-header host [::1]" in _render(_config(engines=("a=http://[::1]:1",)))
+
+
+def test_the_421_body_is_the_python_routers_with_the_host_filled_in():
+    from inferctl.contract.hosts import HostRefused
+    body = dp.error_bodies(_config(), "127.0.0.1", ("api.example.com",))["host_not_allowed.json"]
+    want = HostRefused("evil.com", "127.0.0.1", ("api.example.com",)).message
+    filled = json.loads(body.replace("%%", "%").replace(dp.HOST_PLACEHOLDER, "evil.com"))
+    assert filled["error"]["message"] == want and filled["error"]["code"] == "host_not_allowed"
+
+
+def test_haproxys_own_errors_are_openai_json_with_a_right_length():
+    bodies = dp.error_bodies(_config(), "127.0.0.1", ())
+    for status in (400, 408, 502, 504):
+        head, _, body = bodies[f"error-{status}.http"].partition("\r\n\r\n")
+        assert head.startswith(f"HTTP/1.1 {status} ")
+        assert f"content-length: {len(body.encode())}" in head
+        assert json.loads(body)["error"]["code"]
+    assert "errorfile 504 /run/x/error-504.http" in _render()
 
 
 # --- weights and pushes -------------------------------------------------------------------------------------
