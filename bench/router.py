@@ -120,8 +120,17 @@ def _overhead_metric(router: str) -> dict:
     (upper bound → cumulative count, ``+Inf`` included)."""
     import httpx
 
-    text = httpx.get(router + "/metrics", timeout=5).text
-    get = lambda k: float(re.search(rf"^inferctl_router_overhead_seconds_{k} (\S+)$", text, re.M).group(1))  # noqa: E731
+    return parse_overhead(httpx.get(router + "/metrics", timeout=5).text)
+
+
+def parse_overhead(text: str) -> dict:
+    """:func:`_overhead_metric`'s dict from a /metrics text; a series the router does not export (the
+    HAProxy data plane exports neither histogram: docs/router.md "Data planes") reads 0, so the round's
+    router's-own figures are no data (None), not 0."""
+    def get(k: str) -> float:
+        found = re.search(rf"^inferctl_router_overhead_seconds_{k} (\S+)$", text, re.M)
+        return float(found.group(1)) if found else 0.0
+
     buckets = {float(le): float(v) for le, v in
                re.findall(r'^inferctl_router_overhead_seconds_bucket\{le="([^"]+)"\} (\S+)$', text, re.M)}
     up = lambda k: sum(float(v) for v in re.findall(  # noqa: E731

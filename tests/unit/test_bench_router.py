@@ -191,3 +191,15 @@ def test_overhead_write_keeps_the_previous_runs_below_the_new_one():
         < inner.index("#### Earlier run (2026-12-03 06:33 UTC)") < inner.index("older")
     assert out.count(OVERHEAD_START) == 1 and out.endswith("**Aggregate throughput**\n<!-- bench:router:end -->\n")
     assert "old." not in replace_overhead(doc, "new.")           # without keep: replaced
+
+
+def test_the_overhead_reading_of_a_router_without_the_histograms_is_no_data():
+    from bench.router import histogram_quantile, parse_overhead
+
+    empty = parse_overhead("inferctl_router_requests_total{replica=\"e0\",status=\"2xx\"} 5.0\n")
+    assert (empty["count"], empty["upstream_count"], empty["buckets"]) == (0.0, 0.0, {})
+    assert histogram_quantile(0.5, empty, empty) is None
+    full = parse_overhead('inferctl_router_overhead_seconds_bucket{le="0.001"} 3.0\n'
+                          'inferctl_router_overhead_seconds_bucket{le="+Inf"} 4.0\n'
+                          "inferctl_router_overhead_seconds_count 4.0\ninferctl_router_overhead_seconds_sum 0.01\n")
+    assert (full["count"], full["sum"], full["buckets"][0.001]) == (4.0, 0.01, 3.0)
