@@ -307,17 +307,27 @@ class Forwarder:
                      rid: str, path: str, t0: float, attempts: int, reason: str | None,
                      charge: Callable[[int], None] | None = None) -> AsyncIterator[bytes]:
         """The upstream body, chunk by chunk; closes the upstream stream however it ends.
-        ``charge`` gets the stream's tokens (:class:`UsageMeter`) however it ends."""
+        ``charge`` gets the stream's tokens (:class:`UsageMeter`) however it ends.
+
+        A stream the replica cuts after its first byte (never retried) ends as the engine ends a
+        stream it fails itself (engine/entrypoints/sse.py): an SSE ``error`` event holding the OpenAI
+        error object (502, ``upstream_stream_cut``), then ``data: [DONE]`` (after a blank line when
+        the cut fell inside an event), so the client's library raises instead of taking the cut
+        answer for a whole one (the ``openai`` client raises ``APIError`` on such an event)."""
         outcome = "disconnected"
         meter = UsageMeter(stream=True) if charge is not None else None
+        tail = b""
         try:
             if first:
                 if meter is not None:
                     meter.feed(first)
+                tail = first[-2:]
                 yield first
             async for chunk in chunks:
                 if meter is not None:
                     meter.feed(chunk)
+                if chunk:
+                    tail = (tail + chunk)[-2:]
                 yield chunk
             outcome = "complete"
         except UpstreamError as exc:
@@ -325,6 +335,7 @@ class Forwarder:
             self.metrics["inferctl_router_stream_errors_total"].labels(r.name).inc()
             log.warning("stream from %s cut after the first byte: %s", r.name, exc,
                         extra={"request_id": rid, "replica": r.name})
+            yield stream_cut_events(r.name, tail)
         finally:
             with anyio.CancelScope(shield=True):
                 await resp.close()
@@ -335,6 +346,16 @@ class Forwarder:
                 self.metrics["inferctl_router_client_disconnects_total"].labels(r.name).inc()
             self._child("inferctl_router_requests_total", r.name, str(resp.status)).inc()
             self.access(rid, path, r.name, resp.status, t0, attempts, reason, stream=outcome)
+
+
+def stream_cut_events(replica: str, tail: bytes) -> bytes:
+    """The bytes that end a stream ``replica`` cut (:meth:`Forwarder._relay`): a blank line unless the
+    stream's last bytes (``tail``) already closed an event, the SSE ``error`` event, ``data: [DONE]``."""
+    err = APIError(502, f"the replica {replica} cut the stream after it had started (the answer is incomplete; "
+                        "it is not retried once bytes were sent)", code="upstream_stream_cut",
+                   err_type="server_error")
+    return (b"" if tail.endswith(b"\n\n") or not tail else b"\n\n") + b"data: " + _dumps(err.body()) \
+        + b"\n\ndata: [DONE]\n\n"
 
 
 def _outstanding(r: Replica) -> int:

@@ -595,3 +595,67 @@ def test_per_key_rate_limits_answer_429_with_retry_after_and_count_by_key_name(a
     assert sample(st, "inferctl_router_rate_limited_total", {"key": "team-b", "limit": "tokens"}) == 1
     assert "sk-secret" not in metrics
     assert len(rec.posts()) == 4                     # the two 429s never reached the replica
+
+
+class _CutStream(httpx.AsyncByteStream):
+    def __init__(self, parts: list[bytes]) -> None:
+        self.parts = parts
+
+    async def __aiter__(self):
+        for part in self.parts:
+            yield part
+        raise httpx.ReadError("connection reset by peer")
+
+
+class CutsTheStream(httpx.AsyncBaseTransport):
+    """A replica whose event stream breaks after ``parts`` (a SIGKILLed engine mid-answer)."""
+
+    def __init__(self, parts: list[bytes]) -> None:
+        self.parts = parts
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method != "POST":
+            return httpx.Response(200, json={"ready": True, "data": [{"id": STORIES}]})
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=_CutStream(self.parts))
+
+
+CHUNK = (b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"stories260K",'
+         b'"choices":[{"index":0,"text":" Once","logprobs":null,"finish_reason":null}]}\n\n')
+
+
+def test_a_stream_cut_after_its_first_byte_ends_with_an_error_event_the_openai_client_raises():
+    import openai
+
+    async def go():
+        app, st = build_router({"a": CutsTheStream([CHUNK])})
+        await st.prober.round()
+        client = openai.AsyncOpenAI(base_url="http://router.test/v1", api_key="unused", max_retries=0,
+                                    http_client=rclient(app))
+        texts, raised = [], None
+        try:
+            async for event in await client.completions.create(model=STORIES, prompt=PROMPT, max_tokens=8,
+                                                               stream=True):
+                texts.append(event.choices[0].text)
+        except openai.APIError as exc:
+            raised = exc
+        return texts, raised, st
+
+    texts, raised, st = run(go())
+    assert texts == [" Once"]                                    # what came before the cut is kept
+    assert raised is not None and "cut the stream" in str(raised)
+    assert sample(st, "inferctl_router_stream_errors_total", {"replica": "a"}) == 1
+
+
+def test_a_stream_cut_inside_an_event_closes_it_before_the_error_event():
+    async def go():
+        app, st = build_router({"a": CutsTheStream([CHUNK, b'data: {"id":"cmpl-1","cho'])})
+        await st.prober.round()
+        async with rclient(app) as c:
+            return await c.post("/v1/completions", json=completion(stream=True))
+
+    r = run(go())
+    events = [e for e in r.text.split("\n\n") if e]
+    assert events[1] == 'data: {"id":"cmpl-1","cho'                          # the cut event, now closed
+    error = json.loads(events[2].removeprefix("data: "))["error"]
+    assert (error["code"], error["type"]) == ("upstream_stream_cut", "server_error")
+    assert events[3] == "data: [DONE]" and r.text.endswith("\n\n")
