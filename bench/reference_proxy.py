@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 from inferctl.router.dataplane import DEBIAN_PATH, fitting_maxconn, haproxy_version  # noqa: F401 - one copy
 from inferctl.router.dataplane import find_haproxy as _find_haproxy
+from inferctl.router.dataplane import haproxy_host
 from inferctl.router.dataplane import start as _start
 
 def find_haproxy(spec: str = "auto") -> str | None:
@@ -61,7 +62,6 @@ def haproxy_config(port: int, upstream: str, maxconn: int = 4096) -> str:
         raise ValueError(f"upstream must be http://HOST:PORT, got {upstream!r}")
     if type(port) is not int or not 1 <= port <= 65535:
         raise ValueError(f"port must be 1..65535, got {port}")
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname     # an IPv6 address
     if type(maxconn) is not int or not 1 <= maxconn <= 100_000:
         raise ValueError(f"maxconn must be 1..100000, got {maxconn}")
     return "\n".join([
@@ -83,7 +83,7 @@ def haproxy_config(port: int, upstream: str, maxconn: int = 4096) -> str:
         "    option http-buffer-request",
         "    default_backend engine",
         "backend engine",
-        f"    server engine {host}:{upstream_port}",
+        f"    server engine {haproxy_host(parts.hostname)}:{upstream_port}",
         "",
     ])
 

@@ -53,6 +53,7 @@ from pathlib import Path
 
 from bench.reference_proxy import (find_haproxy, fitting_maxconn, haproxy_version, server_times, start_haproxy,
                                    timings_seen)
+from inferctl.controller.supervisor import descendants
 from bench.common import DOC, STORIES_BIN, fmt, machine_facts, md_table, percentile, section, write_section
 from bench.router_affinity import (BOOK, CHAT_MEMORY_BUDGET, TURNS, affinity, affinity_summary, by_turn_table,  # noqa: F401
                                    free_port as _port, spawn as _spawn, stop as _stop, system_prompts, wait as _wait)
@@ -350,14 +351,6 @@ def _start_reference(haproxy: str | None, engine: str, workdir: Path, clients: i
     return f"http://127.0.0.1:{port}", procs[-1].pid, haproxy_version(haproxy), workdir / "haproxy.log"
 
 
-def _children(pid: int) -> list[int]:
-    """The child processes of ``pid`` (/proc/PID/task/*/children)."""
-    out: list[int] = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        out += [int(c) for c in (task / "children").read_text().split()]
-    return out
-
-
 def run_overhead(rounds: int = 5, clients: int = 64, per_client: int = 16, pin: bool = True,
                  haproxy: str | None = None, engine_device: str | None = None, data_plane: str = "python",
                  stub_delay_ms: float | None = None, stub_step_ms: float = 0.0) -> dict:
@@ -382,7 +375,7 @@ def run_overhead(rounds: int = 5, clients: int = 64, per_client: int = 16, pin: 
         _wait(router + "/ready", proc=procs[1], log=workdir / "router-r1.log")
         router_pid, also = procs[1].pid, ()
         if data_plane == "haproxy":         # HAProxy carries the requests; the Python process drives it
-            kids = _children(procs[1].pid)
+            kids = descendants(procs[1].pid)     # HAProxy in the foreground, one process: no children
             if len(kids) != 1:
                 raise RuntimeError(f"router --data-plane haproxy: expected one HAProxy child, found {kids}")
             router_pid, also = kids[0], (procs[1].pid,)

@@ -60,6 +60,11 @@ def generate_token() -> str:
     return generate_admin_token()
 
 
+#: Why ``--router-data-plane haproxy`` cannot run a fleet with API keys.
+HAPROXY_KEYS_REFUSED = ("router: --router-data-plane haproxy does not carry API keys ($INFERCTL_API_KEY or the "
+                        "engines' launch.api_key): use --router-data-plane python (docs/router.md \"Data planes\")")
+
+
 def router_plane_problem(spec: RouterSpec | None, config: ControllerConfig) -> str | None:
     """Why ``inferctl up`` cannot start the router's ``--router-data-plane`` it was given, said before
     anything starts (None: it can): no router at all (one replica without ``--router``), or API keys
@@ -72,10 +77,7 @@ def router_plane_problem(spec: RouterSpec | None, config: ControllerConfig) -> s
         keys = router_env(config)
     except RuntimeError as exc:
         return str(exc)
-    if spec.data_plane == "haproxy" and keys:
-        return ("router: --router-data-plane haproxy does not carry API keys ($INFERCTL_API_KEY or the engines' "
-                "launch.api_key): use --router-data-plane python (docs/router.md \"Data planes\")")
-    return None
+    return HAPROXY_KEYS_REFUSED if spec.data_plane == "haproxy" and keys else None
 
 
 def _start_router(spec: RouterSpec, config: ControllerConfig, controller_url: str,
@@ -84,7 +86,7 @@ def _start_router(spec: RouterSpec, config: ControllerConfig, controller_url: st
     when it cannot start."""
     env = router_env(config)
     if spec.data_plane == "haproxy" and env:     # up's CLI said so before starting (router_plane_problem)
-        raise RuntimeError(router_plane_problem(spec, config) or "router: API keys")
+        raise RuntimeError(HAPROXY_KEYS_REFUSED)
     _bind(spec.host, spec.port).close()      # a port in use is said here, not by a timeout
     engines = [(e.name, e.url or "") for e in config.engines if e.launch is not None]
     if not engines:

@@ -138,10 +138,10 @@ def _haproxy_binary(spec: str) -> str:
     """The HAProxy binary of ``--haproxy`` (exit 2 naming the flag when there is none)."""
     import os
 
-    from inferctl.router.dataplane import HAPROXY_ENV, find_haproxy
+    from inferctl.router.dataplane import HAPROXY_ENV, find_haproxy, is_executable
 
     named = os.environ.get(HAPROXY_ENV)
-    if spec == "auto" and named and not (os.path.isfile(named) and os.access(named, os.X_OK)):
+    if spec == "auto" and named and not is_executable(named):
         typer.echo(f"error: ${HAPROXY_ENV}: {named!r} is not an executable file (unset it, or give --haproxy PATH)",
                    err=True)
         raise typer.Exit(2)

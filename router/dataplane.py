@@ -102,6 +102,16 @@ FULL_WEIGHT = 100
 STOP_GRACE_SECONDS = 30.0
 
 
+def is_executable(path: str) -> bool:
+    """``path`` is a file this process may execute."""
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def haproxy_host(host: str) -> str:
+    """``host`` as HAProxy's addresses and ``Host`` values write it: an IPv6 literal in brackets."""
+    return f"[{host}]" if ":" in host else host
+
+
 def find_haproxy(spec: str = "auto") -> str | None:
     """The HAProxy binary, or None: ``spec`` ``none`` → None; ``auto`` → ``$INFERCTL_HAPROXY``, then
     ``haproxy`` on PATH, then :data:`DEBIAN_PATH`, else None; any other value is a path (the binary,
@@ -112,11 +122,11 @@ def find_haproxy(spec: str = "auto") -> str | None:
     if spec == "none":
         return None
     if spec != "auto":
-        if not (os.path.isfile(spec) and os.access(spec, os.X_OK)):
+        if not is_executable(spec):
             raise FileNotFoundError(f"{spec!r} is not an executable file")
         return spec
     for candidate in (os.environ.get(HAPROXY_ENV), shutil.which("haproxy"), DEBIAN_PATH):
-        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+        if candidate and is_executable(candidate):
             return candidate
     return None
 
@@ -165,7 +175,7 @@ def replica_host(config: RouterConfig) -> str:
     hosts = {urlsplit(e.url).hostname for e in config.engines}
     if len(hosts) == 1:
         (host,) = hosts
-        return f"[{host}]" if host and ":" in host else (host or "localhost")
+        return haproxy_host(host) if host else "localhost"
     return "localhost"
 
 
@@ -177,8 +187,7 @@ def server_address(url: str) -> str:
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
         raise ValueError(f"a replica URL must be http://host[:port], got {url!r}")
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    return f"{host}:{parts.port or 80}"
+    return f"{haproxy_host(parts.hostname)}:{parts.port or 80}"
 
 
 def host_regex(bind_host: str, allowed_hosts: Iterable[str] = ()) -> str | None:
@@ -259,14 +268,12 @@ def error_bodies(config: RouterConfig, bind_host: str, allowed_hosts: tuple[str,
         head = (f"HTTP/1.1 {status} {phrase}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
                 "cache-control: no-cache\r\nconnection: close\r\n\r\n")
         out[f"error-{status}.http"] = head + body.decode()
+    _phrase, message, code, kind = HAPROXY_ERRORS[503]          # HAProxy's own 503 says the same
+    out["no_ready_replica.json"] = _error_file(APIError(503, message, code=code, err_type=kind))
+    out["too_large.json"] = _error_file(APIError(
+        413, f"request body is larger than the limit of {config.max_body_bytes} bytes", code="request_too_large"))
     out["host_not_allowed.json"] = host_body
-    return {**out,
-        "no_ready_replica.json": _error_file(APIError(
-            503, "no ready replica to serve this request", code="no_ready_replica",
-            err_type="service_unavailable_error")),
-        "too_large.json": _error_file(APIError(
-            413, f"request body is larger than the limit of {config.max_body_bytes} bytes", code="request_too_large")),
-    }
+    return out
 
 
 def render_config(config: RouterConfig, *, bind_host: str, port: int, control_port: int, socket_path: str,
@@ -283,7 +290,7 @@ def render_config(config: RouterConfig, *, bind_host: str, port: int, control_po
     for name, value in (("port", port), ("control_port", control_port)):
         if type(value) is not int or not 1 <= value <= 65535:
             raise ValueError(f"{name} must be 1..65535, got {value!r}")
-    bind = f"[{bind_host}]" if ":" in bind_host else bind_host
+    bind = haproxy_host(bind_host)
     hosts = host_regex(bind_host, allowed_hosts)
     timeout = max(1, round(config.upstream_timeout_seconds))
     factor = max(101, round(100 * (1.0 + config.epsilon)))
@@ -489,20 +496,23 @@ class DataPlaneSync:
         Raises:
             RuntimeApiError: HAProxy refused a command or could not be reached (the next push resends all)."""
         sent = 0
-        for r in self.replicas:
-            want = self.desired(r)
-            if self.pushed.get(r.name) == want:
-                continue
-            for cmd in (f"set server replicas/{r.name} weight {want[1]}",
-                        f"set server replicas/{r.name} state {want[0]}"):
-                answer = (await self.runtime.command(cmd)).strip()
-                if answer:        # HAProxy answers these commands with an empty line when they worked
-                    self.pushed.clear()
-                    raise RuntimeApiError(f"HAProxy refused {cmd!r}: {answer[:200]}")
-                sent += 1
-            if self.pushed.get(r.name, ("", 0))[0] != want[0]:
-                log.info("data plane: replica %s -> %s", r.name, want[0])
-            self.pushed[r.name] = want
+        try:
+            for r in self.replicas:
+                want = self.desired(r)
+                if self.pushed.get(r.name) == want:
+                    continue
+                for cmd in (f"set server replicas/{r.name} weight {want[1]}",
+                            f"set server replicas/{r.name} state {want[0]}"):
+                    answer = (await self.runtime.command(cmd)).strip()
+                    if answer:        # HAProxy answers these commands with an empty line when they worked
+                        raise RuntimeApiError(f"HAProxy refused {cmd!r}: {answer[:200]}")
+                    sent += 1
+                if self.pushed.get(r.name, ("", 0))[0] != want[0]:
+                    log.info("data plane: replica %s -> %s", r.name, want[0])
+                self.pushed[r.name] = want
+        except RuntimeApiError:
+            self.pushed.clear()
+            raise
         return sent
 
     async def read_stats(self) -> None:
@@ -528,12 +538,7 @@ class DataPlaneSync:
         if self.proc is not None and self.proc.poll() is not None:
             said = log_tail(self.log)
             raise DataPlaneExited(f"HAProxy exited with status {self.proc.returncode}" + (f": {said}" if said else ""))
-        self.pushed = {k: v for k, v in self.pushed.items() if k in {r.name for r in self.replicas}}
-        try:
-            await self.push()
-        except RuntimeApiError:
-            self.pushed.clear()
-            raise
+        await self.push()
         await self.read_stats()
         self.check_models()
 

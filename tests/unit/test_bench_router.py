@@ -161,18 +161,18 @@ def test_the_overhead_part_names_the_haproxy_data_plane_and_drops_the_python_exp
     assert exc.value.code == 2
 
 
-def test_children_lists_a_process_s_children():
+def test_descendants_finds_the_routers_one_haproxy_child_as_the_bench_reads_it():
     import subprocess
     import sys
 
-    from bench.router import _children
+    from bench.router import descendants
 
     parent = subprocess.Popen([sys.executable, "-c", "import subprocess,sys; p=subprocess.Popen(['sleep','30']);"
                                "print(p.pid, flush=True); sys.stdin.read()"], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     try:
         child = int(parent.stdout.readline())
-        assert _children(parent.pid) == [child]
+        assert descendants(parent.pid) == [child]
     finally:
         subprocess.run(["kill", str(child)])
         parent.stdin.close()
