@@ -24,7 +24,8 @@ DECISION_REASONS: tuple[str, ...] = ("session", "affinity", "spill", "least_load
 #: Why an attempt was retried on another replica.
 #: ``partial_body``: a non-streamed answer broke after some of its bytes arrived (none sent to the
 #: client yet): retried, the first replica's generation having run (docs/router.md, "Retries").
-RETRY_REASONS: tuple[str, ...] = ("connect_error", "unavailable", "upstream_error", "partial_body")
+#: ``dataplane``: a retry HAProxy made (``--data-plane haproxy``: its counters do not say why).
+RETRY_REASONS: tuple[str, ...] = ("connect_error", "unavailable", "upstream_error", "partial_body", "dataplane")
 
 #: Upstream time to first body byte (TTFB): seconds, from a few ms up to a minute-long answer.
 UPSTREAM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -42,7 +43,8 @@ ROUTER_METRICS: list[MetricSpec] = [
     {"name": "inferctl_router_retries_total", "type": "counter", "unit": "retries",
      "help": "Attempts retried on another replica, by the replica that failed and the cause "
              "(connect_error, unavailable = 503, upstream_error = failed before the first body byte, "
-             "partial_body = a non-streamed answer broke after some bytes arrived, none sent to the client).",
+             "partial_body = a non-streamed answer broke after some bytes arrived, none sent to the client; "
+             "dataplane = a retry HAProxy made under --data-plane haproxy, cause not known).",
      "labels": ("replica", "reason")},
     {"name": "inferctl_router_routing_decisions_total", "type": "counter", "unit": "decisions",
      "help": "Replica choices by reason (session, affinity, spill = a session or prefix key past its replica at "
